@@ -1,0 +1,138 @@
+"""The ``graphsim`` command line. Errors print one readable line and exit 2 (no traceback)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from .errors import GraphsimError
+
+
+def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
+    p.add_argument("--model", required=True, help="shipped model name or path to a config.json")
+    p.add_argument("--hw", default="gb200", help="hardware descriptor name or TOML path (default gb200)")
+    for ax in ("tp", "dp", "ep", "pp"):
+        p.add_argument(f"--{ax}", type=int, default=1)
+    if requests:
+        p.add_argument("--request", action="append", required=True, metavar="KIND:LEN[xCOUNT][@CACHED]",
+                       help="repeatable, e.g. decode:4096x64 or prefill:2048@1024")
+    p.add_argument("--profile", default=None, help="efficiency profile name or TOML (default: SOL, no derating)")
+    p.add_argument("--decoder-replay", default="off", choices=("off", "sglang", "paper"))
+    p.add_argument("--encoder-replay", default="on", choices=("on", "off"))
+    p.add_argument("--fusion", default="unfused", choices=("unfused", "two-pass", "single-pass"))
+    p.add_argument("--overlap", default="none", choices=("none", "two-batch"))
+    p.add_argument("--engram", default="hbm", choices=("hbm", "host"))
+    p.add_argument("--prefetch-distance", type=int, default=1)
+    p.add_argument("--dspark", default="off", choices=("off", "on"))
+
+
+def _compile(a):
+    from . import ParallelMapping, Plan, Policies, compile_plan, load_profile
+
+    policies = Policies(a.decoder_replay, a.encoder_replay, a.fusion, a.overlap, a.engram, a.prefetch_distance, a.dspark)
+    plan = Plan(a.request, ParallelMapping(a.tp, a.dp, a.ep, a.pp), policies)
+    profile = load_profile(a.profile) if a.profile else None
+    return compile_plan(a.model, plan, a.hw, profile)
+
+
+def cmd_estimate(a) -> None:
+    r = _compile(a).report()
+    print(r.to_json() if a.json else r.to_text())
+
+
+def cmd_graph(a) -> None:
+    from .exports.dot import render_svg, to_dot
+
+    c = _compile(a)
+    text = to_dot(c.graph, schedule=c.schedule(), collapse_layers=a.collapse)
+    if a.output and a.output.endswith(".svg"):
+        text = render_svg(text)
+    if a.output:
+        with open(a.output, "w") as f:
+            f.write(text)
+        print(f"wrote {a.output} ({len(c.graph.ops)} ops)")
+    else:
+        sys.stdout.write(text)
+
+
+def cmd_hw(a) -> None:
+    from .hw import list_hw, load_hw
+
+    if a.action == "list":
+        for n in list_hw():
+            h = load_hw(n)
+            print(f"{n:<8} {h.description}")
+        return
+    if not a.name:
+        raise GraphsimError("name", "give a hardware name, e.g. `graphsim hw show gb300`")
+    h = load_hw(a.name)
+    if a.json:
+        import attrs
+
+        print(json.dumps(attrs.asdict(h), indent=2, default=str))
+        return
+    rows = h.describe()
+    w = max(len(r[0]) for r in rows)
+    v = max(len(r[1]) for r in rows)
+    print(f"{h.name}: {h.description}")
+    for f, val, src in rows:
+        print(f"  {f:<{w}}  {val:<{v}}  {src}")
+
+
+def cmd_models(a) -> None:
+    from .models import list_models
+
+    for n in list_models():
+        print(n)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="graphsim", description="Dataflow-graph compiler for LLM forward passes")
+    sub = p.add_subparsers(dest="command", required=True)
+    e = sub.add_parser("estimate", help="estimate one plan: times, throughput, memory, critical path")
+    _plan_args(e)
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(fn=cmd_estimate)
+    g = sub.add_parser("graph", help="export the compiled graph as DOT (or SVG with -o x.svg)")
+    _plan_args(g)
+    g.add_argument("-o", "--output", default=None)
+    g.add_argument("--collapse", action="store_true", help="one summary node per layer")
+    g.set_defaults(fn=cmd_graph)
+    h = sub.add_parser("hw", help="hardware descriptors")
+    h.add_argument("action", choices=("list", "show"))
+    h.add_argument("name", nargs="?")
+    h.add_argument("--json", action="store_true")
+    h.set_defaults(fn=cmd_hw)
+    m = sub.add_parser("models", help="list shipped models")
+    m.set_defaults(fn=cmd_models)
+    for extra in _EXTRA_COMMANDS:
+        extra(sub)
+    return p
+
+
+#: Other modules register subcommands here (layers, memory, ledger, fit, sweep, plot…).
+_EXTRA_COMMANDS: list = []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from . import commands  # noqa: F401  (registers the extra subcommands)
+
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    try:
+        a.fn(a)
+    except GraphsimError as e:
+        print(f"graphsim: error: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, KeyError, FileNotFoundError, RuntimeError) as e:
+        print(f"graphsim: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # e.g. `graphsim estimate ... | head`
+        sys.stderr.close()
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

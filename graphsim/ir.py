@@ -1,0 +1,417 @@
+"""The intermediate representation: storage formats, tensors, features, costs, ops, token sets, graphs.
+
+Everything here is a frozen value object. An op's cost is *linear in features*: a feature is a named,
+possibly nonlinear function of the workload (Σ tokens of a token set, Σ attention pairs, expected distinct
+experts, …) and the op multiplies it by a coefficient per cost component. That is what lets one built graph
+be evaluated at millions of workload points in one vectorized call (see ``graphsim.lowering``).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Iterable, Mapping
+
+import attrs
+import networkx as nx
+
+from .errors import GraphsimError, require
+
+# --------------------------------------------------------------------------------------------------
+# Precisions and storage formats
+# --------------------------------------------------------------------------------------------------
+
+PRECISIONS = ("fp4", "fp8", "bf16", "tf32", "fp32", "int8")
+
+#: Cost components, in the order of the lowered coefficient tensor's last axis.
+#: ``flops_*`` are divided by the peak of that precision, ``bytes_*`` by a bandwidth, ``hops_*`` are
+#: multiplied by a per-hop latency.  HBM traffic is kept in three parts (weights, KV/index/SWA caches,
+#: activations and workspace) so reports can show them apart; all three share the HBM bandwidth.
+COMPONENTS = (
+    *(f"flops_{p}" for p in PRECISIONS),
+    "bytes_weight",
+    "bytes_kv",
+    "bytes_act",
+    "bytes_nvlink",
+    "bytes_scaleout",
+    "bytes_c2c",
+    "hops_nvlink",
+    "hops_scaleout",
+)
+COMPONENT_INDEX = {c: i for i, c in enumerate(COMPONENTS)}
+HBM_COMPONENTS = ("bytes_weight", "bytes_kv", "bytes_act")
+
+
+@attrs.frozen
+class StorageFormat:
+    """How a tensor is stored: data bits per element plus one ``scale_bits`` scale per ``block`` elements."""
+
+    name: str
+    bits: float
+    scale_bits: int = 0
+    block: int = 1
+    compute: str = "bf16"  #: precision a GEMM reading this format runs at (FP4 KV is dequantized first)
+
+    @property
+    def bytes_per_elem(self) -> float:
+        scale = (self.scale_bits / 8) / self.block if self.scale_bits else 0.0
+        return self.bits / 8 + scale
+
+    def nbytes(self, elems: float) -> float:
+        return elems * self.bytes_per_elem
+
+
+FORMATS: dict[str, StorageFormat] = {
+    f.name: f
+    for f in (
+        StorageFormat("fp32", 32, compute="fp32"),
+        StorageFormat("bf16", 16, compute="bf16"),
+        StorageFormat("fp16", 16, compute="bf16"),
+        StorageFormat("fp8", 8, compute="fp8"),
+        StorageFormat("int8", 8, compute="int8"),
+        # DeepSeek-V3: FP8 e4m3 weights, one fp32 scale per 128x128 block (V41_FACTS §13).
+        StorageFormat("fp8_b128x128", 8, 32, 128 * 128, compute="fp8"),
+        # DeepSeek-V4.1 dense linears: FP8, 32x32 weight blocks, ue8m0 scale (V41_FACTS §8).
+        StorageFormat("fp8_b32x32_ue8m0", 8, 8, 32 * 32, compute="fp8"),
+        # V4.1 MoE experts: FP4 with a ue8m0 scale per 32 (V41_FACTS §12).
+        StorageFormat("fp4_ue8m0_32", 4, 8, 32, compute="fp4"),
+        # V4.1 main KV: E2M1 + one E4M3 scale per 16 channels -> 288 B per 512-entry (V41_FACTS §8).
+        # Stored format only: it is dequantized before attention, so compute is bf16.
+        StorageFormat("fp4_e2m1_e4m3_16", 4, 8, 16, compute="bf16"),
+        # V4.1 index K: MXFP4, groups of 32 -> 68 B per 128-entry (V41_FACTS §8).
+        StorageFormat("mxfp4", 4, 8, 32, compute="fp4"),
+        # V4.1 Engram tables/projections: FP8 with one e8m0 scale per 32 elements (V41_FACTS §6).
+        StorageFormat("fp8_e8m0_32", 8, 8, 32, compute="fp8"),
+    )
+}
+
+
+def fmt(name: str | StorageFormat) -> StorageFormat:
+    """Look a storage format up by name."""
+    if isinstance(name, StorageFormat):
+        return name
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise GraphsimError("format", f"unknown storage format {name!r}; known: {sorted(FORMATS)}") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# Tensors
+# --------------------------------------------------------------------------------------------------
+
+ROLES = ("weight", "activation", "kv_cache", "index_cache", "swa_cache", "table", "workspace", "state")
+RESIDENT_ROLES = ("weight", "table")
+
+
+@attrs.frozen
+class Tensor:
+    """A named tensor. Resident tensors (weights, tables) have fixed ``elems``; the rest scale with tokens.
+
+    ``module`` is the physical module it belongs to (e.g. ``layers.3.attn.wq_a``) and ``group`` the
+    inventory group (``trunk``, ``engram``, ``dspark``, ``vision``, ``embed``…) used by memory reports.
+    """
+
+    name: str
+    role: str = attrs.field(validator=attrs.validators.in_(ROLES))
+    format: StorageFormat = attrs.field(converter=fmt)
+    elems: int = 0
+    elems_per_token: int = 0
+    module: str = ""
+    group: str = "trunk"
+
+    @property
+    def nbytes(self) -> float:
+        """Bytes of the fixed part (the whole tensor for weights and tables)."""
+        return self.format.nbytes(self.elems)
+
+    @property
+    def resident(self) -> bool:
+        return self.role in RESIDENT_ROLES
+
+
+# --------------------------------------------------------------------------------------------------
+# Token sets
+# --------------------------------------------------------------------------------------------------
+
+#: Interval rules a token set applies per request kind. Positions are 0-based; a request's forward covers
+#: ``new`` positions after ``past`` cached ones. ``tail:W`` = last min(new, W) new positions;
+#: ``replay:W`` = last min(past, W) cached positions; ``replay_all:W`` = those plus all new positions;
+#: ``text``/``image`` split the new positions by modality (count-only); ``patches`` = vision patches.
+RULE_KINDS = ("all", "none", "tail", "replay", "replay_all", "text", "image", "patches", "one")
+REQUEST_KINDS = ("prefill", "decode")
+
+
+def _check_rule(rule: str) -> str:
+    head, _, arg = rule.partition(":")
+    require(head in RULE_KINDS, "token_set.rule", f"unknown rule {rule!r}; allowed: {RULE_KINDS}")
+    if head in ("tail", "replay", "replay_all"):
+        require(arg.isdigit() and int(arg) > 0, "token_set.rule", f"{rule!r} needs a positive window, e.g. tail:128")
+    return rule
+
+
+@attrs.frozen
+class TokenSet:
+    """Which positions of each request an op processes, per request kind (prefill / decode)."""
+
+    name: str
+    prefill: str = attrs.field(default="all", converter=_check_rule)
+    decode: str = attrs.field(default="all", converter=_check_rule)
+
+    def rule(self, kind: str) -> str:
+        return getattr(self, kind)
+
+
+# --------------------------------------------------------------------------------------------------
+# Features and costs
+# --------------------------------------------------------------------------------------------------
+
+FEATURE_KINDS = (
+    "one",  # constant 1 (weights read once per forward, fixed launch work)
+    "tokens",  # Σ_requests count · |positions|
+    "requests",  # Σ count · [request has positions in the set]
+    "kv_len",  # Σ count · (last position + 1): visible context at the end of the set
+    "causal_pairs",  # Σ count · Σ_i (i+1): dense causal attention
+    "full_pairs",  # Σ count · n²: bidirectional attention within the set (vision)
+    "window_pairs",  # params (W,): Σ count · Σ_i min(i+1, W)
+    "compressed",  # params (m,): Σ count · ⌊(last+1)/m⌋: compressed entries visible at the end
+    "compressed_pairs",  # params (m,): Σ count · Σ_i ⌊(i+1)/m⌋: a full scan over compressed entries
+    "topk_pairs",  # params (m, K): Σ count · Σ_i min(K, ⌊(i+1)/m⌋): sparse top-K selections
+    "sparse_read",  # params (m, K): Σ count · min(Σ_i min(K,⌊(i+1)/m⌋), ⌊(last+1)/m⌋) entries read once
+    "new_groups",  # params (m,): Σ count · (⌊end/m⌋ - ⌊start/m⌋): compression groups completed
+    "experts_touched",  # params (E, k): E·(1-(1-k/E)^T), T = tokens of the set over the batch
+)
+
+
+@attrs.frozen
+class Feature:
+    """A workload feature: ``kind`` over ``token_set`` with ``params``; ``frac`` scales request counts
+    (micro-batch splitting) before any nonlinearity."""
+
+    kind: str = attrs.field(validator=attrs.validators.in_(FEATURE_KINDS))
+    token_set: str = ""
+    params: tuple = ()
+    frac: float = 1.0
+
+    def __str__(self) -> str:
+        p = ",".join(str(x) for x in self.params)
+        s = f"{self.kind}({self.token_set}{';' if p and self.token_set else ''}{p})"
+        return s if self.frac == 1.0 else f"{s}*{self.frac:g}"
+
+
+ONE = Feature("one")
+
+
+def _norm_terms(terms: Iterable[tuple[str, Feature, float]]) -> tuple:
+    acc: dict[tuple[str, Feature], float] = {}
+    for comp, feat, coef in terms:
+        if comp not in COMPONENT_INDEX:
+            raise GraphsimError("cost.component", f"unknown component {comp!r}; allowed: {COMPONENTS}")
+        if coef:
+            acc[(comp, feat)] = acc.get((comp, feat), 0.0) + float(coef)
+    return tuple(sorted(((c, f, v) for (c, f), v in acc.items() if v), key=lambda t: (t[0], repr(t[1]))))
+
+
+@attrs.frozen
+class Cost:
+    """Σ coef · feature per cost component; the linear form that lowering turns into matrices."""
+
+    terms: tuple = attrs.field(default=(), converter=_norm_terms)
+
+    @staticmethod
+    def of(feature: Feature, **components: float) -> "Cost":
+        """``Cost.of(tokens, flops_fp8=2*k*n, bytes_act=...)``: several components over one feature."""
+        return Cost(tuple((c, feature, v) for c, v in components.items()))
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.terms + other.terms)
+
+    def __mul__(self, k: float) -> "Cost":
+        return Cost(tuple((c, f, v * k) for c, f, v in self.terms))
+
+    __rmul__ = __mul__
+
+    def scaled(self, factor_of) -> "Cost":
+        """Scale each term by ``factor_of(component)``."""
+        return Cost(tuple((c, f, v * factor_of(c)) for c, f, v in self.terms))
+
+    def map_features(self, fn) -> "Cost":
+        return Cost(tuple((c, fn(f), v) for c, f, v in self.terms))
+
+    def features(self) -> tuple[Feature, ...]:
+        return tuple(dict.fromkeys(f for _, f, _ in self.terms))
+
+    def component(self, name: str) -> tuple[tuple[Feature, float], ...]:
+        return tuple((f, v) for c, f, v in self.terms if c == name)
+
+    def evaluate(self, values: Mapping[Feature, float]) -> dict[str, float]:
+        """Component totals for one workload point given its feature values."""
+        out = dict.fromkeys(COMPONENTS, 0.0)
+        for c, f, v in self.terms:
+            out[c] += v * values[f]
+        return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Ops, edges, graphs
+# --------------------------------------------------------------------------------------------------
+
+STREAMS = ("compute", "comm", "host_copy")
+EDGE_KINDS = ("data", "cache_read", "topk_reuse", "order")
+SPLIT_AXES = ("tp", "dp", "ep")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
+
+
+@attrs.frozen
+class CommSpec:
+    """A collective an op needs when its ``group`` axis has more than one rank.
+
+    ``bytes`` is the payload per rank before the collective (a Cost over ``bytes_act``); the sharding pass
+    turns it into a comm op on the comm stream with algorithm-specific link bytes and hops.
+    """
+
+    collective: str = attrs.field(validator=attrs.validators.in_(COLLECTIVES))
+    group: str = attrs.field(validator=attrs.validators.in_(("tp", "ep", "dp", "world", "moe_tp", "pp")))
+    payload: Cost = Cost()
+    where: str = attrs.field(default="after", validator=attrs.validators.in_(("before", "after")))
+    algorithm: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "ring", "tree", "direct")))
+    note: str = ""
+
+
+def _frozen_params(p) -> tuple:
+    if isinstance(p, Mapping):
+        return tuple(p.items())
+    return tuple(p)
+
+
+@attrs.frozen
+class Op:
+    """One operation: what it computes (``kind``, ``params``, ``formula``), on which tokens, where
+    (``stage``, ``layer``, ``stream``), its linear ``cost`` and how it splits across parallel ranks."""
+
+    name: str
+    kind: str
+    stage: str
+    cost: Cost = Cost()
+    layer: int | None = None
+    stream: str = attrs.field(default="compute", validator=attrs.validators.in_(STREAMS))
+    token_set: str = ""
+    precision: str = ""
+    split: frozenset = attrs.field(default=frozenset(), converter=frozenset)
+    reads: tuple = attrs.field(default=(), converter=tuple)
+    writes: tuple = attrs.field(default=(), converter=tuple)
+    comm: tuple = attrs.field(default=(), converter=tuple)
+    params: tuple = attrs.field(default=(), converter=_frozen_params)
+    formula: str = ""
+
+    def __attrs_post_init__(self):
+        require(bool(self.name), "op.name", "must be a non-empty string")
+        bad = set(self.split) - set(SPLIT_AXES)
+        require(not bad, f"op[{self.name}].split", f"unknown axes {sorted(bad)}; allowed {SPLIT_AXES}")
+
+    @property
+    def param_dict(self) -> dict:
+        return dict(self.params)
+
+
+@attrs.frozen
+class Edge:
+    src: str
+    dst: str
+    kind: str = attrs.field(default="data", validator=attrs.validators.in_(EDGE_KINDS))
+
+
+@attrs.frozen(slots=False, eq=False)
+class Graph:
+    """An immutable stage-and-dependency DAG. Op order is program order (ops on one stream issue in it).
+
+    Passes never mutate a graph: they return ``graph.evolve(...)``.
+    """
+
+    name: str
+    ops: tuple = attrs.field(converter=tuple)
+    edges: tuple = attrs.field(converter=tuple)
+    tensors: tuple = attrs.field(default=(), converter=tuple)
+    token_sets: tuple = attrs.field(default=(), converter=tuple)
+    stages: tuple = attrs.field(default=(), converter=tuple)
+    meta: tuple = attrs.field(default=(), converter=_frozen_params)
+
+    def evolve(self, **changes) -> "Graph":
+        return attrs.evolve(self, **changes)
+
+    # ---- lookups ---------------------------------------------------------------------------------
+    @functools.cached_property
+    def op_index(self) -> dict[str, int]:
+        return {op.name: i for i, op in enumerate(self.ops)}
+
+    def op(self, name: str) -> Op:
+        try:
+            return self.ops[self.op_index[name]]
+        except KeyError:
+            raise GraphsimError("op", f"no op named {name!r} in graph {self.name!r}") from None
+
+    @functools.cached_property
+    def tensor_map(self) -> dict[str, Tensor]:
+        return {t.name: t for t in self.tensors}
+
+    @functools.cached_property
+    def token_set_map(self) -> dict[str, TokenSet]:
+        return {t.name: t for t in self.token_sets}
+
+    @property
+    def meta_dict(self) -> dict:
+        return dict(self.meta)
+
+    def weights(self) -> tuple[Tensor, ...]:
+        """The resident inventory: weights and tables, each counted once."""
+        return tuple(t for t in self.tensors if t.resident)
+
+    def weight_bytes(self, group: str | None = None) -> float:
+        return sum(t.nbytes for t in self.weights() if group is None or t.group == group)
+
+    def weight_params(self, group: str | None = None) -> int:
+        return sum(t.elems for t in self.weights() if group is None or t.group == group)
+
+    @functools.cached_property
+    def nx(self) -> nx.DiGraph:
+        """A networkx view: nodes are op names (attr ``op``), edges carry ``kind``."""
+        g = nx.DiGraph()
+        for op in self.ops:
+            g.add_node(op.name, op=op)
+        for e in self.edges:
+            if g.has_edge(e.src, e.dst):
+                continue  # keep the first (most specific) kind
+            g.add_edge(e.src, e.dst, kind=e.kind)
+        return g
+
+    def schedule_edges(self) -> list[tuple[int, int]]:
+        """Dependency edges plus stream-order edges (consecutive ops of one stream), as op indices."""
+        idx = self.op_index
+        out = {(idx[e.src], idx[e.dst]) for e in self.edges}
+        last: dict[str, int] = {}
+        for i, op in enumerate(self.ops):
+            if op.stream in last:
+                out.add((last[op.stream], i))
+            last[op.stream] = i
+        return sorted(out)
+
+    # ---- validation --------------------------------------------------------------------------------
+    def validate(self) -> "Graph":
+        """Check structure; raise GraphsimError naming the offending op/edge/tensor."""
+        names = self.op_index
+        require(len(names) == len(self.ops), "graph.ops", "op names must be unique")
+        ts = self.token_set_map
+        tensors = self.tensor_map
+        stages = set(self.stages)
+        for op in self.ops:
+            require(op.stage in stages, f"op[{op.name}].stage", f"unknown stage {op.stage!r}; stages: {self.stages}")
+            if op.token_set:
+                require(op.token_set in ts, f"op[{op.name}].token_set", f"unknown token set {op.token_set!r}")
+            for f in op.cost.features():
+                if f.token_set:
+                    require(f.token_set in ts, f"op[{op.name}].cost", f"feature {f} uses unknown token set")
+            for t in (*op.reads, *op.writes):
+                require(t in tensors, f"op[{op.name}]", f"tensor {t!r} is not declared")
+        for e in self.edges:
+            require(e.src in names, "edge.src", f"unknown op {e.src!r}")
+            require(e.dst in names, "edge.dst", f"unknown op {e.dst!r}")
+            require(names[e.src] < names[e.dst], "edge", f"{e.src} -> {e.dst} goes against program order")
+        return self

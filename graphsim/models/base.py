@@ -1,0 +1,90 @@
+"""What every model offers: resident weights, a graph builder for a request structure, mapping checks."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..builder import GraphBuilder
+from ..errors import GraphsimError
+from ..ir import ONE, CommSpec, Cost, Feature, Graph, Tensor
+from ..plan import ParallelMapping
+
+
+class Model:
+    """Base class: subclasses set ``name``/``family`` and implement ``weights``, ``_build`` and ``kv_bytes``."""
+
+    name = "model"
+    family = "model"
+
+    def weights(self) -> tuple[Tensor, ...]:
+        """Resident inventory by physical module (never depends on the workload)."""
+        raise NotImplementedError
+
+    def kv_bytes(self, context: int) -> float:
+        """KV-cache bytes one request holds at ``context`` tokens (all layers, whole model)."""
+        raise NotImplementedError
+
+    def validate_mapping(self, mapping: ParallelMapping) -> None:
+        """Raise GraphsimError for mappings that cannot exist for this model."""
+
+    def build(self, kinds: Sequence[str], **options) -> Graph:
+        """The logical (unsharded) graph for a batch whose request groups have ``kinds``."""
+        kinds = tuple(kinds)
+        if not kinds:
+            raise GraphsimError("requests", "give at least one request")
+        b = GraphBuilder(self.name, meta={"model": self.name, "kinds": ",".join(kinds)})
+        for t in self.weights():
+            b.tensor(t.name, t.role, t.format, elems=t.elems, module=t.module, group=t.group)
+        self._build(b, kinds, **options)
+        return b.build()
+
+    def _build(self, b: GraphBuilder, kinds: tuple, **options) -> None:
+        raise NotImplementedError
+
+
+def divides(field: str, parts: int, total: int, what: str) -> None:
+    if total % parts:
+        divisors = [d for d in range(1, total + 1) if total % d == 0]
+        raise GraphsimError(field, f"{parts} does not divide {what} ({total}); allowed: {divisors}")
+
+
+def tokens(ts: str) -> Feature:
+    return Feature("tokens", ts)
+
+
+def rmsnorm(b: GraphBuilder, name: str, ts: str, d: int, *, split=("dp",), out_bytes: float = 2.0, **kw) -> str:
+    """RMSNorm: read bf16, write ``out_bytes`` (2 = bf16, 1 = fused FP8 quantization); ~4 flops/elem."""
+    return b.elementwise(name, ts, d, bytes_in=2.0, bytes_out=out_bytes, flops_per_elem=4.0, kind="norm",
+                         split=split, **kw)
+
+
+def all_reduce_tp(ts: str, hidden: int, bytes_per: float = 2.0, note: str = "") -> CommSpec:
+    """TP all-reduce of a row-parallel output (batch-wide payload; the sharding pass takes the rank share)."""
+    return CommSpec("all_reduce", "tp", Cost.of(tokens(ts), bytes_act=hidden * bytes_per), note=note)
+
+
+def swiglu_mlp(b: GraphBuilder, prefix: str, ts: str, hidden: int, inter: int, *, weights: tuple[str, str],
+               act_in: str = "bf16") -> str:
+    """Dense SwiGLU MLP with TP: gate/up fused column-parallel, down row-parallel + all-reduce."""
+    up, down = weights
+    b.gemm(f"{prefix}gate_up", ts, hidden, 2 * inter, weight=up, act_in=act_in, split=("tp", "dp"))
+    b.elementwise(f"{prefix}swiglu", ts, inter, bytes_in=4.0, bytes_out=2.0, flops_per_elem=4.0,
+                  kind="activation", split=("tp", "dp"))
+    return b.gemm(f"{prefix}down", ts, inter, hidden, weight=down, split=("tp", "dp"),
+                  comm=(all_reduce_tp(ts, hidden, note="row-parallel down"),))
+
+
+def embedding(b: GraphBuilder, ts: str, hidden: int, weight: str) -> str:
+    """Embedding gather: reads one row per token (never the whole table)."""
+    cost = Cost.of(tokens(ts), bytes_act=hidden * 2.0 * 2)
+    return b.op("embed", "embedding", cost, token_set=ts, reads=(weight,), split=("dp",),
+                formula=f"gather {hidden} bf16 per token", deps=())
+
+
+def lm_head(b: GraphBuilder, ts: str, hidden: int, vocab: int, weight: str) -> str:
+    """Final norm + vocabulary projection on the positions that need logits."""
+    rmsnorm(b, "final_norm", ts, hidden)
+    return b.gemm("head", ts, hidden, vocab, weight=weight, split=("tp", "dp"), act_out="fp32",
+                  comm=(CommSpec("all_gather", "tp", Cost.of(tokens(ts), bytes_act=vocab * 4.0), note="logits"),))
+
+
+__all__ = ["Model", "divides", "tokens", "rmsnorm", "all_reduce_tp", "swiglu_mlp", "embedding", "lm_head", "ONE"]

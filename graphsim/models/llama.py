@@ -1,0 +1,99 @@
+"""Dense Llama-style decoder (GQA attention, SwiGLU MLP), e.g. Llama-3.1-70B."""
+from __future__ import annotations
+
+import attrs
+
+from ..builder import GraphBuilder
+from ..config import need, text_config
+from ..errors import GraphsimError
+from ..ir import Feature, Tensor, fmt
+from ..plan import ParallelMapping
+from .base import Model, divides, embedding, lm_head, rmsnorm, all_reduce_tp, swiglu_mlp, tokens
+
+
+@attrs.frozen
+class LlamaConfig:
+    hidden: int
+    inter: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tie_embeddings: bool = False
+
+    @staticmethod
+    def from_dict(cfg: dict) -> "LlamaConfig":
+        t = text_config(cfg)
+        heads = need(t, "num_attention_heads")
+        hidden = need(t, "hidden_size")
+        head_dim = t.get("head_dim", hidden // heads)
+        return LlamaConfig(hidden, need(t, "intermediate_size"), need(t, "num_hidden_layers"), heads,
+                           t.get("num_key_value_heads", heads), head_dim, need(t, "vocab_size"),
+                           bool(t.get("tie_word_embeddings", False)))
+
+
+class LlamaModel(Model):
+    """GQA attention + SwiGLU; weights in ``weight_format`` (bf16 by default), KV cache in ``kv_format``."""
+
+    family = "llama"
+
+    def __init__(self, cfg: dict, name: str = "llama", weight_format: str = "bf16", kv_format: str = "bf16"):
+        self.name = name
+        self.cfg = LlamaConfig.from_dict(cfg)
+        self.weight_format = weight_format
+        self.kv_format = kv_format
+
+    def weights(self) -> tuple[Tensor, ...]:
+        c, wf = self.cfg, self.weight_format
+        q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
+        out = [Tensor("embed", "weight", "bf16", c.vocab * c.hidden, module="embed", group="embed")]
+        for i in range(c.layers):
+            p = f"layers.{i}."
+            out += [
+                Tensor(p + "attn.wqkv", "weight", wf, c.hidden * (q + 2 * kv), module=p + "attn"),
+                Tensor(p + "attn.wo", "weight", wf, q * c.hidden, module=p + "attn"),
+                Tensor(p + "mlp.gate_up", "weight", wf, 2 * c.hidden * c.inter, module=p + "mlp"),
+                Tensor(p + "mlp.down", "weight", wf, c.inter * c.hidden, module=p + "mlp"),
+                Tensor(p + "norms", "weight", "bf16", 2 * c.hidden, module=p + "norms"),
+            ]
+        out.append(Tensor("final_norm", "weight", "bf16", c.hidden, module="final_norm", group="embed"))
+        if not c.tie_embeddings:
+            out.append(Tensor("head", "weight", "bf16", c.hidden * c.vocab, module="head", group="embed"))
+        return tuple(out)
+
+    def kv_bytes(self, context: int) -> float:
+        c = self.cfg
+        return context * c.layers * 2 * c.kv_heads * c.head_dim * fmt(self.kv_format).bytes_per_elem
+
+    def validate_mapping(self, m: ParallelMapping) -> None:
+        divides("mapping.tp", m.tp, self.cfg.heads, "attention heads")
+        if m.ep > 1:
+            raise GraphsimError("mapping.ep", "a dense model has no experts: ep must be 1")
+
+    def _build(self, b: GraphBuilder, kinds: tuple, **_) -> None:
+        c = self.cfg
+        q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
+        b.token_set("all")
+        b.token_set("last", prefill="one", decode="all")
+        kvb = 2 * kv * fmt(self.kv_format).bytes_per_elem
+        with b.stage("embed"):
+            embedding(b, "all", c.hidden, "embed")
+        with b.stage("trunk"):
+            for i in range(c.layers):
+                with b.layer(i):
+                    p = f"layers.{i}."
+                    b.tensor(p + "kv", "kv_cache", self.kv_format, elems_per_token=2 * kv, module=p + "attn")
+                    rmsnorm(b, "attn_norm", "all", c.hidden)
+                    b.gemm("wqkv", "all", c.hidden, q + 2 * kv, weight=p + "attn.wqkv", split=("tp", "dp"))
+                    b.cache_write("kv_write", "all", p + "kv", kvb, split=("tp", "dp"))
+                    b.attention("attn", "all", pairs=Feature("causal_pairs", "all"),
+                                flops_per_pair=4.0 * c.head_dim * c.heads,
+                                kv_read=Feature("kv_len", "all"), kv_bytes_per_entry=kvb,
+                                q_bytes_per_token=2.0 * 2 * q, split=("tp", "dp"), reads=(p + "kv",))
+                    b.gemm("wo", "all", q, c.hidden, weight=p + "attn.wo", split=("tp", "dp"),
+                           comm=(all_reduce_tp("all", c.hidden, note="row-parallel wo"),))
+                    rmsnorm(b, "mlp_norm", "all", c.hidden)
+                    swiglu_mlp(b, "mlp.", "all", c.hidden, c.inter, weights=(p + "mlp.gate_up", p + "mlp.down"))
+        with b.stage("head"):
+            lm_head(b, "last", c.hidden, c.vocab, "embed" if c.tie_embeddings else "head")

@@ -1,0 +1,130 @@
+"""Compile a plan: build the model graph, run passes (each verified), shard it, lower it, evaluate it."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import attrs
+import numpy as np
+
+from .errors import GraphsimError, require
+from .ir import Graph
+from .plan import ParallelMapping, Request, workload_of
+from .workload import Workload
+
+# Import-time wiring of the installed subpackages.
+from .hw import EfficiencyProfile, HardwareSpec, load_hw
+from .lowering.evaluate import Evaluator, Schedule, evaluate_reference, unit_time
+from .lowering.program import CostProgram, lower
+from .passes.pipeline import PassPipeline
+from .passes.sharding import apply_mapping, split_factors
+
+
+@attrs.frozen
+class Policies:
+    """Runtime strategies a result is computed under (recorded in every report)."""
+
+    decoder_replay: str = attrs.field(default="off", validator=attrs.validators.in_(("off", "sglang", "paper")))
+    encoder_replay: str = attrs.field(default="on", validator=attrs.validators.in_(("on", "off")))
+    fusion: str = attrs.field(default="unfused", validator=attrs.validators.in_(("unfused", "two-pass", "single-pass")))
+    overlap: str = attrs.field(default="none", validator=attrs.validators.in_(("none", "two-batch")))
+    engram: str = attrs.field(default="hbm", validator=attrs.validators.in_(("hbm", "host")))
+    prefetch_distance: int = 1
+    dspark: str = attrs.field(default="off", validator=attrs.validators.in_(("off", "on")))
+
+    def identity(self) -> dict:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class Plan:
+    """What runs: a batch of requests (one group per request spec), a mapping and policies."""
+
+    requests: tuple = attrs.field(converter=lambda rs: tuple(Request.parse(r) if isinstance(r, str) else r for r in rs))
+    mapping: ParallelMapping = ParallelMapping()
+    policies: Policies = Policies()
+
+    def __attrs_post_init__(self):
+        require(len(self.requests) > 0, "requests", "give at least one request")
+
+    @property
+    def kinds(self) -> tuple:
+        return tuple(r.kind for r in self.requests)
+
+    def workload(self) -> Workload:
+        return workload_of(self.requests)
+
+
+@attrs.frozen(eq=False)
+class Compiled:
+    """A lowered plan on one hardware descriptor: evaluate it at one point (report) or many (sweep)."""
+
+    model: object
+    plan: Plan
+    hw: HardwareSpec
+    profile: EfficiencyProfile | None
+    logical: Graph
+    graph: Graph
+    program: CostProgram
+    evaluator: Evaluator
+
+    def unit_time(self, hw: HardwareSpec | None = None) -> np.ndarray:
+        return unit_time((hw or self.hw).rates(self.profile))
+
+    @property
+    def overhead(self) -> float:
+        return self.profile.op_overhead_s if self.profile else 0.0
+
+    def schedule(self, workload: Workload | None = None) -> Schedule:
+        """Reference (NumPy, full-graph) schedule: per-op start/finish and the critical path."""
+        return evaluate_reference(self.program, workload or self.plan.workload(), self.unit_time(), self.overhead)
+
+    def evaluate(self, workload: Workload, ut=None, overhead=None, outputs=("forward", "stages")) -> dict:
+        """Vectorized evaluation (JAX) over every point of ``workload``."""
+        ut = self.unit_time() if ut is None else ut
+        return self.evaluator(workload, ut, self.overhead if overhead is None else overhead, outputs)
+
+    def report(self):
+        from .report import make_report
+
+        return make_report(self)
+
+
+def default_passes(model, policies: Policies) -> list[tuple[str, Callable[[Graph], Graph]]]:
+    """The model's policy passes (replay, fusion, overlap…), in order; models add theirs via ``passes``."""
+    hook = getattr(model, "passes", None)
+    return list(hook(policies)) if hook else []
+
+
+def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyProfile | None = None,
+                 *, extra_passes: Sequence[tuple[str, Callable[[Graph], Graph]]] = (), chunk: int = 65536) -> Compiled:
+    """build -> passes (verified) -> shard for the mapping -> lower."""
+    if isinstance(hw, str):
+        hw = load_hw(hw)
+    if isinstance(model, str):
+        from .models import load_model
+
+        model = load_model(model)
+    model.validate_mapping(plan.mapping)
+    logical = model.build(plan.kinds, policies=plan.policies)
+    pipeline = PassPipeline([*default_passes(model, plan.policies), *extra_passes])
+    rewritten = pipeline.run(logical)
+    graph = apply_mapping(rewritten, plan.mapping, hw.nvlink_domain)
+    meta = dict(graph.meta)
+    meta.update(hw=hw.name, policies=str(plan.policies.identity()))
+    graph = graph.evolve(meta=tuple(meta.items()))
+    program = lower(graph)
+    return Compiled(model, plan, hw, profile, logical, graph, program, Evaluator(program, plan.kinds, chunk))
+
+
+def weight_bytes_per_device(graph: Graph, mapping: ParallelMapping) -> dict[str, float]:
+    """Resident weight bytes on one device, by inventory group: each tensor divided as the ops reading it
+    are split (tensors no op splits are replicated)."""
+    div: dict[str, float] = {}
+    for op in graph.ops:
+        _, w = split_factors(op, mapping)
+        for t in op.reads:
+            div[t] = max(div.get(t, 1.0), w)
+    out: dict[str, float] = {}
+    for t in graph.weights():
+        out[t.group] = out.get(t.group, 0.0) + t.nbytes / div.get(t.name, 1.0) / mapping.pp
+    return out

@@ -1,0 +1,139 @@
+"""Execution plans: requests (possibly heterogeneous), the parallel mapping, and the policies in force."""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+import attrs
+
+from .errors import GraphsimError, positive_int, require
+from .workload import Workload
+
+_REQ = re.compile(r"^(?P<kind>[a-z]+):(?P<len>[^x@+]+)(?:x(?P<count>[^@+]+))?(?:@(?P<cached>[^+]+))?(?P<rest>(\+.*)?)$")
+
+
+def _int_field(text: str, field: str, spec: str) -> int:
+    try:
+        v = int(text.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise GraphsimError(field, f"{text!r} in request {spec!r} is not an integer") from None
+    if v < 0:
+        raise GraphsimError(field, f"must be >= 0 in request {spec!r}, got {v}")
+    return v
+
+
+@attrs.frozen
+class Request:
+    """``count`` identical requests. Prefill: ``length`` prompt tokens of which ``cached`` are a prefix-cache
+    hit (``swa_cached`` says whether that hit includes the SWA cache). Decode: a step at context ``length``
+    emitting ``new`` positions (1, or 1 + verify length with speculative decoding)."""
+
+    kind: str = attrs.field(validator=attrs.validators.in_(("prefill", "decode")))
+    length: int = attrs.field()
+    count: int = 1
+    cached: int = 0
+    swa_cached: bool = True
+    new: int = 1
+    image_tokens: int = 0
+    image_patches: int = 0
+
+    @length.validator
+    def _len(self, _, v):
+        positive_int(v, "request.length")
+
+    def __attrs_post_init__(self):
+        positive_int(self.count, "request.count")
+        positive_int(self.cached, "request.cached", allow_zero=True)
+        positive_int(self.new, "request.new")
+        if self.kind == "prefill":
+            require(self.cached < self.length, "request.cached",
+                    f"cached prefix ({self.cached}) must be shorter than the prompt ({self.length})")
+            require(self.image_tokens <= self.length - self.cached, "request.image_tokens",
+                    "image tokens must fit in the uncached part of the prompt")
+        else:
+            require(self.cached == 0, "request.cached", "a decode request has no cached prefix (use the context length)")
+
+    @property
+    def new_tokens(self) -> int:
+        """Positions this forward processes per request."""
+        return self.length - self.cached if self.kind == "prefill" else self.new
+
+    @property
+    def past_tokens(self) -> int:
+        """Positions already cached before this forward."""
+        return self.cached if self.kind == "prefill" else self.length
+
+    @staticmethod
+    def parse(spec: str) -> "Request":
+        """``KIND:LEN[xCOUNT][@CACHED]``, e.g. ``decode:4096x64``, ``prefill:2048@1024``."""
+        m = _REQ.match(spec.strip())
+        if not m or m.group("kind") not in ("prefill", "decode"):
+            raise GraphsimError("request", f"{spec!r} is not KIND:LEN[xCOUNT][@CACHED] with KIND prefill|decode")
+        n = _int_field(m.group("len"), "request.length", spec)
+        c = _int_field(m.group("count"), "request.count", spec) if m.group("count") else 1
+        cached = _int_field(m.group("cached"), "request.cached", spec) if m.group("cached") else 0
+        extra = {}
+        rest = m.group("rest")
+        if rest:
+            from .vision import parse_image_suffix  # vision rules live in their own module
+
+            extra = parse_image_suffix(rest, spec)
+        return Request(m.group("kind"), n, c, cached, **extra)
+
+    def __str__(self) -> str:
+        s = f"{self.kind}:{self.length}"
+        s += f"x{self.count}" if self.count != 1 else ""
+        return s + (f"@{self.cached}" if self.cached else "")
+
+
+def workload_of(requests: Sequence[Request]) -> Workload:
+    """One workload point with one group per request spec."""
+    require(len(requests) > 0, "requests", "give at least one request")
+    return Workload(
+        tuple(r.kind for r in requests),
+        [[r.count for r in requests]],
+        [[r.new_tokens for r in requests]],
+        [[r.past_tokens for r in requests]],
+        [[r.image_tokens for r in requests]],
+        [[r.image_patches for r in requests]],
+    )
+
+
+@attrs.frozen
+class ParallelMapping:
+    """How one model replica spreads over GPUs.
+
+    ``tp`` splits attention heads / columns inside a DP group; ``dp`` is attention data parallelism
+    (requests spread over ``dp`` groups); ``ep`` splits routed experts; the MoE side has ``tp·dp`` ranks,
+    so ``moe_tp = tp·dp/ep``. ``pp`` pipeline stages multiply the GPU count.
+    """
+
+    tp: int = 1
+    dp: int = 1
+    ep: int = 1
+    pp: int = 1
+
+    def __attrs_post_init__(self):
+        for f in ("tp", "dp", "ep", "pp"):
+            positive_int(getattr(self, f), f"mapping.{f}")
+        require(self.world % self.ep == 0, "mapping.ep",
+                f"ep={self.ep} must divide the tp·dp={self.world} ranks of the MoE side")
+
+    @property
+    def world(self) -> int:
+        """Ranks per pipeline stage."""
+        return self.tp * self.dp
+
+    @property
+    def gpus(self) -> int:
+        return self.world * self.pp
+
+    @property
+    def moe_tp(self) -> int:
+        return self.world // self.ep
+
+    def size(self, group: str) -> int:
+        return {"tp": self.tp, "dp": self.dp, "ep": self.ep, "world": self.world, "pp": self.pp}[group]
+
+    def __str__(self) -> str:
+        return f"tp{self.tp}-dp{self.dp}-ep{self.ep}-pp{self.pp}"

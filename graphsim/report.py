@@ -1,0 +1,143 @@
+"""Reports: one evaluated plan -> times, throughput, memory per device, breakdowns and the critical path."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+import numpy as np
+
+from .ir import COMPONENTS
+from .lowering.program import GROUPS
+
+
+@attrs.frozen
+class Report:
+    """Everything a user asks of one plan; ``to_dict`` is the ``--json`` form."""
+
+    identity: dict
+    forward_s: float
+    stages: dict
+    breakdown: dict
+    layers: dict
+    critical_path: list
+    memory: dict
+    tokens: dict
+    traffic: dict
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=float)
+
+    def _repr_html_(self) -> str:  # Jupyter
+        return "<pre>" + self.to_text() + "</pre>"
+
+    def to_text(self, top: int = 12) -> str:
+        i, t, m = self.identity, self.tokens, self.memory
+        lines = [
+            f"graphsim {i['model']} on {i['hw']} x{i['gpus']} ({i['mapping']})",
+            f"requests: {', '.join(i['requests'])}    policies: " + ", ".join(f"{k}={v}" for k, v in i["policies"].items()),
+            "",
+            f"forward          {_ms(self.forward_s)}",
+        ]
+        if t["prefill_tokens"]:
+            lines.append(f"TTFT (prefill)   {_ms(t['ttft_s'])}")
+        if t["decode_requests"]:
+            lines.append(f"ITL (decode)     {_ms(t['itl_s'])}   {t['tokens_per_s_per_user']:.1f} tok/s per user")
+        lines.append(f"throughput       {t['tokens_per_s_per_gpu']:,.0f} tok/s per GPU  "
+                     f"({t['tokens_per_s']:,.0f} tok/s for the replica)")
+        lines += ["", "stage            busy        share"]
+        for s, v in self.stages.items():
+            lines.append(f"  {s:<14} {_ms(v['busy_s'])}  {100 * v['busy_s'] / max(self.forward_s, 1e-30):5.1f} %")
+        lines += ["", "op kind          busy        share"]
+        for k, v in sorted(self.breakdown.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {k:<14} {_ms(v)}  {100 * v / max(self.forward_s, 1e-30):5.1f} %")
+        lines += ["", "memory per device"]
+        for k, v in m["weights_gib"].items():
+            lines.append(f"  weights/{k:<9} {v:9.2f} GiB")
+        lines += [f"  kv cache        {m['kv_gib']:9.2f} GiB", f"  workspace       {m['workspace_gib']:9.2f} GiB",
+                  f"  total           {m['total_gib']:9.2f} GiB of {m['capacity_gib']:.2f} GiB -> "
+                  + ("fits" if m["fits"] else f"does NOT fit by {-m['headroom_gib']:.2f} GiB")]
+        lines += ["", f"critical path (top {top} of {len(self.critical_path)} ops by time)"]
+        for op in sorted(self.critical_path, key=lambda o: -o["duration_s"])[:top]:
+            lines.append(f"  {op['name']:<34} {op['kind']:<12} {_ms(op['duration_s'])}  {op['bound']}")
+        return "\n".join(lines)
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:9.4f} ms" if s < 10 else f"{s:9.3f} s "
+
+
+GiB = 2.0**30
+
+
+def make_report(compiled, point: int = 0) -> Report:
+    """Evaluate one plan at its own workload (reference path) and summarize it."""
+    from .pipeline import weight_bytes_per_device
+
+    c = compiled
+    g, plan, m = c.graph, c.plan, c.plan.mapping
+    wl = plan.workload()
+    sched = c.schedule(wl)
+    dur, start, finish = sched.duration[point], sched.start[point], sched.finish[point]
+    forward = float(finish.max())
+    bounds = sched.bound(point)
+    stages: dict[str, dict] = {}
+    kinds: dict[str, float] = {}
+    layers: dict[str, float] = {}
+    for i, op in enumerate(g.ops):
+        s = stages.setdefault(op.stage, {"busy_s": 0.0, "start_s": float(start[i]), "end_s": 0.0})
+        s["busy_s"] += float(dur[i])
+        s["start_s"] = min(s["start_s"], float(start[i]))
+        s["end_s"] = max(s["end_s"], float(finish[i]))
+        kinds[op.kind] = kinds.get(op.kind, 0.0) + float(dur[i])
+        if op.layer is not None:
+            layers[str(op.layer)] = layers.get(str(op.layer), 0.0) + float(dur[i])
+    path = [
+        {"name": g.ops[i].name, "kind": g.ops[i].kind, "stage": g.ops[i].stage, "layer": g.ops[i].layer,
+         "stream": g.ops[i].stream, "start_s": float(start[i]), "duration_s": float(dur[i]), "bound": bounds[i],
+         "formula": g.ops[i].formula}
+        for i in sched.critical_path(point)
+    ]
+    comps = sched.components[point]
+    totals = dict(zip(COMPONENTS, comps.sum(axis=0).tolist()))
+    # ---- tokens and throughput
+    reqs = plan.requests
+    prefill_tokens = sum(r.count * r.new_tokens for r in reqs if r.kind == "prefill")
+    decode_tokens = sum(r.count * r.new_tokens for r in reqs if r.kind == "decode")
+    decode_requests = sum(r.count for r in reqs if r.kind == "decode")
+    all_tokens = prefill_tokens + decode_tokens
+    tokens = {
+        "prefill_tokens": prefill_tokens, "decode_tokens": decode_tokens, "decode_requests": decode_requests,
+        "ttft_s": forward if prefill_tokens else None, "itl_s": forward if decode_requests else None,
+        "tokens_per_s": all_tokens / forward if forward else 0.0,
+        "tokens_per_s_per_gpu": all_tokens / forward / m.gpus if forward else 0.0,
+        "output_tokens_per_s_per_gpu": decode_tokens / forward / m.gpus if forward else 0.0,
+        "tokens_per_s_per_user": (decode_tokens / decode_requests) / forward if decode_requests and forward else 0.0,
+    }
+    # ---- memory per device
+    wdev = weight_bytes_per_device(g, m)
+    kv_split = c.model.kv_split(m) if hasattr(c.model, "kv_split") else m.dp
+    kv = sum(r.count * c.model.kv_bytes(r.past_tokens + r.new_tokens) for r in reqs) / kv_split
+    act = comps[:, COMPONENTS.index("bytes_act")]
+    workspace = float(act.max()) if len(act) else 0.0
+    total = sum(wdev.values()) + kv + workspace
+    cap = c.hw.hbm_capacity_bytes
+    memory = {
+        "weights_gib": {k: v / GiB for k, v in wdev.items()}, "weights_total_gib": sum(wdev.values()) / GiB,
+        "kv_gib": kv / GiB, "workspace_gib": workspace / GiB, "total_gib": total / GiB,
+        "capacity_gib": cap / GiB, "headroom_gib": (cap - total) / GiB, "fits": bool(total <= cap),
+    }
+    traffic = {
+        "flops": {k[6:]: v for k, v in totals.items() if k.startswith("flops_") and v},
+        "hbm_bytes": {k[6:]: totals[k] for k in ("bytes_weight", "bytes_kv", "bytes_act")},
+        "link_bytes": {k[6:]: totals[k] for k in ("bytes_nvlink", "bytes_scaleout", "bytes_c2c")},
+    }
+    identity = {
+        "model": c.model.name, "hw": c.hw.name, "mapping": str(m), "gpus": m.gpus,
+        "requests": [str(r) for r in reqs], "policies": plan.policies.identity(),
+        "profile": c.profile.name if c.profile else "SOL", "graph_ops": len(g.ops),
+    }
+    return Report(identity, forward, stages, kinds, layers, path, memory, tokens, traffic)

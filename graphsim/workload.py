@@ -1,0 +1,83 @@
+"""Workload arrays: what varies between sweep points once a graph is built.
+
+A graph is built for a *structure*: an ordered tuple of request groups, each of one kind (prefill or
+decode). Everything else — how many requests a group holds, how many new tokens each processes, how many
+positions are already cached, image tokens and vision patches — is an array of shape (P, G) over P workload
+points, so a million what-if points are one array program.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+import numpy as np
+
+from .errors import GraphsimError, require
+from .ir import REQUEST_KINDS
+
+FIELDS = ("count", "new", "past", "image", "patches")
+
+
+def _arr(x) -> np.ndarray:
+    a = np.asarray(x, dtype=np.float64)
+    return a.reshape(-1, 1) if a.ndim == 1 else np.atleast_2d(a)
+
+
+@attrs.frozen(eq=False)
+class Workload:
+    """Per-point, per-group request parameters (all float64 arrays of shape (P, G)).
+
+    ``new``: positions processed this forward (prompt/chunk tokens, or 1 + verify length in decode);
+    ``past``: positions already in the cache before it; ``count``: requests in the group;
+    ``image``: how many of the ``new`` positions are image tokens; ``patches``: ViT patches per request.
+    """
+
+    kinds: tuple = attrs.field(converter=tuple)
+    count: np.ndarray = attrs.field(converter=_arr)
+    new: np.ndarray = attrs.field(converter=_arr)
+    past: np.ndarray = attrs.field(converter=_arr)
+    image: np.ndarray = attrs.field(default=None)
+    patches: np.ndarray = attrs.field(default=None)
+
+    def __attrs_post_init__(self):
+        for k in self.kinds:
+            require(k in REQUEST_KINDS, "workload.kinds", f"unknown request kind {k!r}; allowed {REQUEST_KINDS}")
+        shape = np.broadcast_shapes(self.count.shape, self.new.shape, self.past.shape)
+        require(shape[-1] == len(self.kinds), "workload", f"arrays have {shape[-1]} groups, kinds has {len(self.kinds)}")
+        for name in ("image", "patches"):
+            v = getattr(self, name)
+            object.__setattr__(self, name, np.zeros(shape) if v is None else np.broadcast_to(_arr(v), shape).copy())
+        for name in ("count", "new", "past"):
+            object.__setattr__(self, name, np.broadcast_to(getattr(self, name), shape).copy())
+        self.check()
+
+    def check(self) -> np.ndarray:
+        """Raise on invalid values (names the field and the first bad point)."""
+        for name in FIELDS:
+            a = getattr(self, name)
+            bad = ~np.isfinite(a) | (a < 0)
+            if bad.any():
+                p, g = np.argwhere(bad)[0]
+                raise GraphsimError(f"workload.{name}", f"must be a finite non-negative number; point {p}, group {g} has {a[p, g]!r}")
+        bad = self.image > self.new
+        if bad.any():
+            p, g = np.argwhere(bad)[0]
+            raise GraphsimError("workload.image", f"image tokens exceed new tokens at point {p}, group {g}")
+        return self.count
+
+    @property
+    def points(self) -> int:
+        return self.count.shape[0]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {f: getattr(self, f) for f in FIELDS}
+
+    def point(self, i: int) -> "Workload":
+        return Workload(self.kinds, *(getattr(self, f)[i : i + 1] for f in FIELDS))
+
+    @staticmethod
+    def stack(workloads: Sequence["Workload"]) -> "Workload":
+        kinds = workloads[0].kinds
+        for w in workloads:
+            require(w.kinds == kinds, "workload.kinds", "stacked workloads must share one group structure")
+        return Workload(kinds, *(np.concatenate([getattr(w, f) for w in workloads]) for f in FIELDS))

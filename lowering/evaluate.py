@@ -1,0 +1,210 @@
+"""Evaluate a CostProgram at many workload points.
+
+* :func:`evaluate` — jitted JAX over the reduced graph (cost classes, collapsed chains, unrolled max-plus),
+  points processed in fixed-size chunks so memory stays bounded and one compilation serves all chunks.
+* :func:`evaluate_reference` — pure NumPy over the *full* graph, straight from each op's ``Cost`` terms;
+  an independent path used by tests and for single-point reports (start/finish per op, critical path).
+
+Both take ``unit_time``: seconds per unit of each cost component (1/peak for FLOPs, 1/bandwidth for bytes,
+latency per hop), shape (P, K) or (K,).
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import attrs
+import numpy as np
+
+from graphsim.ir import COMPONENTS, Graph
+from graphsim.workload import Workload
+
+from .features import feature_matrix
+from .program import COMPONENT_GROUP, GROUPS, CostProgram
+
+try:  # exactness first: costs are float64 end to end
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+except ImportError:  # pragma: no cover - jax is a declared dependency
+    jax = None
+
+
+def unit_time(rates: Mapping[str, float]) -> np.ndarray:
+    """Seconds per unit of each component from a rates dict (``HardwareSpec.rates()``)."""
+    out = np.empty(len(COMPONENTS))
+    for k, c in enumerate(COMPONENTS):
+        r = float(rates[c])
+        out[k] = r if c.startswith("hops_") else (1.0 / r if r > 0 else np.inf)
+    return out
+
+
+def _durations_from_components(comp, ut, overhead, xp):
+    """Roofline per row: comp (..., K) component totals -> seconds."""
+    t = comp * ut
+    parts = [xp.sum(t[..., COMPONENT_GROUP == g], axis=-1) for g in range(len(GROUPS))]
+    return xp.maximum(xp.maximum(xp.maximum(parts[0], parts[1]), xp.maximum(parts[2], parts[3])), parts[4]) \
+        + parts[5] + overhead
+
+
+@attrs.frozen(eq=False)
+class Schedule:
+    """Reference evaluation: per-op durations, starts and finishes (P, ops) and the bound of each op."""
+
+    graph: Graph
+    duration: np.ndarray
+    start: np.ndarray
+    finish: np.ndarray
+    components: np.ndarray  # (P, ops, K) raw component totals (FLOPs, bytes, hops)
+    unit_time: np.ndarray  # (P, K)
+    argpred: np.ndarray  # (P, ops): the predecessor that set the start (-1 if none)
+
+    @property
+    def forward(self) -> np.ndarray:
+        return self.finish.max(axis=1)
+
+    def critical_path(self, point: int = 0) -> list[int]:
+        """Op indices on the critical path of one point, first to last."""
+        i = int(np.argmax(self.finish[point]))
+        path = []
+        while i >= 0:
+            path.append(i)
+            i = int(self.argpred[point, i])
+        return path[::-1]
+
+    def bound(self, point: int = 0) -> list[str]:
+        """Per op, which roofline term bounds it: compute / hbm / nvlink / scaleout / c2c / latency / idle."""
+        t = self.components[point] * self.unit_time[point]
+        out = []
+        for row in t:
+            parts = [row[COMPONENT_GROUP == g].sum() for g in range(len(GROUPS))]
+            out.append("idle" if max(parts) == 0 else GROUPS[int(np.argmax(parts[:5]))] if max(parts[:5]) > 0 else "latency")
+        return out
+
+
+def evaluate_reference(program: CostProgram, workload: Workload, ut, overhead=0.0) -> Schedule:
+    """NumPy, full graph, each op's cost evaluated from its own terms (not from the class matrices)."""
+    g = program.graph
+    a = workload.arrays()
+    P = workload.points
+    ut = np.broadcast_to(np.asarray(ut, dtype=np.float64), (P, len(COMPONENTS)))
+    feats = feature_matrix(program.features, g.token_set_map, workload.kinds, a, np) if program.features else np.zeros((P, 0))
+    fidx = {f: i for i, f in enumerate(program.features)}
+    kidx = {c: k for k, c in enumerate(COMPONENTS)}
+    n = len(g.ops)
+    comp = np.zeros((P, n, len(COMPONENTS)))
+    for i, op in enumerate(g.ops):
+        for c, f, v in op.cost.terms:
+            comp[:, i, kidx[c]] += v * feats[:, fidx[f]]
+    dur = _durations_from_components(comp, ut[:, None, :], np.asarray(overhead, dtype=np.float64).reshape(-1, 1), np)
+    start = np.zeros((P, n))
+    finish = np.zeros((P, n))
+    argpred = np.full((P, n), -1, dtype=np.int64)
+    for i, ps in enumerate(program.sched_preds):
+        if ps:
+            pf = finish[:, list(ps)]
+            j = np.argmax(pf, axis=1)
+            start[:, i] = pf[np.arange(P), j]
+            argpred[:, i] = np.asarray(ps)[j]
+        finish[:, i] = start[:, i] + dur[:, i]
+    return Schedule(g, dur, start, finish, comp, ut, argpred)
+
+
+# ---------------------------------------------------------------------------------------------------
+# JAX path
+# ---------------------------------------------------------------------------------------------------
+
+def build_kernel(program: CostProgram, kinds: tuple, outputs=("forward", "stages", "classes")):
+    """A jitted function (arrays, ut (P,K), overhead (P,)) -> dict with ``forward`` (P,), ``stages``
+    (P, n_stages: busy seconds per stage) and ``classes`` (P, n_classes: seconds per class op)."""
+    A, nz_class, nz_comp = program.nonzero_columns()
+    A = jnp.asarray(A)
+    slot = nz_class * len(GROUPS) + COMPONENT_GROUP[nz_comp]
+    G = len(GROUPS)
+    # Gather columns into (class, roofline group) slots: a small dense 0/1 matmul when it is cheap,
+    # a scatter-add otherwise (both exact: each column lands in exactly one slot).
+    dense_slots = A.shape[1] * program.n_classes * G <= 2_000_000
+    if dense_slots:
+        S_mat = np.zeros((A.shape[1], program.n_classes * G))
+        S_mat[np.arange(A.shape[1]), slot] = 1.0
+        S_mat = jnp.asarray(S_mat)
+    nz_group_slot = jnp.asarray(slot)
+    nz_comp = jnp.asarray(nz_comp)
+    C, S = program.n_classes, program.n_segments
+    pc, ps, pn = (jnp.asarray(program.seg_pairs[:, i]) for i in range(3))
+    seg_mat = None
+    if C * S <= 2_000_000:  # class -> segment counts as a dense matrix
+        m = np.zeros((C, S))
+        np.add.at(m, (program.seg_pairs[:, 0], program.seg_pairs[:, 1]), program.seg_pairs[:, 2])
+        seg_mat = jnp.asarray(m)
+    # class -> stage busy counts
+    st = np.zeros((C, len(program.stages)))
+    np.add.at(st, (program.op_class, program.stage_of_op), 1.0)
+    st = jnp.asarray(st)
+    seg_preds = program.seg_preds
+    token_sets = program.graph.token_set_map
+    features = program.features
+
+    def kernel(arrays, ut, overhead):
+        P = ut.shape[0]
+        feats = feature_matrix(features, token_sets, kinds, arrays, jnp) if features else jnp.zeros((P, 0))
+        vals = (feats @ A) * ut[:, nz_comp]  # (P, NZ) seconds per nonzero column
+        if dense_slots:
+            slots = (vals @ S_mat).reshape(P, C, G)
+        else:
+            slots = jnp.zeros((P, C * G)).at[:, nz_group_slot].add(vals).reshape(P, C, G)
+        cls = jnp.maximum(jnp.max(slots[:, :, :5], axis=2), 0.0) + slots[:, :, 5] + overhead[:, None]
+        seg = cls @ seg_mat if seg_mat is not None else jnp.zeros((P, S)).at[:, ps].add(cls[:, pc] * pn)
+        finish = []
+        for s in range(S):  # unrolled max-plus over the reduced graph
+            p = seg_preds[s]
+            start = jnp.max(jnp.stack([finish[j] for j in p], axis=1), axis=1) if p else 0.0
+            finish.append(start + seg[:, s])
+        forward = jnp.max(jnp.stack(finish, axis=1), axis=1) if finish else jnp.zeros(P)
+        res = {"forward": forward, "classes": cls}
+        if "stages" in outputs:
+            res["stages"] = cls @ st
+        return {k: res[k] for k in outputs}
+
+    return jax.jit(kernel)
+
+
+@attrs.define
+class Evaluator:
+    """Compiled once per (program, group structure); call with a workload and unit times."""
+
+    program: CostProgram
+    kinds: tuple
+    chunk: int = 65536
+    _kernels: dict = attrs.Factory(dict)
+
+    def __call__(self, workload: Workload, ut, overhead=0.0, outputs=("forward", "stages")) -> dict:
+        outputs = tuple(outputs)
+        if outputs not in self._kernels:
+            self._kernels[outputs] = build_kernel(self.program, self.kinds, outputs)
+        kernel = self._kernels[outputs]
+        P = workload.points
+        ut = np.broadcast_to(np.asarray(ut, dtype=np.float64), (P, len(COMPONENTS)))
+        ov = np.broadcast_to(np.asarray(overhead, dtype=np.float64).reshape(-1), (P,))
+        a = workload.arrays()
+        n_chunks = -(-P // self.chunk)
+        size = -(-P // n_chunks)  # equal chunks: at most n_chunks - 1 padded rows
+        out = {k: [] for k in outputs}
+        for lo in range(0, P, size):
+            hi = min(lo + size, P)
+            pad = size - (hi - lo)  # pad the last chunk so one compiled shape serves every chunk
+
+            def cut(x):
+                x = x[lo:hi]
+                return np.concatenate([x, np.repeat(x[-1:], pad, axis=0)]) if pad else x
+
+            res = kernel({k: cut(v) for k, v in a.items()}, cut(ut), cut(ov))
+            for k in outputs:
+                out[k].append(np.asarray(res[k])[: hi - lo])
+        return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def evaluate(program: CostProgram, workload: Workload, ut, overhead=0.0, *, chunk: int = 65536,
+             outputs=("forward", "stages")) -> dict:
+    """One-shot convenience: compile and evaluate (prefer an :class:`Evaluator` for repeated calls)."""
+    return Evaluator(program, workload.kinds, chunk)(workload, ut, overhead, outputs)

@@ -1,0 +1,126 @@
+"""Closed forms of workload features, written once for any array module (NumPy or jax.numpy).
+
+For a request whose token set covers query positions [lo, hi) (0-based), query i sees v = i + 1 positions.
+Sums over queries use prefix sums S_f(x) = Σ_{v=1..x} f(v), so Σ_{i=lo}^{hi-1} f(i+1) = S_f(hi) - S_f(lo):
+exact for every length, no loop over positions.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from graphsim.errors import GraphsimError
+from graphsim.ir import Feature, TokenSet
+
+
+def interval(rule: str, a: dict, g: int, xp):
+    """Positions [lo, hi) that ``rule`` selects in group ``g`` (columns of the workload arrays)."""
+    new, past = a["new"][:, g], a["past"][:, g]
+    head, _, arg = rule.partition(":")
+    end = past + new
+    if head == "all":
+        return past, end
+    if head == "none":
+        return past, past
+    if head == "tail":
+        return end - xp.minimum(new, float(arg)), end
+    if head == "replay":
+        return past - xp.minimum(past, float(arg)), past
+    if head == "replay_all":
+        return past - xp.minimum(past, float(arg)), end
+    if head == "text":
+        return past, end - a["image"][:, g]
+    if head == "image":
+        return end - a["image"][:, g], end
+    if head == "patches":
+        return 0.0 * past, a["patches"][:, g]
+    if head == "one":
+        return end - xp.minimum(new, 1.0), end
+    raise GraphsimError("token_set.rule", f"unknown rule {rule!r}")
+
+
+def s_causal(x):
+    return x * (x + 1.0) / 2.0
+
+
+def s_window(x, w, xp):
+    a = xp.minimum(x, w)
+    return a * (a + 1.0) / 2.0 + w * (x - a)
+
+
+def s_floor(x, m, xp):
+    """Σ_{v=1..x} ⌊v/m⌋ = m·q(q-1)/2 + q·(x - q·m + 1), q = ⌊x/m⌋."""
+    q = xp.floor(x / m)
+    return m * q * (q - 1.0) / 2.0 + q * (x - q * m + 1.0)
+
+
+def s_floor_capped(x, m, k, xp):
+    """Σ_{v=1..x} min(k, ⌊v/m⌋): the floor sum up to v = k·m - 1, then k per position."""
+    edge = k * m - 1.0
+    return s_floor(xp.minimum(x, edge), m, xp) + k * xp.maximum(x - edge, 0.0)
+
+
+def per_request(kind: str, params: tuple, lo, hi, xp):
+    """Value of a per-request feature for one group (before weighting by request count)."""
+    n = hi - lo
+    if kind == "tokens":
+        return n
+    if kind == "requests":
+        return xp.where(n > 0, 1.0, 0.0)
+    if kind == "kv_len":
+        return xp.where(n > 0, hi, 0.0)
+    if kind == "causal_pairs":
+        return s_causal(hi) - s_causal(lo)
+    if kind == "full_pairs":
+        return n * n
+    if kind == "window_pairs":
+        (w,) = params
+        return s_window(hi, float(w), xp) - s_window(lo, float(w), xp)
+    if kind == "compressed":
+        (m,) = params
+        return xp.where(n > 0, xp.floor(hi / m), 0.0)
+    if kind == "compressed_pairs":
+        (m,) = params
+        return s_floor(hi, float(m), xp) - s_floor(lo, float(m), xp)
+    if kind in ("topk_pairs", "sparse_read"):
+        m, k = float(params[0]), float(params[1])
+        pairs = s_floor_capped(hi, m, k, xp) - s_floor_capped(lo, m, k, xp)
+        if kind == "topk_pairs":
+            return pairs
+        return xp.minimum(pairs, xp.where(n > 0, xp.floor(hi / m), 0.0))
+    if kind == "new_groups":
+        (m,) = params
+        return xp.floor(hi / m) - xp.floor(lo / m)
+    raise GraphsimError("feature.kind", f"no closed form for {kind!r}")
+
+
+def feature_column(f: Feature, token_sets: dict, kinds: Sequence[str], a: dict, xp):
+    """One feature over all points: shape (P,)."""
+    count = a["count"]
+    if f.kind == "one":
+        return xp.ones(count.shape[0])
+    ts: TokenSet = token_sets[f.token_set]
+    if f.kind == "experts_touched":
+        e, k = float(f.params[0]), float(f.params[1])
+        t = sum(f.frac * count[:, g] * _n(ts, kinds[g], a, g, xp) for g in range(len(kinds)))
+        return e * (1.0 - (1.0 - k / e) ** t)
+    total = 0.0 * count[:, 0]
+    for g, kind in enumerate(kinds):
+        rule = ts.rule(kind)
+        if rule == "none":
+            continue
+        lo, hi = interval(rule, a, g, xp)
+        total = total + f.frac * count[:, g] * per_request(f.kind, f.params, lo, hi, xp)
+    return total
+
+
+def _n(ts: TokenSet, kind: str, a: dict, g: int, xp):
+    rule = ts.rule(kind)
+    if rule == "none":
+        return 0.0
+    lo, hi = interval(rule, a, g, xp)
+    return hi - lo
+
+
+def feature_matrix(features: Sequence[Feature], token_sets: dict, kinds: Sequence[str], a: dict, xp):
+    """All features as a (P, F) array."""
+    return xp.stack([feature_column(f, token_sets, kinds, a, xp) for f in features], axis=1)

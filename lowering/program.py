@@ -1,0 +1,141 @@
+"""Graph -> CostProgram: coefficient arrays over deduplicated features, cost classes and a reduced DAG.
+
+An op's duration is a roofline over its components: max(compute, HBM, NVLink, scale-out, C2C) + hops·latency
+(+ an optional per-op overhead from an efficiency profile). Identical cost rows share one *cost class*;
+runs of ops that form a simple chain in the (transitively reduced) schedule DAG collapse into one
+*segment* whose duration is a count-weighted sum of class durations; only forks and joins need max-plus.
+"""
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from graphsim.errors import GraphsimError
+from graphsim.ir import COMPONENT_INDEX, COMPONENTS, Graph
+
+#: Roofline groups: components in one group add up; groups take the max; "latency" adds on top.
+GROUPS = ("compute", "hbm", "nvlink", "scaleout", "c2c", "latency")
+
+
+def component_group(c: str) -> int:
+    if c.startswith("flops_"):
+        return 0
+    if c in ("bytes_weight", "bytes_kv", "bytes_act"):
+        return 1
+    return {"bytes_nvlink": 2, "bytes_scaleout": 3, "bytes_c2c": 4, "hops_nvlink": 5, "hops_scaleout": 5}[c]
+
+
+COMPONENT_GROUP = np.array([component_group(c) for c in COMPONENTS])
+
+
+@attrs.frozen(eq=False)
+class CostProgram:
+    """Everything evaluation needs, as arrays. ``coef[f, c, k]``: coefficient of feature f in component k
+    of cost class c. ``op_class[i]``: class of op i. Segments: ``seg_pairs`` (class, segment, count) and
+    ``seg_preds`` (predecessor segments, topological order)."""
+
+    graph: Graph
+    features: tuple
+    coef: np.ndarray
+    op_class: np.ndarray
+    n_classes: int
+    n_segments: int
+    seg_pairs: np.ndarray  # (n_pairs, 3): class, segment, count
+    seg_preds: tuple
+    op_segment: np.ndarray
+    sched_preds: tuple  # full-graph predecessors per op (op indices)
+    stage_of_op: np.ndarray
+    stages: tuple
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.graph.ops)
+
+    def nonzero_columns(self):
+        """(F, NZ) matrix of the nonzero (class, component) columns plus their class and component."""
+        f, c, k = self.coef.shape
+        flat = self.coef.reshape(f, c * k)
+        nz = np.flatnonzero(np.any(flat != 0.0, axis=0))
+        return flat[:, nz], nz // k, nz % k
+
+
+def lower(graph: Graph) -> CostProgram:
+    """Lower a graph (already sharded for its mapping) to a CostProgram."""
+    graph.validate()
+    feats: dict = {}
+    for op in graph.ops:
+        for f in op.cost.features():
+            feats.setdefault(f, len(feats))
+    n_ops, nf, nk = len(graph.ops), max(len(feats), 1), len(COMPONENTS)
+    rows = np.zeros((n_ops, nf, nk))
+    for i, op in enumerate(graph.ops):
+        for c, f, v in op.cost.terms:
+            rows[i, feats[f], COMPONENT_INDEX[c]] += v
+    # Cost classes: ops with byte-identical rows share one.
+    keys: dict[bytes, int] = {}
+    op_class = np.empty(n_ops, dtype=np.int64)
+    for i in range(n_ops):
+        op_class[i] = keys.setdefault(rows[i].tobytes(), len(keys))
+    n_classes = len(keys)
+    coef = np.zeros((nf, n_classes, nk))
+    for i in range(n_ops):
+        coef[:, op_class[i], :] = rows[i]
+    preds = _preds(graph)
+    segments, seg_preds = _segments(n_ops, _transitive_reduction(n_ops, preds))
+    pairs: dict[tuple[int, int], int] = {}
+    for i in range(n_ops):
+        key = (int(op_class[i]), int(segments[i]))
+        pairs[key] = pairs.get(key, 0) + 1
+    seg_pairs = np.array([(c, s, n) for (c, s), n in sorted(pairs.items())], dtype=np.int64).reshape(-1, 3)
+    stage_index = {s: j for j, s in enumerate(graph.stages)}
+    return CostProgram(graph, tuple(feats) or (), coef, op_class, n_classes, int(segments.max()) + 1 if n_ops else 0,
+                       seg_pairs, seg_preds, segments, preds,
+                       np.array([stage_index[o.stage] for o in graph.ops], dtype=np.int64), tuple(graph.stages))
+
+
+def _preds(graph: Graph) -> tuple:
+    preds = [set() for _ in graph.ops]
+    for a, b in graph.schedule_edges():
+        if a >= b:
+            raise GraphsimError("edge", f"{graph.ops[a].name} -> {graph.ops[b].name} is not in program order")
+        preds[b].add(a)
+    return tuple(tuple(sorted(p)) for p in preds)
+
+
+def _transitive_reduction(n: int, preds: tuple) -> list[list[int]]:
+    """Drop edges implied by longer paths (bitset reachability; ops are in topological order)."""
+    succs = [[] for _ in range(n)]
+    for v, ps in enumerate(preds):
+        for u in ps:
+            succs[u].append(v)
+    desc = [0] * n
+    for u in range(n - 1, -1, -1):
+        acc = 0
+        for v in succs[u]:
+            acc |= desc[v] | (1 << v)
+        desc[u] = acc
+    reduced = [[] for _ in range(n)]
+    for u in range(n):
+        for v in succs[u]:
+            implied = any(w != v and (desc[w] >> v) & 1 for w in succs[u])
+            if not implied:
+                reduced[v].append(u)
+    return reduced
+
+
+def _segments(n: int, preds: list[list[int]]):
+    """Collapse simple chains: v joins u's segment when u -> v is u's only out-edge and v's only in-edge."""
+    outdeg = [0] * n
+    for ps in preds:
+        for u in ps:
+            outdeg[u] += 1
+    seg = np.empty(n, dtype=np.int64)
+    seg_preds: list[tuple] = []
+    for v in range(n):
+        ps = preds[v]
+        if len(ps) == 1 and outdeg[ps[0]] == 1:
+            seg[v] = seg[ps[0]]
+        else:
+            seg[v] = len(seg_preds)
+            seg_preds.append(tuple(sorted({int(seg[u]) for u in ps})))
+    return seg, tuple(seg_preds)

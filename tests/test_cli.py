@@ -1,0 +1,75 @@
+"""The CLI: readable output, --json keys, and one-line errors with a non-zero exit (no traceback)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from graphsim.cli import main
+
+
+def run(args, capsys):
+    rc = main(args)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_estimate_json_keys(capsys):
+    rc, out, _ = run(["estimate", "--model", "deepseek-v3", "--hw", "gb200", "--tp", "4", "--ep", "4",
+                      "--request", "decode:4096x64", "--request", "prefill:2048", "--json"], capsys)
+    assert rc == 0
+    d = json.loads(out)
+    for k in ("forward_s", "stages", "critical_path", "breakdown", "memory", "tokens"):
+        assert k in d
+    assert d["forward_s"] > 0 and d["tokens"]["decode_tokens"] == 64 and d["tokens"]["prefill_tokens"] == 2048
+
+
+def test_estimate_text(capsys):
+    rc, out, _ = run(["estimate", "--model", "llama-3.1-70b", "--hw", "h200", "--tp", "8", "--request", "decode:2048x32"], capsys)
+    assert rc == 0 and "ITL" in out and "critical path" in out
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--model", "nope", "--request", "decode:1"], "model"),
+    (["--model", "deepseek-v3", "--hw", "tpu9", "--request", "decode:1"], "hw"),
+    (["--model", "deepseek-v3", "--tp", "3", "--request", "decode:1"], "mapping.tp"),
+    (["--model", "deepseek-v3", "--dp", "6", "--ep", "6", "--request", "decode:1"], "mapping.ep"),
+    (["--model", "deepseek-v3", "--request", "decode:-4"], "request.length"),
+    (["--model", "deepseek-v3", "--request", "decode4096"], "request"),
+    (["--model", "deepseek-v3", "--request", "prefill:100@100"], "request.cached"),
+])
+def test_bad_input_one_line(args, field, capsys):
+    rc, out, err = run(["estimate", *args], capsys)
+    assert rc == 2
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"error: {field}" in err
+
+
+def test_config_missing_field(tmp_path, capsys):
+    cfg = json.loads(open(__import__("graphsim.config", fromlist=["x"]).__file__.replace("config.py", "configs/deepseek-v3.json")).read())
+    del cfg["kv_lora_rank"]
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    rc, _, err = run(["estimate", "--model", str(p), "--request", "decode:10"], capsys)
+    assert rc == 2 and "kv_lora_rank" in err
+
+
+def test_console_script_no_traceback():
+    r = subprocess.run([sys.executable, "-m", "graphsim.cli", "estimate", "--model", "deepseek-v3", "--tp", "5",
+                        "--request", "decode:1"], capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "mapping.tp" in r.stderr
+
+
+def test_hw_list_and_show(capsys):
+    rc, out, _ = run(["hw", "list"], capsys)
+    assert rc == 0 and all(n in out for n in ("gb200", "gb300", "b200", "h200", "h100", "h800"))
+    rc, out, _ = run(["hw", "show", "gb300"], capsys)
+    assert rc == 0 and "hbm_bw" in out
+
+
+def test_graph_dot(tmp_path, capsys):
+    out = tmp_path / "g.dot"
+    rc, _, _ = run(["graph", "--model", "deepseek-v3", "--request", "decode:100x4", "-o", str(out)], capsys)
+    assert rc == 0
+    text = out.read_text()
+    assert text.startswith("digraph") and "cluster_stage_" in text and "layer 60" in text

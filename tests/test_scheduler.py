@@ -1,0 +1,131 @@
+"""Longest path on hand-made graphs; the JAX reduced-graph evaluation equals the NumPy full-graph reference."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from graphsim.builder import GraphBuilder
+from graphsim.ir import COMPONENTS, ONE, Cost, Feature
+from graphsim.lowering.evaluate import evaluate, evaluate_reference, unit_time
+from graphsim.lowering.program import lower
+from graphsim.workload import Workload
+
+# unit rates: 1 FLOP/s, 1 B/s, so an op costing x flops lasts x seconds
+UT = unit_time({c: (1.0 if not c.startswith("hops") else 0.0) for c in COMPONENTS})
+WL = Workload(("prefill",), [[1]], [[1]], [[0]])
+
+
+def timed(b, name, secs, **kw):
+    return b.op(name, "gemm", Cost.of(ONE, flops_bf16=secs), **kw)
+
+
+def run(g):
+    p = lower(g)
+    ref = evaluate_reference(p, WL, UT)
+    jx = evaluate(p, WL, UT)
+    assert abs(jx["forward"][0] - ref.forward[0]) <= 1e-12 * max(1, ref.forward[0])
+    return ref
+
+
+def names(g, ref):
+    return [g.ops[i].name for i in ref.critical_path(0)]
+
+
+def test_chain_adds():
+    b = GraphBuilder("chain")
+    with b.stage("s"):
+        for i, t in enumerate([1, 2, 3]):
+            timed(b, f"op{i}", t)
+    g = b.build()
+    ref = run(g)
+    assert ref.forward[0] == 6  # 1 + 2 + 3
+    assert names(g, ref) == ["op0", "op1", "op2"]
+
+
+def test_diamond_takes_longer_branch():
+    b = GraphBuilder("diamond")
+    with b.stage("s"):
+        a = timed(b, "a", 1)
+        x = timed(b, "x", 5, deps=[a])
+        y = b.op("y", "gemm", Cost.of(ONE, flops_bf16=2), stream="comm", deps=[a])
+        timed(b, "z", 1, deps=[x, y])
+    g = b.build()
+    ref = run(g)
+    assert ref.forward[0] == 1 + 5 + 1  # max(5, 2) on the middle
+    assert names(g, ref) == ["a", "x", "z"]
+
+
+def test_two_streams_overlap():
+    # comm (4 s) runs beside compute c1 (3 s) + c2 (3 s); the join waits for both
+    b = GraphBuilder("overlap")
+    with b.stage("s"):
+        a = timed(b, "a", 1)
+        comm = b.op("comm", "collective", Cost.of(ONE, flops_bf16=4), stream="comm", deps=[a])
+        timed(b, "c1", 3, deps=[a])
+        c2 = timed(b, "c2", 3)
+        timed(b, "join", 1, deps=[c2, comm])
+    ref = run(b.build())
+    assert ref.forward[0] == 1 + 6 + 1
+    b2 = GraphBuilder("overlap-comm-bound")
+    with b2.stage("s"):
+        a = timed(b2, "a", 1)
+        comm = b2.op("comm", "collective", Cost.of(ONE, flops_bf16=10), stream="comm", deps=[a])
+        timed(b2, "c1", 3, deps=[a])
+        timed(b2, "join", 1, deps=[comm])
+    g2 = b2.build()
+    ref2 = run(g2)
+    assert ref2.forward[0] == 1 + 10 + 1
+    assert names(g2, ref2) == ["a", "comm", "join"]
+
+
+def test_one_stream_serializes_independent_ops():
+    # no data edge between x and y, but both on the compute stream -> they run one after the other
+    b = GraphBuilder("serial")
+    with b.stage("s"):
+        timed(b, "x", 2, deps=[])
+        timed(b, "y", 3, deps=[])
+    assert run(b.build()).forward[0] == 5
+    b = GraphBuilder("parallel")
+    with b.stage("s"):
+        timed(b, "x", 2, deps=[])
+        b.op("y", "gemm", Cost.of(ONE, flops_bf16=3), stream="comm", deps=[])
+    assert run(b.build()).forward[0] == 3
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_random_dags_jax_equals_numpy(data):
+    n = data.draw(st.integers(2, 40))
+    b = GraphBuilder("rand")
+    b.token_set("all")
+    names_ = []
+    with b.stage("s"):
+        for i in range(n):
+            deps = data.draw(st.lists(st.sampled_from(names_), max_size=3, unique=True)) if names_ else []
+            stream = data.draw(st.sampled_from(["compute", "comm", "host_copy"]))
+            k = data.draw(st.sampled_from([1.0, 2.0, 3.5]))
+            cost = Cost.of(Feature("tokens", "all"), flops_bf16=k * (i % 3 + 1), bytes_act=7.0 * (i % 2)) + Cost.of(ONE, hops_nvlink=1)
+            names_.append(b.op(f"o{i}", "gemm", cost, stream=stream, deps=deps))
+    g = b.build()
+    p = lower(g)
+    rng = np.random.default_rng(n)
+    P = 64
+    wl = Workload(("prefill", "decode"), rng.integers(1, 9, (P, 2)), rng.integers(1, 999, (P, 2)), rng.integers(0, 999, (P, 2)))
+    ut = np.tile(unit_time({c: 1e3 if not c.startswith("hops") else 1e-3 for c in COMPONENTS}), (P, 1))
+    ut[:, COMPONENTS.index("bytes_act")] *= rng.uniform(0.5, 2, P)
+    ref = evaluate_reference(p, wl, ut, 1e-6)
+    jx = evaluate(p, wl, ut, 1e-6, chunk=16)  # several chunks incl. a padded one
+    np.testing.assert_allclose(jx["forward"], ref.forward, rtol=1e-9)
+    stage_busy = ref.duration.sum(axis=1)
+    np.testing.assert_allclose(jx["stages"][:, 0], stage_busy, rtol=1e-9)
+
+
+def test_reduction_collapses_single_stream_graph_to_one_segment():
+    b = GraphBuilder("long")
+    with b.stage("s"):
+        a = timed(b, "a", 1)
+        for i in range(20):
+            timed(b, f"x{i}", 1)
+        timed(b, "late", 1, deps=[a, b.last])  # an implied (transitive) edge, e.g. a KV-owner read
+    p = lower(b.build())
+    assert p.n_segments == 1
+    assert p.n_classes == 1  # 22 identical cost rows -> one cost class
