@@ -16,6 +16,7 @@ from .hw import EfficiencyProfile, HardwareSpec, load_hw
 from .lowering.evaluate import Evaluator, Schedule, evaluate_reference, unit_time
 from .lowering.program import CostProgram, lower
 from .passes.pipeline import PassPipeline
+from .passes.runtime import apply_runtime_passes
 from .passes.sharding import apply_mapping, split_factors
 
 
@@ -109,6 +110,7 @@ def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyP
     pipeline = PassPipeline([*default_passes(model, plan.policies), *extra_passes])
     rewritten = pipeline.run(logical)
     graph = apply_mapping(rewritten, plan.mapping, hw.nvlink_domain)
+    graph = apply_runtime_passes(graph, plan, hw)
     meta = dict(graph.meta)
     meta.update(hw=hw.name, policies=str(plan.policies.identity()))
     graph = graph.evolve(meta=tuple(meta.items()))
