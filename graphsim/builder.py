@@ -141,7 +141,7 @@ class GraphBuilder:
                        formula=f"2·{k}·{n}·T flops; W {k}x{n} {wt.format.name} read once", **kw)
 
     def moe_experts(self, name: str, token_set: str, *, experts: int, top_k: int, hidden: int, inter: int,
-                    weight_format: str | StorageFormat | None = None, weight: str | None = None,
+                    weight_format: str | StorageFormat | None = None, weight: str | tuple | None = None,
                     act_in: str = "fp8", act_out: str = "bf16", group: str = "trunk", **kw) -> str:
         """Routed SwiGLU experts (w1, w3: hidden→inter; w2: inter→hidden). FLOPs follow token-expert pairs;
         weight bytes follow the *expected distinct experts touched*, E·(1-(1-k/E)^T)."""
@@ -149,14 +149,18 @@ class GraphBuilder:
         if weight is None:
             require(weight_format is not None, f"moe_experts[{name}]", "give weight_format or an existing weight")
             weight = self.weight(name, experts * per_expert, weight_format, group=group)
-        f = self._tensors[weight].format
+        names = (weight,) if isinstance(weight, str) else tuple(weight)  # one stacked tensor or (w1, w3, w2)
+        tensors = [self._tensors[n] for n in names]
+        require(sum(t.elems for t in tensors) == experts * per_expert, f"moe_experts[{name}]",
+                "expert weights must hold experts·3·hidden·inter elements")
+        f = tensors[0].format
         t = Feature("tokens", token_set)
         touched = Feature("experts_touched", token_set, (experts, top_k))
         act = top_k * (fmt(act_in).nbytes(hidden) + 2 * fmt("bf16").nbytes(inter) + fmt(act_in).nbytes(inter)
                        + fmt(act_out).nbytes(hidden))
-        cost = (Cost.of(touched, bytes_weight=f.nbytes(per_expert))
+        cost = (Cost.of(touched, bytes_weight=sum(x.nbytes for x in tensors) / experts)
                 + Cost.of(t, **{f"flops_{f.compute}": 2.0 * per_expert * top_k, "bytes_act": act}))
-        return self.op(name, "moe_experts", cost, token_set=token_set, precision=f.compute, reads=(weight,),
+        return self.op(name, "moe_experts", cost, token_set=token_set, precision=f.compute, reads=names,
                        params={"experts": experts, "top_k": top_k, "hidden": hidden, "inter": inter,
                                "weight_format": f.name, **kw.pop("params", {})},
                        formula=f"2·3·{hidden}·{inter}·{top_k}·T flops; weights of E(1-(1-k/E)^T) experts", **kw)

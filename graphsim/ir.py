@@ -134,16 +134,19 @@ class Tensor:
 
 #: Interval rules a token set applies per request kind. Positions are 0-based; a request's forward covers
 #: ``new`` positions after ``past`` cached ones. ``tail:W`` = last min(new, W) new positions;
-#: ``replay:W`` = last min(past, W) cached positions; ``replay_all:W`` = those plus all new positions;
-#: ``text``/``image`` split the new positions by modality (count-only); ``patches`` = vision patches.
-RULE_KINDS = ("all", "none", "tail", "replay", "replay_all", "text", "image", "patches", "one")
+#: ``replay`` = the ``replay`` cached positions recomputed by a prefix restore (workload field);
+#: ``text``/``image`` split the new positions by modality (count-only); ``patches`` = vision patches;
+#: ``one`` = the last new position. A ``replay+`` prefix applies the rule to the replayed positions and the
+#: new ones together (a restore recomputes the last cached tokens with the suffix).
+RULE_KINDS = ("all", "none", "tail", "replay", "text", "image", "patches", "one")
 REQUEST_KINDS = ("prefill", "decode")
 
 
 def _check_rule(rule: str) -> str:
-    head, _, arg = rule.partition(":")
-    require(head in RULE_KINDS, "token_set.rule", f"unknown rule {rule!r}; allowed: {RULE_KINDS}")
-    if head in ("tail", "replay", "replay_all"):
+    base = rule[len("replay+"):] if rule.startswith("replay+") else rule
+    head, _, arg = base.partition(":")
+    require(head in RULE_KINDS, "token_set.rule", f"unknown rule {rule!r}; allowed: {RULE_KINDS} (optionally 'replay+' before)")
+    if head == "tail":
         require(arg.isdigit() and int(arg) > 0, "token_set.rule", f"{rule!r} needs a positive window, e.g. tail:128")
     return rule
 
@@ -171,6 +174,7 @@ FEATURE_KINDS = (
     "kv_len",  # Σ count · (last position + 1): visible context at the end of the set
     "causal_pairs",  # Σ count · Σ_i (i+1): dense causal attention
     "full_pairs",  # Σ count · n²: bidirectional attention within the set (vision)
+    "window_read",  # params (W,): Σ count · distinct positions a window of W reads for the set
     "window_pairs",  # params (W,): Σ count · Σ_i min(i+1, W)
     "compressed",  # params (m,): Σ count · ⌊(last+1)/m⌋: compressed entries visible at the end
     "compressed_pairs",  # params (m,): Σ count · Σ_i ⌊(i+1)/m⌋: a full scan over compressed entries

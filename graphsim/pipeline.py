@@ -31,6 +31,7 @@ class Policies:
     engram: str = attrs.field(default="hbm", validator=attrs.validators.in_(("hbm", "host")))
     prefetch_distance: int = 1
     dspark: str = attrs.field(default="off", validator=attrs.validators.in_(("off", "on")))
+    replay_window: int = 128  #: W of both bounded replays (the SWA window of DeepSeek-V4.1)
 
     def identity(self) -> dict:
         return attrs.asdict(self)
@@ -52,7 +53,8 @@ class Plan:
         return tuple(r.kind for r in self.requests)
 
     def workload(self) -> Workload:
-        return workload_of(self.requests)
+        p = self.policies
+        return workload_of(self.requests, replay_window=p.replay_window, encoder_replay=p.encoder_replay == "on")
 
 
 @attrs.frozen(eq=False)
@@ -106,7 +108,7 @@ def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyP
 
         model = load_model(model)
     model.validate_mapping(plan.mapping)
-    logical = model.build(plan.kinds, policies=plan.policies)
+    logical = model.build(plan.kinds, policies=plan.policies, requests=plan.requests)
     pipeline = PassPipeline([*default_passes(model, plan.policies), *extra_passes])
     rewritten = pipeline.run(logical)
     graph = apply_mapping(rewritten, plan.mapping, hw.nvlink_domain)
@@ -118,9 +120,9 @@ def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyP
     return Compiled(model, plan, hw, profile, logical, graph, program, Evaluator(program, plan.kinds, chunk))
 
 
-def weight_bytes_per_device(graph: Graph, mapping: ParallelMapping) -> dict[str, float]:
-    """Resident weight bytes on one device, by inventory group: each tensor divided as the ops reading it
-    are split (tensors no op splits are replicated)."""
+def weight_bytes_per_device(graph: Graph, mapping: ParallelMapping, groups=None) -> dict[str, float]:
+    """Resident weight bytes on one device, by inventory group (only ``groups`` if given): each tensor
+    divided as the ops reading it are split (tensors no op splits are replicated)."""
     div: dict[str, float] = {}
     for op in graph.ops:
         _, w = split_factors(op, mapping)
@@ -128,5 +130,7 @@ def weight_bytes_per_device(graph: Graph, mapping: ParallelMapping) -> dict[str,
             div[t] = max(div.get(t, 1.0), w)
     out: dict[str, float] = {}
     for t in graph.weights():
+        if groups is not None and t.group not in groups:
+            continue
         out[t.group] = out.get(t.group, 0.0) + t.nbytes / div.get(t.name, 1.0) / mapping.pp
     return out

@@ -9,7 +9,7 @@ import attrs
 from .errors import GraphsimError, positive_int, require
 from .workload import Workload
 
-_REQ = re.compile(r"^(?P<kind>[a-z]+):(?P<len>[^x@+]+)(?:x(?P<count>[^@+]+))?(?:@(?P<cached>[^+]+))?(?P<rest>(\+.*)?)$")
+_REQ = re.compile(r"^(?P<kind>[a-z]+):(?P<len>[^x@+]+)(?:x(?P<count>[^@+]+))?(?:@(?P<cached>[^+/]+)(?P<noswa>/noswa)?)?(?P<rest>(\+.*)?)$")
 
 
 def _int_field(text: str, field: str, spec: str) -> int:
@@ -65,7 +65,8 @@ class Request:
 
     @staticmethod
     def parse(spec: str) -> "Request":
-        """``KIND:LEN[xCOUNT][@CACHED]``, e.g. ``decode:4096x64``, ``prefill:2048@1024``."""
+        """``KIND:LEN[xCOUNT][@CACHED[/noswa]][+img:WxH...]``, e.g. ``decode:4096x64``, ``prefill:2048@1024``;
+        ``/noswa``: the prefix hit has its global KV but not its SWA cache (a restore)."""
         m = _REQ.match(spec.strip())
         if not m or m.group("kind") not in ("prefill", "decode"):
             raise GraphsimError("request", f"{spec!r} is not KIND:LEN[xCOUNT][@CACHED] with KIND prefill|decode")
@@ -78,25 +79,35 @@ class Request:
             from .vision import parse_image_suffix  # vision rules live in their own module
 
             extra = parse_image_suffix(rest, spec)
+        if m.group("noswa"):
+            extra["swa_cached"] = False
         return Request(m.group("kind"), n, c, cached, **extra)
 
     def __str__(self) -> str:
         s = f"{self.kind}:{self.length}"
         s += f"x{self.count}" if self.count != 1 else ""
-        return s + (f"@{self.cached}" if self.cached else "")
+        s += (f"@{self.cached}" if self.cached else "") + ("/noswa" if self.cached and not self.swa_cached else "")
+        return s + (f"+img:{self.image_tokens}tok" if self.image_tokens else "")
 
 
-def workload_of(requests: Sequence[Request]) -> Workload:
-    """One workload point with one group per request spec."""
+def workload_of(requests: Sequence[Request], *, replay_window: int = 128, encoder_replay: bool = True) -> Workload:
+    """One workload point with one group per request spec.
+
+    A prefix hit whose SWA cache is missing replays its last min(cached, ``replay_window``) cached positions
+    (encoder bounded replay); with ``encoder_replay`` off such a hit is recomputed from scratch.
+    """
     require(len(requests) > 0, "requests", "give at least one request")
-    return Workload(
-        tuple(r.kind for r in requests),
-        [[r.count for r in requests]],
-        [[r.new_tokens for r in requests]],
-        [[r.past_tokens for r in requests]],
-        [[r.image_tokens for r in requests]],
-        [[r.image_patches for r in requests]],
-    )
+    rows = []
+    for r in requests:
+        new, past, replay = r.new_tokens, r.past_tokens, 0
+        if r.kind == "prefill" and r.cached and not r.swa_cached:
+            if encoder_replay:
+                replay = min(r.cached, replay_window)
+            else:
+                new, past = r.length, 0
+        rows.append((r.count, new, past, r.image_tokens, r.image_patches, replay))
+    cols = list(zip(*rows))
+    return Workload(tuple(r.kind for r in requests), *([list(c)] for c in cols))
 
 
 @attrs.frozen

@@ -118,7 +118,8 @@ def make_report(compiled, point: int = 0) -> Report:
         "tokens_per_s_per_user": (decode_tokens / decode_requests) / forward if decode_requests and forward else 0.0,
     }
     # ---- memory per device
-    wdev = weight_bytes_per_device(g, m)
+    groups = c.model.resident_groups(plan.policies) if hasattr(c.model, "resident_groups") else None
+    wdev = weight_bytes_per_device(g, m, groups)
     kv_split = c.model.kv_split(m) if hasattr(c.model, "kv_split") else m.dp
     kv = sum(r.count * c.model.kv_bytes(r.past_tokens + r.new_tokens) for r in reqs) / kv_split
     act = comps[:, COMPONENTS.index("bytes_act")]

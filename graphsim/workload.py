@@ -15,7 +15,7 @@ import numpy as np
 from .errors import GraphsimError, require
 from .ir import REQUEST_KINDS
 
-FIELDS = ("count", "new", "past", "image", "patches")
+FIELDS = ("count", "new", "past", "image", "patches", "replay")
 
 
 def _arr(x) -> np.ndarray:
@@ -29,7 +29,8 @@ class Workload:
 
     ``new``: positions processed this forward (prompt/chunk tokens, or 1 + verify length in decode);
     ``past``: positions already in the cache before it; ``count``: requests in the group;
-    ``image``: how many of the ``new`` positions are image tokens; ``patches``: ViT patches per request.
+    ``image``: how many of the ``new`` positions are image tokens; ``patches``: ViT patches per request;
+    ``replay``: cached positions recomputed with the new ones (prefix restore with the SWA cache missing).
     """
 
     kinds: tuple = attrs.field(converter=tuple)
@@ -38,13 +39,14 @@ class Workload:
     past: np.ndarray = attrs.field(converter=_arr)
     image: np.ndarray = attrs.field(default=None)
     patches: np.ndarray = attrs.field(default=None)
+    replay: np.ndarray = attrs.field(default=None)
 
     def __attrs_post_init__(self):
         for k in self.kinds:
             require(k in REQUEST_KINDS, "workload.kinds", f"unknown request kind {k!r}; allowed {REQUEST_KINDS}")
         shape = np.broadcast_shapes(self.count.shape, self.new.shape, self.past.shape)
         require(shape[-1] == len(self.kinds), "workload", f"arrays have {shape[-1]} groups, kinds has {len(self.kinds)}")
-        for name in ("image", "patches"):
+        for name in ("image", "patches", "replay"):
             v = getattr(self, name)
             object.__setattr__(self, name, np.zeros(shape) if v is None else np.broadcast_to(_arr(v), shape).copy())
         for name in ("count", "new", "past"):
@@ -63,6 +65,10 @@ class Workload:
         if bad.any():
             p, g = np.argwhere(bad)[0]
             raise GraphsimError("workload.image", f"image tokens exceed new tokens at point {p}, group {g}")
+        bad = self.replay > self.past
+        if bad.any():
+            p, g = np.argwhere(bad)[0]
+            raise GraphsimError("workload.replay", f"replayed positions exceed cached ones at point {p}, group {g}")
         return self.count
 
     @property

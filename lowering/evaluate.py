@@ -15,7 +15,7 @@ from typing import Mapping
 import attrs
 import numpy as np
 
-from graphsim.ir import COMPONENTS, Graph
+from graphsim.ir import COMPONENT_INDEX, COMPONENTS, Graph
 from graphsim.workload import Workload
 
 from .features import feature_matrix
@@ -114,9 +114,18 @@ def evaluate_reference(program: CostProgram, workload: Workload, ut, overhead=0.
 # JAX path
 # ---------------------------------------------------------------------------------------------------
 
+def op_kinds(program: CostProgram) -> tuple:
+    """Op kinds in first-appearance order: the columns of the ``kinds`` output."""
+    return tuple(dict.fromkeys(op.kind for op in program.graph.ops))
+
+
 def build_kernel(program: CostProgram, kinds: tuple, outputs=("forward", "stages", "classes")):
     """A jitted function (arrays, ut (P,K), overhead (P,)) -> dict with ``forward`` (P,), ``stages``
-    (P, n_stages: busy seconds per stage) and ``classes`` (P, n_classes: seconds per class op)."""
+    (P, n_stages: busy seconds per stage) and ``classes`` (P, n_classes: seconds per class op).
+
+    Optional outputs: ``kinds`` (P, n_kinds: busy seconds per op kind, columns :func:`op_kinds`),
+    ``workspace`` (P,: the largest activation bytes of any one op, the report's workspace) and
+    ``components`` (P, K: component totals over all ops — FLOPs per precision, bytes per kind, hops)."""
     A, nz_class, nz_comp = program.nonzero_columns()
     A = jnp.asarray(A)
     slot = nz_class * len(GROUPS) + COMPONENT_GROUP[nz_comp]
@@ -141,6 +150,15 @@ def build_kernel(program: CostProgram, kinds: tuple, outputs=("forward", "stages
     st = np.zeros((C, len(program.stages)))
     np.add.at(st, (program.op_class, program.stage_of_op), 1.0)
     st = jnp.asarray(st)
+    kind_index = {k: j for j, k in enumerate(op_kinds(program))}
+    km = np.zeros((C, len(kind_index)))  # class -> op-kind busy counts
+    np.add.at(km, (program.op_class, [kind_index[op.kind] for op in program.graph.ops]), 1.0)
+    km = jnp.asarray(km)
+    nf = len(program.features)
+    # One class row is one op's row, so the max over classes is the max over ops.
+    act = jnp.asarray(program.coef[:nf, :, COMPONENT_INDEX["bytes_act"]])
+    per_class = np.bincount(program.op_class, minlength=C).astype(np.float64)
+    totals = jnp.asarray(np.einsum("fck,c->fk", program.coef[:nf], per_class))
     seg_preds = program.seg_preds
     token_sets = program.graph.token_set_map
     features = program.features
@@ -164,6 +182,12 @@ def build_kernel(program: CostProgram, kinds: tuple, outputs=("forward", "stages
         res = {"forward": forward, "classes": cls}
         if "stages" in outputs:
             res["stages"] = cls @ st
+        if "kinds" in outputs:
+            res["kinds"] = cls @ km
+        if "workspace" in outputs:
+            res["workspace"] = jnp.max(feats @ act, axis=1) if C else jnp.zeros(P)
+        if "components" in outputs:
+            res["components"] = feats @ totals
         return {k: res[k] for k in outputs}
 
     return jax.jit(kernel)

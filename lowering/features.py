@@ -15,6 +15,9 @@ from graphsim.ir import Feature, TokenSet
 def interval(rule: str, a: dict, g: int, xp):
     """Positions [lo, hi) that ``rule`` selects in group ``g`` (columns of the workload arrays)."""
     new, past = a["new"][:, g], a["past"][:, g]
+    replay = a["replay"][:, g]
+    if rule.startswith("replay+"):  # the rule over the replayed cached positions and the new ones together
+        rule, past, new = rule[len("replay+"):], past - replay, new + replay
     head, _, arg = rule.partition(":")
     end = past + new
     if head == "all":
@@ -24,9 +27,7 @@ def interval(rule: str, a: dict, g: int, xp):
     if head == "tail":
         return end - xp.minimum(new, float(arg)), end
     if head == "replay":
-        return past - xp.minimum(past, float(arg)), past
-    if head == "replay_all":
-        return past - xp.minimum(past, float(arg)), end
+        return past - replay, past
     if head == "text":
         return past, end - a["image"][:, g]
     if head == "image":
@@ -68,6 +69,9 @@ def per_request(kind: str, params: tuple, lo, hi, xp):
         return xp.where(n > 0, 1.0, 0.0)
     if kind == "kv_len":
         return xp.where(n > 0, hi, 0.0)
+    if kind == "window_read":  # distinct cached positions a sliding window of W reads for queries [lo, hi)
+        (w,) = params
+        return xp.where(n > 0, hi - xp.maximum(lo - float(w) + 1.0, 0.0), 0.0)
     if kind == "causal_pairs":
         return s_causal(hi) - s_causal(lo)
     if kind == "full_pairs":

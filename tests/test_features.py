@@ -21,17 +21,19 @@ def brute(kind, params, lo, hi):
         return min(np.minimum(params[1], np.floor(v / params[0])).sum(), np.floor(hi / params[0]) if hi > lo else 0)
     if kind == "new_groups":
         return np.floor(hi / params[0]) - np.floor(lo / params[0])
+    if kind == "window_read":  # union of the windows of queries lo..hi-1
+        return len({p for i in range(lo, hi) for p in range(max(0, i - params[0] + 1), i + 1)})
     raise AssertionError(kind)
 
 
 CASES = [("causal_pairs", ()), ("window_pairs", (128,)), ("window_pairs", (1,)), ("compressed_pairs", (2,)),
          ("compressed_pairs", (1,)), ("compressed_pairs", (4,)), ("topk_pairs", (2, 512)), ("topk_pairs", (1, 512)),
          ("topk_pairs", (4, 3)), ("sparse_read", (2, 512)), ("sparse_read", (1, 8)), ("new_groups", (2,)),
-         ("new_groups", (128,))]
+         ("new_groups", (128,)), ("window_read", (128,)), ("window_read", (3,))]
 
 
 @settings(max_examples=60, deadline=None)
-@given(lo=st.integers(0, 3000), n=st.integers(0, 3000))
+@given(lo=st.integers(0, 3000), n=st.integers(0, 600))
 def test_closed_forms_match_brute_force(lo, n):
     hi = lo + n
     for kind, params in CASES:
@@ -49,7 +51,7 @@ def test_token_set_rules_per_request_and_summed():
     # Two prefill groups [300 x1, 100 x1]: the 128-tail is per request (V41_FACTS §4): 128 + 100, never min(400,128)
     ts = {"tail": TokenSet("tail", prefill="tail:128", decode="all"), "all": TokenSet("all")}
     a = {"count": np.array([[1.0, 1.0, 64.0]]), "new": np.array([[300.0, 100.0, 1.0]]),
-         "past": np.array([[0.0, 0.0, 8192.0]]), "image": np.zeros((1, 3)), "patches": np.zeros((1, 3))}
+         "past": np.array([[0.0, 0.0, 8192.0]]), "image": np.zeros((1, 3)), "patches": np.zeros((1, 3)), "replay": np.zeros((1, 3))}
     kinds = ("prefill", "prefill", "decode")
     f = feature_matrix([Feature("tokens", "tail"), Feature("tokens", "all"), Feature("kv_len", "all")], ts, kinds, a, np)
     assert f[0, 0] == 128 + 100 + 64
@@ -59,12 +61,13 @@ def test_token_set_rules_per_request_and_summed():
 
 def test_numpy_and_jax_agree():
     rng = np.random.default_rng(0)
-    ts = {"t": TokenSet("t", prefill="tail:128", decode="all"), "r": TokenSet("r", prefill="replay_all:128", decode="none")}
+    ts = {"t": TokenSet("t", prefill="tail:128", decode="all"), "r": TokenSet("r", prefill="replay+all", decode="none")}
     feats = [Feature(k, s, p) for s in ("t", "r") for k, p in CASES if k != "new_groups"]
     feats += [Feature("experts_touched", "t", (384, 6)), Feature("experts_touched", "t", (384, 6), 0.5)]
     P = 50
+    past = rng.integers(0, 9000, (P, 2)).astype(float)
     a = {"count": rng.integers(1, 5, (P, 2)).astype(float), "new": rng.integers(1, 5000, (P, 2)).astype(float),
-         "past": rng.integers(0, 9000, (P, 2)).astype(float), "image": np.zeros((P, 2)), "patches": np.zeros((P, 2))}
+         "past": past, "image": np.zeros((P, 2)), "patches": np.zeros((P, 2)), "replay": np.minimum(past, 128.0)}
     n = feature_matrix(feats, ts, ("prefill", "decode"), a, np)
     j = np.asarray(feature_matrix(feats, ts, ("prefill", "decode"), {k: jnp.asarray(v) for k, v in a.items()}, jnp))
     np.testing.assert_allclose(j, n, rtol=1e-12)
@@ -75,6 +78,6 @@ def test_experts_touched_expectation():
     ts = {"a": TokenSet("a")}
     for t, want in [(1, 8.0), (10**6, 256.0)]:
         a = {"count": np.array([[1.0]]), "new": np.array([[float(t)]]), "past": np.zeros((1, 1)),
-             "image": np.zeros((1, 1)), "patches": np.zeros((1, 1))}
+             "image": np.zeros((1, 1)), "patches": np.zeros((1, 1)), "replay": np.zeros((1, 1))}
         got = feature_matrix([Feature("experts_touched", "a", (256, 8))], ts, ("prefill",), a, np)[0, 0]
         assert abs(got - want) < 1e-9

@@ -23,7 +23,7 @@ def load_model(name_or_path: str | Path | dict, **options) -> Model:
 
         return DeepSeekV3(cfg, name, **options)
     if mt in ("deepseek_v41", "deepseek_v41_text"):
-        from .deepseek_v41 import DeepSeekV41
+        from .deepseek_v41_graph import DeepSeekV41
 
         return DeepSeekV41(cfg, name, **options)
     if mt in ("deepseek_v4", "deepseek_v4_text"):

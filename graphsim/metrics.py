@@ -1,0 +1,122 @@
+"""Per-point metrics as arrays: tokens and throughput, memory per device, for many workload points at once.
+
+The vectorized twin of the single-point summary in :mod:`graphsim.report` (same definitions: TTFT/ITL are
+the forward time when the batch has prefill/decode work, throughput counts every processed position,
+per-user rate counts decode positions per decode request, memory = resident weights + KV + the largest
+activation of one op). ``tests/test_sweep.py`` checks both agree at single points.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+GiB = 2.0**30
+
+
+def weight_bytes(graph, mapping) -> float:
+    """Resident weight bytes on one device (all inventory groups); see ``weight_bytes_per_device``."""
+    from .pipeline import weight_bytes_per_device
+
+    return float(sum(weight_bytes_per_device(graph, mapping).values()))
+
+
+def kv_split(model, mapping) -> int:
+    """How many ways one request's KV is divided across the devices of a replica (DP by default)."""
+    return model.kv_split(mapping) if hasattr(model, "kv_split") else mapping.dp
+
+
+class KVTable:
+    """``model.kv_bytes`` over arrays: one vectorized call when the model's formula takes arrays (checked
+    against scalar calls), else one call per distinct context, memoized (sweep grids repeat contexts)."""
+
+    def __init__(self, model):
+        self.model = model
+        self._memo: dict[int, float] = {}
+        self._vectorized: bool | None = None
+
+    def _scalar(self, n: int) -> float:
+        v = self._memo.get(n)
+        if v is None:
+            v = self._memo[n] = float(self.model.kv_bytes(n))
+        return v
+
+    def __call__(self, tokens: np.ndarray) -> np.ndarray:
+        tokens = np.asarray(tokens, dtype=np.float64)
+        if tokens.size == 0:
+            return np.zeros(tokens.shape)
+        if self._vectorized is None:
+            self._vectorized = self._try_vectorized(tokens)
+        if self._vectorized:
+            return np.asarray(self.model.kv_bytes(tokens), dtype=np.float64).reshape(tokens.shape)
+        uniq, inv = np.unique(tokens, return_inverse=True)
+        vals = np.array([self._scalar(int(u)) for u in uniq])
+        return vals[inv].reshape(tokens.shape)
+
+    def _try_vectorized(self, tokens: np.ndarray) -> bool:
+        probe = np.unique(tokens)[:3].astype(np.int64)
+        try:
+            got = np.asarray(self.model.kv_bytes(probe.astype(np.float64)), dtype=np.float64)
+        except Exception:  # noqa: BLE001 - a scalar-only formula (int checks, min(), floor division on ints)
+            return False
+        want = np.array([self._scalar(int(n)) for n in probe])
+        return got.shape == probe.shape and bool(np.allclose(got, want, rtol=1e-12, atol=0.0))
+
+
+def kv_bytes_per_device(kv: KVTable, count: np.ndarray, new: np.ndarray, past: np.ndarray, split: int) -> np.ndarray:
+    """Σ_groups count · kv_bytes(past + new) / split, per point: (P, G) arrays -> (P,)."""
+    return (count * kv(past + new)).sum(axis=1) / split
+
+
+def token_metrics(kinds: tuple, count: np.ndarray, new: np.ndarray, forward: np.ndarray, gpus: int) -> dict:
+    """Tokens, TTFT/ITL and throughput per point (``count``/``new`` (P, G); ``forward`` (P,) seconds).
+    TTFT/ITL are NaN where the batch has no prefill/decode work (the report's ``None``)."""
+    is_pf = np.array([k == "prefill" for k in kinds])
+    work = count * new
+    prefill_tokens = work[:, is_pf].sum(axis=1)
+    decode_tokens = work[:, ~is_pf].sum(axis=1)
+    decode_requests = count[:, ~is_pf].sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ok = forward > 0
+        rate = np.where(ok, (prefill_tokens + decode_tokens) / forward, 0.0)
+        per_user = np.where(ok & (decode_requests > 0), decode_tokens / decode_requests / forward, 0.0)
+        out_rate = np.where(ok, decode_tokens / forward, 0.0)
+    return {
+        "prefill_tokens": prefill_tokens,
+        "decode_tokens": decode_tokens,
+        "decode_requests": decode_requests,
+        "ttft_s": np.where(prefill_tokens > 0, forward, np.nan),
+        "itl_s": np.where(decode_requests > 0, forward, np.nan),
+        "tokens_per_s": rate,
+        "tokens_per_s_per_gpu": rate / gpus,
+        "output_tokens_per_s_per_gpu": out_rate / gpus,
+        "tokens_per_s_per_user": per_user,
+    }
+
+
+def memory_metrics(weights: float | np.ndarray, kv: np.ndarray, workspace: np.ndarray,
+                   capacity: float | np.ndarray) -> dict:
+    """Memory per device in GiB and whether it fits in ``capacity`` bytes (all per point)."""
+    total = weights + kv + workspace
+    n = np.shape(kv)
+    return {
+        "weights_gib": np.broadcast_to(np.asarray(weights, dtype=np.float64) / GiB, n),
+        "kv_gib": kv / GiB,
+        "workspace_gib": workspace / GiB,
+        "total_gib": total / GiB,
+        "capacity_gib": np.broadcast_to(np.asarray(capacity, dtype=np.float64) / GiB, n),
+        "headroom_gib": (capacity - total) / GiB,
+        "fits": total <= capacity,
+    }
+
+
+def report_columns(report) -> Mapping[str, float]:
+    """The same fields from a single-point :class:`~graphsim.report.Report` (for comparisons)."""
+    t, m = report.tokens, report.memory
+    out = {k: (np.nan if t[k] is None else float(t[k])) for k in (
+        "prefill_tokens", "decode_tokens", "decode_requests", "ttft_s", "itl_s", "tokens_per_s",
+        "tokens_per_s_per_gpu", "output_tokens_per_s_per_gpu", "tokens_per_s_per_user")}
+    out.update({"weights_gib": m["weights_total_gib"], "kv_gib": m["kv_gib"], "workspace_gib": m["workspace_gib"],
+                "total_gib": m["total_gib"], "capacity_gib": m["capacity_gib"], "headroom_gib": m["headroom_gib"],
+                "fits": m["fits"], "forward_s": report.forward_s})
+    return out

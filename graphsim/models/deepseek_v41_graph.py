@@ -1,0 +1,335 @@
+"""DeepSeek-V4.1-Flash as a graph: CED stages (encoder -> global_kv -> decoder), CSA2 KV/Top-K sharing,
+the hierarchical indexer, Engram, unfused mHC, mixed precision (V41_FACTS §2–§8, §12).
+
+Every layer's ops come from its :class:`LayerInfo` (derived from the config, no layer number in code).
+Token sets are named by role so that policy passes can rewrite *which tokens* run without touching ops:
+
+* ``q_enc`` / ``q_dkv`` / ``q_dec`` — the query side of encoder layers, of decoder layers up to the last KV
+  source, and of the later decoder layers (what decoder bounded replay shortens);
+* ``kv`` — positions whose global KV is produced (never the replayed prefix: a restore reads it);
+* ``eng_*`` — the text tokens of a query set (image tokens bypass Engram);
+* ``last`` — positions that need logits.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..builder import GraphBuilder
+from ..config import load_config
+from ..errors import GraphsimError
+from ..ir import ONE, CommSpec, Cost, Feature, Tensor, fmt
+from ..plan import ParallelMapping
+from . import deepseek_v41 as sem
+from .base import Model, all_reduce_tp, divides, tokens
+
+BF16 = 2.0
+
+
+class DeepSeekV41(Model):
+    """DeepSeek-V4.1-Flash. ``engram`` residency does not change the graph's work, only where tables live."""
+
+    family = "deepseek_v41"
+
+    def __init__(self, cfg: dict, name: str = "deepseek-v4.1-flash", fp32_gemm: str = "tf32"):
+        self.name = name
+        self.raw = cfg
+        # [reconstructed] fp32-weight GEMMs (mHC `fn`, m>1 compressor) run on TF32 tensor cores; "fp32"
+        # charges them at the CUDA-core FP32 peak instead.
+        self.fp32_gemm = fp32_gemm
+        self.cfg = sem.V41Config.from_dict(cfg)
+        self.layers = sem.layer_table(self.cfg)
+
+    # ---- semantics ---------------------------------------------------------------------------------
+    def weights(self) -> tuple[Tensor, ...]:
+        return sem.weight_inventory(self.cfg)
+
+    def kv_capacity(self, context: int, *, dspark: bool = False) -> sem.KVCapacity:
+        return sem.kv_capacity(self.cfg, context, dspark=dspark)
+
+    def kv_bytes(self, context: int) -> float:
+        return self.kv_capacity(int(context)).total
+
+    def resident_groups(self, policies) -> tuple[str, ...]:
+        """Inventory groups held in HBM: DSpark only when it runs; Engram tables unless host-resident."""
+        groups = ["embed", "trunk", "vision"]
+        if getattr(policies, "engram", "hbm") == "hbm":
+            groups.append("engram")
+        if getattr(policies, "dspark", "off") == "on":
+            groups.append("dspark")
+        return tuple(groups)
+
+    def kv_split(self, m: ParallelMapping) -> int:
+        """One latent KV head (MQA): the cache is replicated across TP, split across attention-DP."""
+        return m.dp
+
+    def validate_mapping(self, m: ParallelMapping) -> None:
+        c = self.cfg
+        divides("mapping.tp", m.tp, c.num_attention_heads, "attention heads")
+        divides("mapping.tp", m.tp, c.o_groups, "output groups (wo_a is block-diagonal per group)")
+        divides("mapping.ep", m.ep, c.n_routed_experts, "routed experts")
+
+    def passes(self, policies) -> list:
+        """Policy passes for this model (replay, fusion), applied by compile_plan in order."""
+        from ..passes.policies import policy_passes
+
+        return policy_passes(self, policies)
+
+    # ---- graph --------------------------------------------------------------------------------------
+    def _build(self, b: GraphBuilder, kinds: tuple, policies=None, requests=(), **_) -> None:
+        from . import deepseek_v41_extras as extras
+
+        c = self.cfg
+        extras.vision_stage(self, b, kinds, policies, requests)
+        W = c.sliding_window
+        for name in ("q_enc", "q_dkv", "q_dec", "kv"):
+            b.token_set(name)
+        for name in ("q_enc", "q_dkv", "q_dec"):
+            b.token_set(f"eng_{name}", prefill="text", decode="all")
+        b.token_set("last", prefill="one", decode="all")
+        d, n = c.hidden_size, c.hc_mult
+        owners_write: dict[int, str] = {}
+        topk_op: dict[int, str] = {}
+        with b.stage("encoder"):
+            b.op("embed", "embedding", Cost.of(tokens("q_enc"), bytes_act=d * BF16 * 2 + n * d * BF16),
+                 token_set="q_enc", reads=("embed.weight",), split=("dp",), deps=(),
+                 formula=f"gather {d} bf16 per token, write {n} residual streams")
+        for li in self.layers:
+            ts = self._query_set(li)
+            stage = li.stage
+            if li.kv_source and li.stage == "decoder":
+                with b.stage("global_kv"), b.layer(li.layer):
+                    self._mhc_pre(b, li.layer, "hc_attn", "kv", norm_weight=f"layers.{li.layer}.attn_norm")
+                    owners_write[li.layer] = self._kv_producer(b, li)
+            with b.stage(stage), b.layer(li.layer):
+                if li.engram:
+                    self._engram(b, li.layer, f"eng_{ts}")
+                if not (li.kv_source and li.stage == "decoder"):
+                    self._mhc_pre(b, li.layer, "hc_attn", ts, norm_weight=f"layers.{li.layer}.attn_norm")
+                self._attention_in(b, li, ts)
+                if li.kv_source and li.stage == "encoder":
+                    owners_write[li.layer] = self._kv_producer(b, li)
+                if li.index_source:
+                    topk_op[li.layer] = self._indexer(b, li, ts)
+                attn = self._sparse_attention(b, li, ts)
+                if li.kv_owner is not None:
+                    b.depends(owners_write[li.kv_owner], attn, "cache_read")
+                if li.topk_producer is not None and li.topk_producer != li.layer:
+                    b.depends(topk_op[li.topk_producer], attn, "topk_reuse")
+                self._attention_out(b, li.layer, ts)
+                self._mhc_post(b, li.layer, "hc_attn", ts)
+                self._mhc_pre(b, li.layer, "hc_ffn", ts, norm_weight=f"layers.{li.layer}.ffn_norm")
+                self._moe(b, li.layer, ts)
+                self._mhc_post(b, li.layer, "hc_ffn", ts)
+        with b.stage("head"):
+            b.elementwise("hc_final.premix", "last", d, bytes_in=n * BF16, bytes_out=BF16, flops_per_elem=2 * n,
+                          kind="mhc", split=("dp",), params={"mhc_elems": (n + 1) * d})
+            b.elementwise("final_norm", "last", d, bytes_in=BF16, bytes_out=BF16, flops_per_elem=4, kind="norm",
+                          split=("dp",))
+            b.gemm("head", "last", d, c.vocab_size, weight="head.weight", act_out="fp32", split=("tp", "dp"),
+                   comm=(CommSpec("all_gather", "tp", Cost.of(tokens("last"), bytes_act=c.vocab_size * 4.0),
+                                  note="logits"),))
+        extras.dspark_stages(self, b, kinds, policies, requests)
+
+    def _query_set(self, li: sem.LayerInfo) -> str:
+        if li.stage == "encoder":
+            return "q_enc"
+        return "q_dkv" if li.layer < self.cfg.replay_start_layer else "q_dec"
+
+    # ---- mHC (unfused: coefficients, pre-mix, pre-norm, residual update; V41_FACTS §7) -------------
+    def _mhc_pre(self, b: GraphBuilder, layer: int, sub: str, ts: str, *, norm_weight: str) -> None:
+        c = self.cfg
+        d, n = c.hidden_size, c.hc_mult
+        p = f"layers.{layer}.{sub}"
+        b.gemm(f"{sub}.coeff", ts, n * d, c.hc_mix_rows, weight=f"{p}.fn", act_in="bf16", act_out="fp32",
+               precision=self.fp32_gemm, split=("dp",), kind="mhc",
+               params={"mhc_elems": n * d, "sinkhorn_iters": c.hc_sinkhorn_iters, "role": "coeff"})
+        b.elementwise(f"{sub}.premix", ts, d, bytes_in=n * BF16, bytes_out=BF16, flops_per_elem=2 * n, kind="mhc",
+                      split=("dp",), params={"mhc_elems": (n + 1) * d, "role": "premix"})
+        # the sub-layer's input RMSNorm, writing FP8 for the GEMMs that follow
+        b.elementwise(f"{sub}.prenorm", ts, d, bytes_in=BF16, bytes_out=1.0, flops_per_elem=4, kind="mhc",
+                      split=("dp",), reads=(norm_weight,), params={"mhc_elems": 2 * d, "role": "prenorm"})
+
+    def _mhc_post(self, b: GraphBuilder, layer: int, sub: str, ts: str) -> None:
+        d, n = self.cfg.hidden_size, self.cfg.hc_mult
+        b.elementwise(f"{sub}.residual", ts, n * d, bytes_in=BF16 + BF16 / n, bytes_out=BF16,
+                      flops_per_elem=2 * n + 2, kind="mhc", split=("dp",),
+                      params={"mhc_elems": (2 * n + 1) * d, "role": "residual"})
+
+    # ---- Engram (V41_FACTS §6) ------------------------------------------------------------------------
+    def _engram(self, b: GraphBuilder, layer: int, ts: str) -> None:
+        c = self.cfg
+        d, n = c.hidden_size, c.hc_mult
+        p = f"layers.{layer}.engram"
+        rows = c.engram_lookup_rows
+        t = tokens(ts)
+        b.op("engram.hash", "engram", Cost.of(t, flops_int8=8.0 * rows, bytes_act=4.0 * c.engram_max_ngram_size + 8.0 * rows),
+             token_set=ts, split=("dp",), formula=f"{rows} n-gram hashes per token")
+        payload = sem.engram_lookup_bytes_per_token(c)
+        b.op("engram.lookup", "engram", Cost.of(t, bytes_weight=payload, bytes_act=c.engram_lookup_dim * BF16),
+             token_set=ts, split=("tp", "dp"), reads=(f"{p}.table",),
+             comm=(CommSpec("all_reduce", "tp", Cost.of(t, bytes_act=c.engram_lookup_dim * BF16),
+                            note="table rows sharded across TP"),),
+             params={"rows": rows, "payload_bytes": payload},
+             formula=f"{rows} rows x {c.engram_head_dim} FP8 + scales = {payload:g} B per token")
+        b.gemm("engram.proj", ts, c.engram_lookup_dim, c.engram_proj_out, weight=f"{p}.wkv", act_in="fp8",
+               split=("dp",), kind="engram")
+        b.elementwise("engram.gate", ts, n * d, bytes_in=BF16 + BF16 * (n + 1) / n, bytes_out=BF16,
+                      flops_per_elem=8, kind="engram", split=("dp",), reads=(f"{p}.gate_norm",))
+
+    # ---- attention ------------------------------------------------------------------------------------
+    def _attention_in(self, b: GraphBuilder, li: sem.LayerInfo, ts: str) -> None:
+        c = self.cfg
+        p = f"layers.{li.layer}.attn"
+        t = tokens(ts)
+        b.gemm("attn.wq_a", ts, c.hidden_size, c.q_lora_rank, weight=f"{p}.wq_a", act_in="fp8", split=("dp",))
+        b.elementwise("attn.q_norm", ts, c.q_lora_rank, bytes_in=BF16, bytes_out=BF16, flops_per_elem=4, kind="norm",
+                      split=("dp",), reads=(f"{p}.q_norm",))
+        b.elementwise("attn.q_quant", ts, c.q_lora_rank, bytes_in=BF16, bytes_out=1.0 + 1 / 32, flops_per_elem=2,
+                      kind="quant", split=("dp",))
+        b.gemm("attn.wq_b", ts, c.q_lora_rank, c.q_dim, weight=f"{p}.wq_b", act_in="fp8", split=("tp", "dp"))
+        b.gemm("attn.wkv", ts, c.hidden_size, c.kv_dim, weight=f"{p}.wkv", act_in="fp8", split=("dp",))
+        b.elementwise("attn.kv_norm", ts, c.kv_dim, bytes_in=BF16, bytes_out=BF16, flops_per_elem=4, kind="norm",
+                      split=("dp",), reads=(f"{p}.kv_norm",))
+        rope = c.qk_rope_head_dim * (c.num_attention_heads + 1)
+        b.elementwise("attn.rope", ts, rope, bytes_in=BF16, bytes_out=BF16, flops_per_elem=4, kind="elementwise",
+                      split=("tp", "dp"))
+        swa = b.tensor(f"layers.{li.layer}.swa", "swa_cache", c.swa_kv_format, elems_per_token=c.kv_dim,
+                       module=p)
+        b.cache_write("attn.swa_write", ts, swa, sem.swa_entry_bytes(c), split=("dp",))
+
+    def _kv_producer(self, b: GraphBuilder, li: sem.LayerInfo) -> str:
+        """Compressor -> main-KV quantize/write (FP4) -> index-K projection/write (MXFP4) on a KV owner."""
+        c = self.cfg
+        m, L = li.ratio, li.layer
+        p = f"layers.{L}.attn"
+        t = tokens("kv")
+        entries = Feature("new_groups", "kv", (m,))
+        if c.pooled(m):
+            for w in ("wkv", "wgate"):
+                b.gemm(f"compressor.{w}", "kv", c.hidden_size, c.head_dim, weight=f"{p}.compressor.{w}", act_in="bf16",
+                       act_out="fp32", precision=self.fp32_gemm, split=("dp",), kind="compressor")
+            state = sem.compressor_state_row_bytes(c)
+            b.op("compressor.pool", "compressor",
+                 Cost.of(t, flops_fp32=4.0 * c.head_dim, bytes_act=2 * 4.0 * c.head_dim)
+                 + Cost.of(entries, bytes_act=4.0 * c.head_dim)
+                 + Cost.of(Feature("requests", "kv"), bytes_act=2 * state),
+                 token_set="kv", split=("dp",), precision="fp32",
+                 formula=f"softmax-gated pooling of groups of {m}; partial-group state {state:g} B per request")
+        else:
+            b.gemm("compressor.wkv", "kv", c.hidden_size, c.head_dim, weight=f"{p}.compressor.wkv", act_in="bf16",
+                   split=("dp",), kind="compressor")
+        kv = b.tensor(f"layers.{L}.kv", "kv_cache", c.main_kv_format, elems_per_token=c.kv_dim, module=p)
+        in_bytes = 4.0 if c.pooled(m) else BF16
+        b.op("kv.quant_write", "cache_write", Cost.of(entries, bytes_act=in_bytes * c.kv_dim,
+                                                      bytes_kv=sem.main_kv_entry_bytes(c)),
+             token_set="kv", split=("dp",), writes=(kv,),
+             formula=f"{sem.main_kv_entry_bytes(c):g} B per emitted entry (E2M1 + E4M3/16)")
+        idx = b.tensor(f"layers.{L}.index_k", "index_cache", c.index_k_format, elems_per_token=c.index_head_dim, module=p)
+        wk = b._tensors[f"{p}.indexer.wk"]
+        return b.op("indexer.k_write", "indexer",
+                    Cost.of(ONE, bytes_weight=wk.nbytes)
+                    + Cost.of(entries, flops_bf16=2.0 * c.head_dim * c.index_head_dim,
+                              bytes_act=BF16 * c.kv_dim, bytes_kv=sem.index_k_entry_bytes(c)),
+                    token_set="kv", split=("dp",), reads=(wk.name,), writes=(idx,),
+                    formula=f"wk {c.head_dim}->{c.index_head_dim} + norm, MXFP4 {sem.index_k_entry_bytes(c):g} B/entry")
+
+    def _indexer(self, b: GraphBuilder, li: sem.LayerInfo, ts: str) -> str:
+        """Index queries, scoring (full visible range, or the candidate pool in Decoder Reindex layers),
+        block max + candidate selection on the candidate source, Top-K selection. Replicated across TP."""
+        c = self.cfg
+        p = f"layers.{li.layer}.attn.indexer"
+        owner = self.layers[li.kv_owner]
+        m = owner.ratio
+        H, D = c.index_n_heads, c.index_head_dim
+        pool = c.candidate_topk_blocks * c.candidate_block_size
+        b.gemm("indexer.wq_b", ts, c.q_lora_rank, H * D, weight=f"{p}.wq_b", act_in="fp8", split=("dp",), kind="indexer")
+        b.gemm("indexer.weights_proj", ts, c.hidden_size, H, weight=f"{p}.weights_proj", act_in="bf16",
+               act_out="fp32", split=("dp",), kind="indexer")
+        per_pair = 2.0 * H * D + 3.0 * H  # q·k per head, relu, weight, sum
+        if li.candidate_limited:
+            pairs = Feature("topk_pairs", ts, (m, pool))
+            reads = Feature("sparse_read", ts, (m, pool))
+            extra = Cost.of(pairs, bytes_act=4.0)  # candidate positions read
+            what = f"candidate pool <= {pool}"
+        else:
+            pairs = Feature("compressed_pairs", ts, (m,))
+            reads = Feature("compressed", ts, (m,))
+            extra = Cost()
+            what = "whole visible compressed range"
+        b.op("indexer.score", "indexer",
+             Cost.of(pairs, flops_fp8=per_pair) + Cost.of(reads, bytes_kv=sem.index_k_entry_bytes(c))
+             + Cost.of(tokens(ts), bytes_act=H * D * 1.0 + H * 4.0) + extra,
+             token_set=ts, precision="fp8", split=("dp",), reads=(f"layers.{owner.layer}.index_k",),
+             formula=f"{per_pair:g} flops per scored entry over the {what}")
+        if li.candidate_source:
+            blocks = c.candidate_topk_blocks
+            b.op("indexer.block_max", "indexer", Cost.of(pairs, flops_fp32=1.0, bytes_act=4.0 / c.candidate_block_size),
+                 token_set=ts, split=("dp",), formula=f"max score per block of {c.candidate_block_size}")
+            cand = b.tensor(f"layers.{li.layer}.candidates", "workspace", "int8", elems_per_token=4 * pool, module=p)
+            b.op("indexer.candidates", "indexer",
+                 Cost.of(Feature("topk_pairs", ts, (m, pool)), bytes_act=4.0)
+                 + Cost.of(Feature("topk_pairs", ts, (m * c.candidate_block_size, blocks)), flops_fp32=2.0, bytes_act=4.0),
+                 token_set=ts, split=("dp",), writes=(cand,),
+                 formula=f"keep <= {blocks} blocks (newest always), gather <= {pool} candidate positions")
+        sel = b.tensor(f"layers.{li.layer}.topk", "workspace", "int8", elems_per_token=4 * c.index_topk, module=p)
+        return b.op("indexer.topk", "topk", Cost.of(Feature("topk_pairs", ts, (m, c.index_topk)), bytes_act=4.0)
+                    + Cost.of(pairs, flops_fp32=2.0),
+                    token_set=ts, split=("dp",), writes=(sel,),
+                    formula=f"Top-{c.index_topk} of the scored entries; indices written for this KV group")
+
+    def _sparse_attention(self, b: GraphBuilder, li: sem.LayerInfo, ts: str) -> str:
+        """<= W SWA slots + <= min(K, visible/m) selected compressed entries per query; FP4 main KV is
+        dequantized on read (bf16 compute), read once per consumer layer."""
+        c = self.cfg
+        W, K = c.sliding_window, c.index_topk
+        H, D = c.num_attention_heads, c.head_dim
+        per_pair = 2.0 * H * 2 * D  # QK and PV over the one shared latent, all heads
+        cost = (Cost.of(Feature("window_pairs", ts, (W,)), flops_bf16=per_pair)
+                + Cost.of(Feature("window_read", ts, (W,)), bytes_kv=sem.swa_entry_bytes(c))
+                + Cost.of(tokens(ts), bytes_act=2 * H * D * BF16))
+        reads = [f"layers.{li.layer}.swa"]
+        if li.kv_owner is not None:
+            m = self.layers[li.kv_owner].ratio
+            cost += Cost.of(Feature("topk_pairs", ts, (m, K)), flops_bf16=per_pair, bytes_act=4.0)
+            cost += Cost.of(Feature("sparse_read", ts, (m, K)), bytes_kv=sem.main_kv_entry_bytes(c))
+            reads += [f"layers.{li.kv_owner}.kv", f"layers.{li.topk_producer}.topk"]
+        return b.op("attn.sparse", "attention", cost, token_set=ts, precision="bf16", split=("tp", "dp"),
+                    reads=tuple(reads), params={"kv_owner": li.kv_owner, "topk_producer": li.topk_producer},
+                    formula=f"{per_pair:g} flops per (query, key) pair; <= {W} SWA + <= min({K}, visible/m) selected")
+
+    def _attention_out(self, b: GraphBuilder, layer: int, ts: str) -> None:
+        c = self.cfg
+        p = f"layers.{layer}.attn"
+        g = c.o_groups
+        b.gemm("attn.wo_a", ts, c.wo_a_in_per_group, c.o_lora_rank, copies=g, weight=f"{p}.wo_a", split=("tp", "dp"))
+        b.gemm("attn.wo_b", ts, g * c.o_lora_rank, c.hidden_size, weight=f"{p}.wo_b", act_in="fp8", split=("tp", "dp"),
+               comm=(all_reduce_tp(ts, c.hidden_size, note="row-parallel wo_b"),))
+
+    def _moe(self, b: GraphBuilder, layer: int, ts: str) -> None:
+        c = self.cfg
+        p = f"layers.{layer}.ffn"
+        d, f = c.hidden_size, c.moe_intermediate_size
+        t = tokens(ts)
+        b.gemm("ffn.router", ts, d, c.n_routed_experts, weight=f"{p}.gate.weight", act_out="fp32", split=("dp",),
+               kind="router")
+        b.elementwise("ffn.route", ts, c.n_routed_experts, bytes_in=4.0, bytes_out=0.0, flops_per_elem=6.0,
+                      kind="router", split=("dp",), reads=(f"{p}.gate.bias",))
+        comm = (CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=c.num_experts_per_tok * d * (1.0 + 1 / 32)), "before",
+                         note="dispatch (FP8 + scales)"),
+                CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=c.num_experts_per_tok * d * BF16), "after",
+                         note="combine (BF16)"),
+                CommSpec("all_reduce", "moe_tp", Cost.of(t, bytes_act=d * BF16), "after", note="expert TP"))
+        b.moe_experts("ffn.experts", ts, experts=c.n_routed_experts, top_k=c.num_experts_per_tok, hidden=d, inter=f,
+                      weight=tuple(f"{p}.experts.{w}" for w in ("w1", "w3", "w2")), split=("ep",), comm=comm)
+        s = f"{p}.shared_experts"
+        fs = c.n_shared_experts * f
+        b.gemm("ffn.shared.w1", ts, d, fs, weight=f"{s}.w1", act_in="fp8", split=("tp", "dp"))
+        b.gemm("ffn.shared.w3", ts, d, fs, weight=f"{s}.w3", act_in="fp8", split=("tp", "dp"))
+        b.elementwise("ffn.shared.swiglu", ts, fs, bytes_in=2 * BF16, bytes_out=1.0 + 1 / 32, flops_per_elem=4,
+                      kind="activation", split=("tp", "dp"))
+        b.gemm("ffn.shared.w2", ts, fs, d, weight=f"{s}.w2", act_in="fp8", split=("tp", "dp"),
+               comm=(all_reduce_tp(ts, d, note="row-parallel shared expert"),))
+
+
+def load(name_or_path="deepseek-v4.1-flash") -> DeepSeekV41:
+    return DeepSeekV41(load_config(name_or_path))
