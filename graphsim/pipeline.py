@@ -20,6 +20,19 @@ from .passes.runtime import apply_runtime_passes
 from .passes.sharding import apply_mapping, split_factors
 
 
+def _at_least(lo, field, integer=False):
+    def check(_inst, _attr, v):
+        ok = isinstance(v, int if integer else (int, float)) and not isinstance(v, bool) and v >= lo
+        require(ok, field, f"must be {'an integer ' if integer else ''}>= {lo}, got {v!r}")
+    return check
+
+
+def _algorithms(value) -> tuple:
+    from .passes.sharding import check_algorithms
+
+    return check_algorithms(value)
+
+
 @attrs.frozen
 class Policies:
     """Runtime strategies a result is computed under (recorded in every report)."""
@@ -32,6 +45,12 @@ class Policies:
     prefetch_distance: int = 1
     dspark: str = attrs.field(default="off", validator=attrs.validators.in_(("off", "on")))
     replay_window: int = 128  #: W of both bounded replays (the SWA window of DeepSeek-V4.1)
+    #: hottest EP rank's routed work / the mean (>= 1); scales its expert work and its dispatch/combine bytes
+    ep_imbalance: float = attrs.field(default=1.0, converter=float, validator=_at_least(1.0, "policies.ep_imbalance"))
+    #: pipeline micro-batches per forward (0 = as many as pipeline stages)
+    pp_micro_batches: int = attrs.field(default=0, validator=_at_least(0, "policies.pp_micro_batches", True))
+    #: collective -> algorithm overrides, e.g. {"all_reduce": "tree"} (see passes.sharding.ALGORITHMS)
+    algorithms: tuple = attrs.field(default=(), converter=_algorithms)
 
     def identity(self) -> dict:
         return attrs.asdict(self)
@@ -111,8 +130,8 @@ def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyP
     logical = model.build(plan.kinds, policies=plan.policies, requests=plan.requests)
     pipeline = PassPipeline([*default_passes(model, plan.policies), *extra_passes])
     rewritten = pipeline.run(logical)
-    graph = apply_mapping(rewritten, plan.mapping, hw.nvlink_domain)
-    graph = apply_runtime_passes(graph, plan, hw)
+    graph = apply_mapping(rewritten, plan.mapping, hw.nvlink_domain, policies=plan.policies)
+    graph = apply_runtime_passes(graph, plan, hw, model=model)
     meta = dict(graph.meta)
     meta.update(hw=hw.name, policies=str(plan.policies.identity()))
     graph = graph.evolve(meta=tuple(meta.items()))

@@ -115,25 +115,28 @@ class ParallelMapping:
     """How one model replica spreads over GPUs.
 
     ``tp`` splits attention heads / columns inside a DP group; ``dp`` is attention data parallelism
-    (requests spread over ``dp`` groups); ``ep`` splits routed experts; the MoE side has ``tp·dp`` ranks,
-    so ``moe_tp = tp·dp/ep``. ``pp`` pipeline stages multiply the GPU count.
+    (requests spread over ``dp`` groups); ``ep`` splits routed experts; the MoE side has ``tp·dp·cp`` ranks,
+    so ``moe_tp = tp·dp·cp/ep``. ``pp`` pipeline stages multiply the GPU count. ``cp`` (context parallelism,
+    long prefill only) splits each prompt's positions over ``cp`` ranks inside a DP group; rank order is
+    tp innermost, then cp, then dp, then pp.
     """
 
     tp: int = 1
     dp: int = 1
     ep: int = 1
     pp: int = 1
+    cp: int = 1
 
     def __attrs_post_init__(self):
-        for f in ("tp", "dp", "ep", "pp"):
+        for f in ("tp", "dp", "ep", "pp", "cp"):
             positive_int(getattr(self, f), f"mapping.{f}")
         require(self.world % self.ep == 0, "mapping.ep",
-                f"ep={self.ep} must divide the tp·dp={self.world} ranks of the MoE side")
+                f"ep={self.ep} must divide the tp·dp·cp={self.world} ranks of the MoE side")
 
     @property
     def world(self) -> int:
         """Ranks per pipeline stage."""
-        return self.tp * self.dp
+        return self.tp * self.dp * self.cp
 
     @property
     def gpus(self) -> int:
@@ -144,7 +147,8 @@ class ParallelMapping:
         return self.world // self.ep
 
     def size(self, group: str) -> int:
-        return {"tp": self.tp, "dp": self.dp, "ep": self.ep, "world": self.world, "pp": self.pp}[group]
+        return {"tp": self.tp, "dp": self.dp, "ep": self.ep, "world": self.world, "pp": self.pp,
+                "cp": self.cp}[group]
 
     def __str__(self) -> str:
-        return f"tp{self.tp}-dp{self.dp}-ep{self.ep}-pp{self.pp}"
+        return f"tp{self.tp}-dp{self.dp}-ep{self.ep}-pp{self.pp}" + (f"-cp{self.cp}" if self.cp > 1 else "")

@@ -27,7 +27,7 @@ def load_model(name_or_path: str | Path | dict, **options) -> Model:
 
         return DeepSeekV41(cfg, name, **options)
     if mt in ("deepseek_v4", "deepseek_v4_text"):
-        from .deepseek_v4 import DeepSeekV4
+        from .deepseek_v4_graph import DeepSeekV4
 
         return DeepSeekV4(cfg, name, **options)
     raise GraphsimError("model_type", f"unsupported model_type {mt!r}; supported: llama, deepseek_v3, deepseek_v41, deepseek_v4")

@@ -29,6 +29,7 @@ class DeepSeekV41(Model):
     """DeepSeek-V4.1-Flash. ``engram`` residency does not change the graph's work, only where tables live."""
 
     family = "deepseek_v41"
+    sem = sem  #: the semantics module (entry sizes, inventory); DeepSeek-V4 swaps in its own
 
     def __init__(self, cfg: dict, name: str = "deepseek-v4.1-flash", fp32_gemm: str = "tf32"):
         self.name = name
@@ -164,7 +165,7 @@ class DeepSeekV41(Model):
         t = tokens(ts)
         b.op("engram.hash", "engram", Cost.of(t, flops_int8=8.0 * rows, bytes_act=4.0 * c.engram_max_ngram_size + 8.0 * rows),
              token_set=ts, split=("dp",), formula=f"{rows} n-gram hashes per token")
-        payload = sem.engram_lookup_bytes_per_token(c)
+        payload = self.sem.engram_lookup_bytes_per_token(c)
         b.op("engram.lookup", "engram", Cost.of(t, bytes_weight=payload, bytes_act=c.engram_lookup_dim * BF16),
              token_set=ts, split=("tp", "dp"), reads=(f"{p}.table",),
              comm=(CommSpec("all_reduce", "tp", Cost.of(t, bytes_act=c.engram_lookup_dim * BF16),
@@ -193,9 +194,9 @@ class DeepSeekV41(Model):
         rope = c.qk_rope_head_dim * (c.num_attention_heads + 1)
         b.elementwise("attn.rope", ts, rope, bytes_in=BF16, bytes_out=BF16, flops_per_elem=4, kind="elementwise",
                       split=("tp", "dp"))
-        swa = b.tensor(f"layers.{li.layer}.swa", "swa_cache", c.swa_kv_format, elems_per_token=c.kv_dim,
+        swa = b.tensor(f"layers.{li.layer}.swa", "swa_cache", getattr(c, "swa_kv_format", "fp8"), elems_per_token=c.kv_dim,
                        module=p)
-        b.cache_write("attn.swa_write", ts, swa, sem.swa_entry_bytes(c), split=("dp",))
+        b.cache_write("attn.swa_write", ts, swa, self.sem.swa_entry_bytes(c), split=("dp",))
 
     def _kv_producer(self, b: GraphBuilder, li: sem.LayerInfo) -> str:
         """Compressor -> main-KV quantize/write (FP4) -> index-K projection/write (MXFP4) on a KV owner."""
@@ -208,7 +209,7 @@ class DeepSeekV41(Model):
             for w in ("wkv", "wgate"):
                 b.gemm(f"compressor.{w}", "kv", c.hidden_size, c.head_dim, weight=f"{p}.compressor.{w}", act_in="bf16",
                        act_out="fp32", precision=self.fp32_gemm, split=("dp",), kind="compressor")
-            state = sem.compressor_state_row_bytes(c)
+            state = self.sem.compressor_state_row_bytes(c)
             b.op("compressor.pool", "compressor",
                  Cost.of(t, flops_fp32=4.0 * c.head_dim, bytes_act=2 * 4.0 * c.head_dim)
                  + Cost.of(entries, bytes_act=4.0 * c.head_dim)
@@ -221,17 +222,17 @@ class DeepSeekV41(Model):
         kv = b.tensor(f"layers.{L}.kv", "kv_cache", c.main_kv_format, elems_per_token=c.kv_dim, module=p)
         in_bytes = 4.0 if c.pooled(m) else BF16
         b.op("kv.quant_write", "cache_write", Cost.of(entries, bytes_act=in_bytes * c.kv_dim,
-                                                      bytes_kv=sem.main_kv_entry_bytes(c)),
+                                                      bytes_kv=self.sem.main_kv_entry_bytes(c)),
              token_set="kv", split=("dp",), writes=(kv,),
-             formula=f"{sem.main_kv_entry_bytes(c):g} B per emitted entry (E2M1 + E4M3/16)")
+             formula=f"{self.sem.main_kv_entry_bytes(c):g} B per emitted entry (E2M1 + E4M3/16)")
         idx = b.tensor(f"layers.{L}.index_k", "index_cache", c.index_k_format, elems_per_token=c.index_head_dim, module=p)
         wk = b._tensors[f"{p}.indexer.wk"]
         return b.op("indexer.k_write", "indexer",
                     Cost.of(ONE, bytes_weight=wk.nbytes)
                     + Cost.of(entries, flops_bf16=2.0 * c.head_dim * c.index_head_dim,
-                              bytes_act=BF16 * c.kv_dim, bytes_kv=sem.index_k_entry_bytes(c)),
+                              bytes_act=BF16 * c.kv_dim, bytes_kv=self.sem.index_k_entry_bytes(c)),
                     token_set="kv", split=("dp",), reads=(wk.name,), writes=(idx,),
-                    formula=f"wk {c.head_dim}->{c.index_head_dim} + norm, MXFP4 {sem.index_k_entry_bytes(c):g} B/entry")
+                    formula=f"wk {c.head_dim}->{c.index_head_dim} + norm, MXFP4 {self.sem.index_k_entry_bytes(c):g} B/entry")
 
     def _indexer(self, b: GraphBuilder, li: sem.LayerInfo, ts: str) -> str:
         """Index queries, scoring (full visible range, or the candidate pool in Decoder Reindex layers),
@@ -241,12 +242,12 @@ class DeepSeekV41(Model):
         owner = self.layers[li.kv_owner]
         m = owner.ratio
         H, D = c.index_n_heads, c.index_head_dim
-        pool = c.candidate_topk_blocks * c.candidate_block_size
+        pool = getattr(c, "candidate_topk_blocks", 0) * getattr(c, "candidate_block_size", 0)
         b.gemm("indexer.wq_b", ts, c.q_lora_rank, H * D, weight=f"{p}.wq_b", act_in="fp8", split=("dp",), kind="indexer")
         b.gemm("indexer.weights_proj", ts, c.hidden_size, H, weight=f"{p}.weights_proj", act_in="bf16",
                act_out="fp32", split=("dp",), kind="indexer")
         per_pair = 2.0 * H * D + 3.0 * H  # q·k per head, relu, weight, sum
-        if li.candidate_limited:
+        if getattr(li, "candidate_limited", False):
             pairs = Feature("topk_pairs", ts, (m, pool))
             reads = Feature("sparse_read", ts, (m, pool))
             extra = Cost.of(pairs, bytes_act=4.0)  # candidate positions read
@@ -257,11 +258,11 @@ class DeepSeekV41(Model):
             extra = Cost()
             what = "whole visible compressed range"
         b.op("indexer.score", "indexer",
-             Cost.of(pairs, flops_fp8=per_pair) + Cost.of(reads, bytes_kv=sem.index_k_entry_bytes(c))
+             Cost.of(pairs, flops_fp8=per_pair) + Cost.of(reads, bytes_kv=self.sem.index_k_entry_bytes(c))
              + Cost.of(tokens(ts), bytes_act=H * D * 1.0 + H * 4.0) + extra,
              token_set=ts, precision="fp8", split=("dp",), reads=(f"layers.{owner.layer}.index_k",),
              formula=f"{per_pair:g} flops per scored entry over the {what}")
-        if li.candidate_source:
+        if getattr(li, "candidate_source", False):
             blocks = c.candidate_topk_blocks
             b.op("indexer.block_max", "indexer", Cost.of(pairs, flops_fp32=1.0, bytes_act=4.0 / c.candidate_block_size),
                  token_set=ts, split=("dp",), formula=f"max score per block of {c.candidate_block_size}")
@@ -285,13 +286,13 @@ class DeepSeekV41(Model):
         H, D = c.num_attention_heads, c.head_dim
         per_pair = 2.0 * H * 2 * D  # QK and PV over the one shared latent, all heads
         cost = (Cost.of(Feature("window_pairs", ts, (W,)), flops_bf16=per_pair)
-                + Cost.of(Feature("window_read", ts, (W,)), bytes_kv=sem.swa_entry_bytes(c))
+                + Cost.of(Feature("window_read", ts, (W,)), bytes_kv=self.sem.swa_entry_bytes(c))
                 + Cost.of(tokens(ts), bytes_act=2 * H * D * BF16))
         reads = [f"layers.{li.layer}.swa"]
         if li.kv_owner is not None:
             m = self.layers[li.kv_owner].ratio
             cost += Cost.of(Feature("topk_pairs", ts, (m, K)), flops_bf16=per_pair, bytes_act=4.0)
-            cost += Cost.of(Feature("sparse_read", ts, (m, K)), bytes_kv=sem.main_kv_entry_bytes(c))
+            cost += Cost.of(Feature("sparse_read", ts, (m, K)), bytes_kv=self.sem.main_kv_entry_bytes(c))
             reads += [f"layers.{li.kv_owner}.kv", f"layers.{li.topk_producer}.topk"]
         return b.op("attn.sparse", "attention", cost, token_set=ts, precision="bf16", split=("tp", "dp"),
                     reads=tuple(reads), params={"kv_owner": li.kv_owner, "topk_producer": li.topk_producer},
@@ -301,9 +302,15 @@ class DeepSeekV41(Model):
         c = self.cfg
         p = f"layers.{layer}.attn"
         g = c.o_groups
-        b.gemm("attn.wo_a", ts, c.wo_a_in_per_group, c.o_lora_rank, copies=g, weight=f"{p}.wo_a", split=("tp", "dp"))
+        b.gemm("attn.wo_a", ts, c.q_dim // g, c.o_lora_rank, copies=g, weight=f"{p}.wo_a", split=("tp", "dp"))
         b.gemm("attn.wo_b", ts, g * c.o_lora_rank, c.hidden_size, weight=f"{p}.wo_b", act_in="fp8", split=("tp", "dp"),
                comm=(all_reduce_tp(ts, c.hidden_size, note="row-parallel wo_b"),))
+
+    def _route(self, b: GraphBuilder, layer: int, ts: str) -> None:
+        """Score (sqrt-softplus + correction bias) and pick top-k experts per token."""
+        c = self.cfg
+        b.elementwise("ffn.route", ts, c.n_routed_experts, bytes_in=4.0, bytes_out=0.0, flops_per_elem=6.0,
+                      kind="router", split=("dp",), reads=(f"layers.{layer}.ffn.gate.bias",))
 
     def _moe(self, b: GraphBuilder, layer: int, ts: str) -> None:
         c = self.cfg
@@ -312,8 +319,7 @@ class DeepSeekV41(Model):
         t = tokens(ts)
         b.gemm("ffn.router", ts, d, c.n_routed_experts, weight=f"{p}.gate.weight", act_out="fp32", split=("dp",),
                kind="router")
-        b.elementwise("ffn.route", ts, c.n_routed_experts, bytes_in=4.0, bytes_out=0.0, flops_per_elem=6.0,
-                      kind="router", split=("dp",), reads=(f"{p}.gate.bias",))
+        self._route(b, layer, ts)
         comm = (CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=c.num_experts_per_tok * d * (1.0 + 1 / 32)), "before",
                          note="dispatch (FP8 + scales)"),
                 CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=c.num_experts_per_tok * d * BF16), "after",

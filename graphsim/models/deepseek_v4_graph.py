@@ -1,0 +1,127 @@
+"""DeepSeek-V4-Flash baseline graph (V41_FACTS §13): every compressed layer owns its KV — CSA (m=4) with
+its own overlapping compressor and full-range indexer, HCA (m=128) attending densely to all compressed
+entries — no KV/Top-K sharing, no CED split, hash-routed first layers and an mHC head. Reuses the V4.1 op
+emitters wherever the two models agree; assumptions live in configs/deepseek-v4-flash.json."""
+from __future__ import annotations
+
+from ..builder import GraphBuilder
+from ..ir import ONE, CommSpec, Cost, Feature, Tensor
+from . import deepseek_v4 as sem4
+from .base import tokens
+from .deepseek_v41_graph import BF16, DeepSeekV41
+
+
+class DeepSeekV4(DeepSeekV41):
+    family = "deepseek_v4"
+    sem = sem4
+
+    def __init__(self, cfg: dict, name: str = "deepseek-v4-flash", fp32_gemm: str = "tf32"):
+        self.name = name
+        self.raw = cfg
+        self.fp32_gemm = fp32_gemm
+        self.cfg = sem4.V4Config.from_dict(cfg)
+        self.layers = sem4.layer_table(self.cfg)
+
+    def weights(self) -> tuple[Tensor, ...]:
+        return sem4.weight_inventory(self.cfg)
+
+    def kv_capacity(self, context: int, **_):
+        return sem4.kv_capacity(self.cfg, context)
+
+    def resident_groups(self, policies) -> tuple[str, ...]:
+        return ("embed", "trunk")
+
+    def passes(self, policies) -> list:
+        return []  # no CED: decoder replay does not apply; fusion profiles are V4.1's
+
+    def _build(self, b: GraphBuilder, kinds: tuple, **_) -> None:
+        c = self.cfg
+        d, n = c.hidden_size, c.hc_mult
+        b.token_set("q")
+        b.token_set("kv")
+        b.token_set("last", prefill="one", decode="all")
+        with b.stage("trunk"):
+            b.op("embed", "embedding", Cost.of(tokens("q"), bytes_act=d * BF16 * 2 + n * d * BF16), token_set="q",
+                 reads=("embed.weight",), split=("dp",), deps=(), formula=f"gather {d} bf16, write {n} streams")
+            for li in self.layers:
+                with b.layer(li.layer):
+                    self._mhc_pre(b, li.layer, "hc_attn", "q", norm_weight=f"layers.{li.layer}.attn_norm")
+                    self._attention_in(b, li, "q")
+                    if li.ratio:
+                        self._kv_producer(b, li)
+                    if li.topk_producer is not None:
+                        self._indexer(b, li, "q")
+                    self._sparse_attention(b, li, "q")
+                    self._attention_out(b, li.layer, "q")
+                    self._mhc_post(b, li.layer, "hc_attn", "q")
+                    self._mhc_pre(b, li.layer, "hc_ffn", "q", norm_weight=f"layers.{li.layer}.ffn_norm")
+                    self._moe(b, li.layer, "q")
+                    self._mhc_post(b, li.layer, "hc_ffn", "q")
+        with b.stage("head"):
+            b.gemm("hc_head", "last", n * d, n, weight="hc_head.fn", act_in="bf16", act_out="fp32",
+                   precision=self.fp32_gemm, split=("dp",), kind="mhc")
+            b.elementwise("hc_head.collapse", "last", d, bytes_in=n * BF16, bytes_out=BF16, flops_per_elem=2 * n,
+                          kind="mhc", split=("dp",))
+            b.elementwise("final_norm", "last", d, bytes_in=BF16, bytes_out=BF16, flops_per_elem=4, kind="norm",
+                          split=("dp",))
+            b.gemm("head", "last", d, c.vocab_size, weight="head.weight", act_out="fp32", split=("tp", "dp"),
+                   comm=(CommSpec("all_gather", "tp", Cost.of(tokens("last"), bytes_act=c.vocab_size * 4.0),
+                                  note="logits"),))
+
+    def _compress(self, b: GraphBuilder, prefix: str, li, width: int) -> Feature:
+        """Overlapping (CSA, coff=2) or plain (HCA) gated compressor of ``width``; returns emitted entries."""
+        c = self.cfg
+        m, coff = li.ratio, c.coff(li.ratio)
+        for w in ("wkv", "wgate"):
+            b.gemm(f"{prefix}.{w}", "kv", c.hidden_size, coff * width, weight=f"layers.{li.layer}.attn.{prefix}.{w}",
+                   act_in="bf16", act_out="fp32", split=("dp",), kind="compressor")
+        entries = Feature("new_groups", "kv", (m,))
+        b.op(f"{prefix}.pool", "compressor",
+             Cost.of(tokens("kv"), flops_fp32=4.0 * coff * width, bytes_act=2 * 4.0 * coff * width)
+             + Cost.of(entries, bytes_act=4.0 * width),
+             token_set="kv", split=("dp",), precision="fp32",
+             formula=f"gated pooling over {'overlapping ' if coff == 2 else ''}windows of {m} (+ absolute position term)")
+        return entries
+
+    def _kv_producer(self, b: GraphBuilder, li) -> str:
+        c = self.cfg
+        p = f"layers.{li.layer}.attn"
+        entries = self._compress(b, "compressor", li, c.head_dim)
+        kv = b.tensor(f"layers.{li.layer}.kv", "kv_cache", "fp8", elems_per_token=c.kv_dim, module=p)
+        last = b.op("kv.quant_write", "cache_write",
+                    Cost.of(entries, bytes_act=4.0 * c.kv_dim, bytes_kv=sem4.main_kv_entry_bytes(c)),
+                    token_set="kv", split=("dp",), writes=(kv,),
+                    formula=f"{sem4.main_kv_entry_bytes(c):g} B per entry (FP8 + bf16 RoPE + scales)")
+        if c.has_indexer(li.ratio):
+            ie = self._compress(b, "indexer.compressor", li, c.index_head_dim)
+            idx = b.tensor(f"layers.{li.layer}.index_k", "index_cache", "fp8", elems_per_token=c.index_head_dim, module=p)
+            last = b.op("indexer.k_write", "indexer", Cost.of(ie, bytes_act=4.0 * c.index_head_dim,
+                                                              bytes_kv=sem4.index_k_entry_bytes(c)),
+                        token_set="kv", split=("dp",), writes=(idx,),
+                        formula=f"{sem4.index_k_entry_bytes(c):g} B per index-K entry")
+        return last
+
+    def _sparse_attention(self, b: GraphBuilder, li, ts: str) -> str:
+        if li.attn != "hca":
+            return super()._sparse_attention(b, li, ts)
+        c = self.cfg
+        W, H, D = c.sliding_window, c.num_attention_heads, c.head_dim
+        per_pair = 2.0 * H * 2 * D
+        m = li.ratio
+        cost = (Cost.of(Feature("window_pairs", ts, (W,)), flops_bf16=per_pair)
+                + Cost.of(Feature("window_read", ts, (W,)), bytes_kv=sem4.swa_entry_bytes(c))
+                + Cost.of(Feature("compressed_pairs", ts, (m,)), flops_bf16=per_pair)
+                + Cost.of(Feature("compressed", ts, (m,)), bytes_kv=sem4.main_kv_entry_bytes(c))
+                + Cost.of(tokens(ts), bytes_act=2 * H * D * BF16))
+        return b.op("attn.sparse", "attention", cost, token_set=ts, precision="bf16", split=("tp", "dp"),
+                    reads=(f"layers.{li.layer}.swa", f"layers.{li.layer}.kv"),
+                    formula=f"HCA: <= {W} SWA + every compressed entry (m={m}), {per_pair:g} flops per pair")
+
+    def _route(self, b: GraphBuilder, layer: int, ts: str) -> None:
+        li = self.layers[layer]
+        if not li.hash_routed:
+            return super()._route(b, layer, ts)
+        c = self.cfg
+        b.op("ffn.route", "router", Cost.of(tokens(ts), bytes_weight=4.0 * c.num_experts_per_tok, flops_fp32=2.0 * c.n_routed_experts),
+             token_set=ts, split=("dp",), reads=(f"layers.{layer}.ffn.gate.tid2eid",),
+             formula="hash routing: expert ids looked up by token id (tid2eid)")
