@@ -171,7 +171,8 @@ class GraphBuilder:
         t = Feature("tokens", token_set)
         cost = Cost.of(t, **{f"flops_{precision}": flops_per_elem * elems,
                              "bytes_act": elems * (bytes_in + bytes_out)})
-        return self.op(name, kind, cost, token_set=token_set, precision=precision,
+        params = {"elems": elems, "bytes_in": bytes_in, "bytes_out": bytes_out, **kw.pop("params", {})}
+        return self.op(name, kind, cost, token_set=token_set, precision=precision, params=params,
                        formula=f"{elems}·({bytes_in:g}+{bytes_out:g}) B per token", **kw)
 
     def attention(self, name: str, token_set: str, *, pairs: Feature, flops_per_pair: float,

@@ -36,6 +36,11 @@ def interval(rule: str, a: dict, g: int, xp):
         return 0.0 * past, a["patches"][:, g]
     if head == "one":
         return end - xp.minimum(new, 1.0), end
+    if head == "cached":
+        return 0.0 * past, past
+    if head == "cached_swa":  # restored SWA window; nothing when the window is replayed instead
+        keep = xp.where(replay > 0, 0.0, xp.minimum(past, float(arg)))
+        return past - keep, past
     raise GraphsimError("token_set.rule", f"unknown rule {rule!r}")
 
 

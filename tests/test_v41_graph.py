@@ -18,7 +18,7 @@ def v41():
 def test_stages_in_ced_order(v41):
     # V41_FACTS §4: Encoder -> global KV projection -> Decoder (then the head)
     g = v41.build(("prefill",))
-    assert g.stages == ("encoder", "global_kv", "decoder", "head")
+    assert g.stages == ("restore", "encoder", "global_kv", "decoder", "head")  # restore: prefix-cache copies
     layers = {op.layer for op in g.ops if op.stage == "global_kv"}
     assert layers == {20}  # the Decoder's KV source (kv_source_layer_ids ∩ decoder)
 

@@ -90,6 +90,7 @@ class DeepSeekV41(Model):
         d, n = c.hidden_size, c.hc_mult
         owners_write: dict[int, str] = {}
         topk_op: dict[int, str] = {}
+        restore = self._restore(b) if "prefill" in kinds else None
         with b.stage("encoder"):
             b.op("embed", "embedding", Cost.of(tokens("q_enc"), bytes_act=d * BF16 * 2 + n * d * BF16),
                  token_set="q_enc", reads=("embed.weight",), split=("dp",), deps=(),
@@ -112,6 +113,8 @@ class DeepSeekV41(Model):
                 if li.index_source:
                     topk_op[li.layer] = self._indexer(b, li, ts)
                 attn = self._sparse_attention(b, li, ts)
+                if restore is not None and li.layer == self.layers[0].layer:
+                    b.depends(restore, attn, "cache_read")  # cached global KV and SWA must be resident
                 if li.kv_owner is not None:
                     b.depends(owners_write[li.kv_owner], attn, "cache_read")
                 if li.topk_producer is not None and li.topk_producer != li.layer:
@@ -131,6 +134,22 @@ class DeepSeekV41(Model):
                                   note="logits"),))
         extras.dspark_stages(self, b, kinds, policies, requests)
 
+    def _restore(self, b: GraphBuilder) -> str:
+        """Prefix restore: copy each hit's cached global KV (every owner, main + index K) and, when the SWA
+        cache was kept, its last-W SWA entries from the host pool over C2C/PCIe (host-copy stream)."""
+        c = self.cfg
+        W = c.sliding_window
+        b.token_set("cached", prefill="cached", decode="none")
+        b.token_set("cached_swa", prefill=f"cached_swa:{W}", decode="none")
+        per_entry = self.sem.main_kv_entry_bytes(c) + self.sem.index_k_entry_bytes(c)
+        cost = Cost.of(tokens("cached_swa"), bytes_c2c=len(self.layers) * self.sem.swa_entry_bytes(c))
+        for li in self.layers:
+            if li.kv_source:
+                cost += Cost.of(Feature("new_groups", "cached", (li.ratio,)), bytes_c2c=per_entry)
+        with b.stage("restore"):
+            return b.op("restore.prefix", "host_copy", cost, stream="host_copy", token_set="cached", split=("dp",),
+                        deps=(), formula=f"cached global KV ({per_entry:g} B per owner entry) + kept SWA window")
+
     def _query_set(self, li: sem.LayerInfo) -> str:
         if li.stage == "encoder":
             return "q_enc"
@@ -141,9 +160,16 @@ class DeepSeekV41(Model):
         c = self.cfg
         d, n = c.hidden_size, c.hc_mult
         p = f"layers.{layer}.{sub}"
-        b.gemm(f"{sub}.coeff", ts, n * d, c.hc_mix_rows, weight=f"{p}.fn", act_in="bf16", act_out="fp32",
-               precision=self.fp32_gemm, split=("dp",), kind="mhc",
-               params={"mhc_elems": n * d, "sinkhorn_iters": c.hc_sinkhorn_iters, "role": "coeff"})
+        # coefficients: fn [(2+n)n, n·d] over the n streams + Sinkhorn on an n×n matrix; the (2+n)n outputs
+        # stay on chip (not charged as traffic)
+        fn = b._tensors[f"{p}.fn"]
+        sink = c.hc_sinkhorn_iters * 4 * n * n
+        b.op(f"{sub}.coeff", "mhc", Cost.of(ONE, bytes_weight=fn.nbytes)
+             + Cost.of(tokens(ts), **{f"flops_{self.fp32_gemm}": 2.0 * n * d * c.hc_mix_rows, "flops_fp32": sink,
+                                      "bytes_act": n * d * BF16}),
+             token_set=ts, precision=self.fp32_gemm, split=("dp",), reads=(fn.name,),
+             params={"mhc_elems": n * d, "sinkhorn_iters": c.hc_sinkhorn_iters, "role": "coeff"},
+             formula=f"2·{n * d}·{c.hc_mix_rows} flops + Sinkhorn x{c.hc_sinkhorn_iters} per token")
         b.elementwise(f"{sub}.premix", ts, d, bytes_in=n * BF16, bytes_out=BF16, flops_per_elem=2 * n, kind="mhc",
                       split=("dp",), params={"mhc_elems": (n + 1) * d, "role": "premix"})
         # the sub-layer's input RMSNorm, writing FP8 for the GEMMs that follow

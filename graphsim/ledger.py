@@ -1,0 +1,135 @@
+"""The token ledger: exactly which tokens every (request, stage, layer) processes under a plan's policies.
+
+It reads the same token sets the costs use (after the policy passes), so the ledger and the estimate can
+never disagree. Chunked prefill is a sequence of forward steps, each chunk with its own tail.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+import attrs
+import numpy as np
+
+from .errors import positive_int
+from .ir import Graph
+from .lowering.features import interval
+from .plan import Request
+
+
+def chunk_prefill(req: Request, chunk: int) -> list[Request]:
+    """Split a prefill into forward steps of at most ``chunk`` new tokens; step i has the earlier chunks
+    (and any cached prefix) cached, with their SWA state present."""
+    positive_int(chunk, "chunk")
+    if req.kind != "prefill" or req.new_tokens <= chunk:
+        return [req]
+    out, done = [], req.cached
+    first = True
+    while done < req.length:
+        end = min(done + chunk, req.length)
+        out.append(attrs.evolve(req, length=end, cached=done, swa_cached=req.swa_cached if first else True,
+                                image_tokens=req.image_tokens if first else 0,
+                                image_patches=req.image_patches if first else 0))
+        done, first = end, False
+    return out
+
+
+@attrs.frozen
+class LedgerRow:
+    step: int
+    request: str
+    count: int
+    stage: str
+    layer: int | None
+    token_set: str
+    tokens_per_request: int
+
+    @property
+    def tokens(self) -> int:
+        return self.count * self.tokens_per_request
+
+
+@attrs.frozen
+class Ledger:
+    rows: tuple
+
+    def total(self, stages: Sequence[str] | None = None, request: str | None = None) -> int:
+        """Σ tokens × layers over the rows of ``stages`` (all if None) and ``request`` (all if None)."""
+        return sum(r.tokens for r in self.rows
+                   if (stages is None or r.stage in stages) and (request is None or r.request == request))
+
+    def trunk_total(self, request: str | None = None) -> int:
+        """Token × layer over the trunk (encoder and decoder layers; global-KV projection excluded)."""
+        return self.total(("encoder", "decoder", "trunk"), request)
+
+    def by_stage(self) -> dict:
+        """{request: {stage: token×layer}} summed over steps."""
+        out: dict = {}
+        for r in self.rows:
+            d = out.setdefault(r.request, {})
+            d[r.stage] = d.get(r.stage, 0) + r.tokens
+        return out
+
+    def to_dict(self) -> dict:
+        return {"rows": [attrs.asdict(r) | {"tokens": r.tokens} for r in self.rows], "by_stage": self.by_stage()}
+
+
+def layer_token_sets(graph: Graph) -> dict:
+    """The token set each (stage, layer) runs on: its attention's, else the most common among its ops."""
+    sets: dict = {}
+    for op in graph.ops:
+        if op.token_set:
+            sets.setdefault((op.stage, op.layer), Counter())[op.token_set] += 1
+    out = {}
+    for key, cnt in sets.items():
+        attn = [op.token_set for op in graph.ops if (op.stage, op.layer) == key and op.kind == "attention"]
+        out[key] = attn[0] if attn else cnt.most_common(1)[0][0]
+    return out
+
+
+def ledger_for(compile_logical, requests: Sequence[Request], *, chunk: int | None = None, workload_of=None) -> Ledger:
+    """Rows for every step (chunk) of ``requests``. ``compile_logical(kinds, step_requests)`` returns the
+    policy-rewritten logical graph; ``workload_of(step_requests)`` its workload point."""
+    steps: list[list[tuple[str, Request]]] = []
+    chunked = [(str(r), chunk_prefill(r, chunk) if chunk else [r]) for r in requests]
+    depth = max(len(c) for _, c in chunked)
+    for i in range(depth):
+        steps.append([(name, parts[i]) for name, parts in chunked if i < len(parts)])
+    rows = []
+    for s, step in enumerate(steps):
+        reqs = [r for _, r in step]
+        graph = compile_logical(tuple(r.kind for r in reqs), reqs)
+        wl = workload_of(reqs)
+        a = wl.arrays()
+        tsm = graph.token_set_map
+        for (stage, layer), ts_name in layer_token_sets(graph).items():
+            if layer is None:  # embedding, head, restore copies: not layers of the token x layer count
+                continue
+            ts = tsm[ts_name]
+            for g, (name, r) in enumerate(step):
+                rule = ts.rule(r.kind)
+                if rule == "none":
+                    continue
+                lo, hi = interval(rule, a, g, np)
+                n = int(round(float(hi[0] - lo[0])))
+                if n:
+                    rows.append(LedgerRow(s, name, r.count, stage, layer, ts_name, n))
+    return Ledger(tuple(rows))
+
+
+def ledger(model, requests: Sequence, policies=None, *, chunk: int | None = None) -> Ledger:
+    """The ledger of ``requests`` (Request objects or request strings) under ``policies``."""
+    from .models import load_model
+    from .passes.pipeline import PassPipeline
+    from .pipeline import Plan, Policies, default_passes
+
+    model = load_model(model) if isinstance(model, str) else model
+    policies = policies or Policies()
+    reqs = [Request.parse(r) if isinstance(r, str) else r for r in requests]
+
+    def compile_logical(kinds, step):
+        g = model.build(kinds, policies=policies, requests=tuple(step))
+        return PassPipeline(default_passes(model, policies)).run(g)
+
+    return ledger_for(compile_logical, reqs, chunk=chunk,
+                      workload_of=lambda step: Plan(step, policies=policies).workload())
