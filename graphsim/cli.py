@@ -37,8 +37,34 @@ def _compile(a):
 
 
 def cmd_estimate(a) -> None:
+    if a.chunk:
+        return _estimate_chunked(a)
     r = _compile(a).report()
     print(r.to_json() if a.json else r.to_text())
+
+
+def _estimate_chunked(a) -> None:
+    """Chunked prefill: one forward per chunk step (decode requests ride along in every step); TTFT of a
+    prompt is the sum of its steps."""
+    from . import Request
+    from .ledger import chunk_prefill
+
+    reqs = [Request.parse(r) for r in a.request]
+    prefills = [chunk_prefill(r, a.chunk) for r in reqs if r.kind == "prefill"]
+    decodes = [r for r in reqs if r.kind == "decode"]
+    steps = []
+    for i in range(max((len(p) for p in prefills), default=1)):
+        a.request = [str(p[i]) for p in prefills if i < len(p)] + [str(r) for r in decodes]
+        rep = _compile(a).report()
+        steps.append({"step": i, "requests": a.request, "forward_s": rep.forward_s,
+                      "stages": {k: v["busy_s"] for k, v in rep.stages.items()}})
+    ttft = sum(s["forward_s"] for s in steps)
+    if a.json:
+        print(json.dumps({"chunk": a.chunk, "steps": steps, "ttft_s": ttft}, indent=2))
+        return
+    for s in steps:
+        print(f"step {s['step']:>3}  {s['forward_s'] * 1e3:10.3f} ms  {', '.join(s['requests'])}")
+    print(f"TTFT (sum of {len(steps)} chunk steps): {ttft * 1e3:.3f} ms")
 
 
 def cmd_graph(a) -> None:
@@ -93,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("estimate", help="estimate one plan: times, throughput, memory, critical path")
     _plan_args(e)
     e.add_argument("--json", action="store_true")
+    e.add_argument("--chunk", type=int, default=None, help="chunked prefill: tokens per forward step")
     e.set_defaults(fn=cmd_estimate)
     g = sub.add_parser("graph", help="export the compiled graph as DOT (or SVG with -o x.svg)")
     _plan_args(g)

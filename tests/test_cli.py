@@ -73,3 +73,13 @@ def test_graph_dot(tmp_path, capsys):
     assert rc == 0
     text = out.read_text()
     assert text.startswith("digraph") and "cluster_stage_" in text and "layer 60" in text
+
+
+def test_estimate_chunked_prefill(capsys):
+    # chunked prefill: one forward per chunk, decode requests ride along; TTFT = sum of the steps
+    rc = main(["estimate", "--model", "deepseek-v4.1-flash", "--request", "prefill:1000", "--request", "decode:4096x8",
+               "--chunk", "256", "--decoder-replay", "sglang", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and len(d["steps"]) == 4
+    assert d["steps"][3]["requests"] == ["prefill:1000@768", "decode:4096x8"]
+    assert abs(d["ttft_s"] - sum(s["forward_s"] for s in d["steps"])) < 1e-12
