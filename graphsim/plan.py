@@ -25,8 +25,10 @@ def _int_field(text: str, field: str, spec: str) -> int:
 @attrs.frozen
 class Request:
     """``count`` identical requests. Prefill: ``length`` prompt tokens of which ``cached`` are a prefix-cache
-    hit (``swa_cached`` says whether that hit includes the SWA cache). Decode: a step at context ``length``
-    emitting ``new`` positions (1, or 1 + verify length with speculative decoding)."""
+    hit (``swa_cached`` says whether that hit includes the SWA cache); ``image_tokens`` of the uncached
+    positions are image tokens (Σ over the request's images, ``image_patches`` the ViT patches that make
+    them). Decode: a step at context ``length`` emitting ``new`` positions (1, or 1 + verify length with
+    speculative decoding); its images were encoded at prefill and are part of the context."""
 
     kind: str = attrs.field(validator=attrs.validators.in_(("prefill", "decode")))
     length: int = attrs.field()
@@ -45,6 +47,10 @@ class Request:
         positive_int(self.count, "request.count")
         positive_int(self.cached, "request.cached", allow_zero=True)
         positive_int(self.new, "request.new")
+        positive_int(self.image_tokens, "request.image_tokens", allow_zero=True)
+        positive_int(self.image_patches, "request.image_patches", allow_zero=True)
+        require((self.image_tokens == 0) == (self.image_patches == 0), "request.image_patches",
+                "image tokens and ViT patches come together (both zero or both positive)")
         if self.kind == "prefill":
             require(self.cached < self.length, "request.cached",
                     f"cached prefix ({self.cached}) must be shorter than the prompt ({self.length})")
@@ -52,6 +58,8 @@ class Request:
                     "image tokens must fit in the uncached part of the prompt")
         else:
             require(self.cached == 0, "request.cached", "a decode request has no cached prefix (use the context length)")
+            require(self.image_tokens == 0, "request.image",
+                    "images are encoded at prefill; a decode step's context already holds their tokens")
 
     @property
     def new_tokens(self) -> int:
@@ -66,7 +74,9 @@ class Request:
     @staticmethod
     def parse(spec: str) -> "Request":
         """``KIND:LEN[xCOUNT][@CACHED[/noswa]][+img:WxH...]``, e.g. ``decode:4096x64``, ``prefill:2048@1024``;
-        ``/noswa``: the prefix hit has its global KV but not its SWA cache (a restore)."""
+        ``/noswa``: the prefix hit has its global KV but not its SWA cache (a restore). LEN counts text
+        tokens; each ``+img:WxH`` adds its image tokens on top (``prefill:2000+img:1024x768`` has
+        2000 + 475 new positions), so ``length`` includes them."""
         m = _REQ.match(spec.strip())
         if not m or m.group("kind") not in ("prefill", "decode"):
             raise GraphsimError("request", f"{spec!r} is not KIND:LEN[xCOUNT][@CACHED] with KIND prefill|decode")
@@ -79,15 +89,16 @@ class Request:
             from .vision import parse_image_suffix  # vision rules live in their own module
 
             extra = parse_image_suffix(rest, spec)
+            n += extra["image_tokens"]  # LEN is text; image tokens come on top
         if m.group("noswa"):
             extra["swa_cached"] = False
         return Request(m.group("kind"), n, c, cached, **extra)
 
     def __str__(self) -> str:
-        s = f"{self.kind}:{self.length}"
+        s = f"{self.kind}:{self.length - self.image_tokens}"  # LEN is text tokens, as parse() reads it
         s += f"x{self.count}" if self.count != 1 else ""
         s += (f"@{self.cached}" if self.cached else "") + ("/noswa" if self.cached and not self.swa_cached else "")
-        return s + (f"+img:{self.image_tokens}tok" if self.image_tokens else "")
+        return s + (f"+img:{self.image_tokens}tok/{self.image_patches}patches" if self.image_tokens else "")
 
 
 def workload_of(requests: Sequence[Request], *, replay_window: int = 128, encoder_replay: bool = True) -> Workload:

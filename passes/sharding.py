@@ -2,6 +2,16 @@
 needs (CommSpec) into costed collectives on the comm stream.
 
 Costs after this pass are those of one representative rank (SPMD: every rank runs the same program).
+
+Rank layout: tp innermost, then cp, then dp; the MoE side (ep × moe_tp) spans the tp·dp·cp ranks of a
+pipeline stage; pp outermost. A group whose members do not all share rank 0's NVLink domain crosses the
+scale-out network; how much of its traffic does is the collective algorithm's business (:func:`link_cost`).
+
+Model-independent sharding rules enforced here (V41_FACTS §12):
+
+* ops of kind ``indexer`` are replicated across TP (every rank scores all index heads, no reduction);
+* an op reading a ``table`` tensor (Engram) must be TP-split (rows sharded) and all-reduce over TP;
+* context parallelism is for prefill only, and neither CP nor PP runs with a vision stage.
 """
 from __future__ import annotations
 
@@ -9,34 +19,101 @@ import math
 
 import attrs
 
-from graphsim.errors import GraphsimError
+from graphsim.errors import GraphsimError, require
 from graphsim.ir import ONE, CommSpec, Cost, Edge, Graph, Op
 from graphsim.plan import ParallelMapping
 
 WORK = ("flops", "bytes_kv", "bytes_act")
+#: Op kinds that stay whole on every TP rank whatever their ``split`` says.
+TP_REPLICATED_KINDS = ("indexer",)
+#: Features that grow with the query positions a rank processes: context parallelism divides them. The
+#: others (visible KV length, selected or compressed entries read, requests) are per-request context that
+#: every CP rank of a request reads whole once the KV is gathered.
+QUERY_FEATURES = ("tokens", "causal_pairs", "full_pairs", "window_pairs", "compressed_pairs", "topk_pairs",
+                  "new_groups")
+#: Cache roles context parallelism all-gathers (SWA needs only a W-position halo: neglected).
+CP_GATHERED_ROLES = ("kv_cache", "index_cache")
+
+#: Algorithms per collective. ``hierarchical`` all-to-all sends a routed token once per remote NVLink domain
+#: and forwards it inside the domain over NVLink (DeepEP normal kernels); ``direct`` sends every
+#: (token, expert) pair to its rank.
+ALGORITHMS = {
+    "all_reduce": ("ring", "tree"),
+    "all_gather": ("ring", "tree"),
+    "reduce_scatter": ("ring", "tree"),
+    "all_to_all": ("direct", "hierarchical"),
+    "p2p": ("direct",),
+}
+#: What ``auto`` means: bandwidth-optimal rings, deduplicated all-to-all.
+DEFAULT_ALGORITHM = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter": "ring",
+                     "all_to_all": "hierarchical", "p2p": "direct"}
+
+
+def check_algorithms(value) -> tuple:
+    """Normalize a {collective: algorithm} choice to sorted pairs, rejecting unknown names."""
+    pairs = tuple(sorted(dict(value).items())) if value else ()
+    for coll, algo in pairs:
+        require(coll in ALGORITHMS, "policies.algorithms", f"unknown collective {coll!r}; known: {sorted(ALGORITHMS)}")
+        require(algo in ALGORITHMS[coll], f"policies.algorithms.{coll}",
+                f"unknown algorithm {algo!r}; allowed: {ALGORITHMS[coll]}")
+    return pairs
+
+
+def effective_split(op: Op) -> frozenset:
+    """The op's split axes after the model-independent rules (indexers never TP-split)."""
+    return op.split - {"tp"} if op.kind in TP_REPLICATED_KINDS else op.split
 
 
 def split_factors(op: Op, m: ParallelMapping) -> tuple[float, float]:
     """(work divisor, weight divisor) for an op's ``split`` axes.
 
     tp splits heads/columns (work and weights); dp spreads requests (work only: weights are replicated);
-    ep marks routed experts, spread over all ``tp·dp`` ranks of the MoE side (work and weights).
+    ep marks routed experts, spread over all ``tp·dp·cp`` ranks of the MoE side (work and weights).
+    Context parallelism further divides query-proportional work of dp-split ops (see :func:`shard_cost`).
     """
+    split = effective_split(op)
     work = weight = 1.0
-    if "tp" in op.split:
+    if "tp" in split:
         work *= m.tp
         weight *= m.tp
-    if "dp" in op.split:
+    if "dp" in split:
         work *= m.dp
-    if "ep" in op.split:
+    if "ep" in split:
         work *= m.world
         weight *= m.world
     return work, weight
 
 
+def shard_cost(op: Op, m: ParallelMapping, ep_imbalance: float = 1.0) -> Cost:
+    """One rank's share of ``op.cost``: weights by the weight divisor, work by the work divisor (times cp
+    for query features of token-parallel ops); the hottest EP rank carries ``ep_imbalance`` × the mean."""
+    work, weight = split_factors(op, m)
+    split = effective_split(op)
+    cp = m.cp if "dp" in split and "ep" not in split else 1
+
+    def share(c: str, f, v: float) -> float:
+        if c == "bytes_weight":
+            return v / weight
+        if c.startswith(WORK):
+            return v / (work * (cp if f.kind in QUERY_FEATURES else 1))
+        return v
+
+    cost = Cost(tuple((c, f, share(c, f, v)) for c, f, v in op.cost.terms))
+    return _imbalanced(cost, ep_imbalance) if "ep" in split else cost
+
+
+def _imbalanced(cost: Cost, factor: float) -> Cost:
+    """Scale the token count behind every workload feature (``frac``), so nonlinear ones (experts touched)
+    see the hot rank's tokens too; per-forward terms (``one``) are untouched."""
+    if factor == 1.0:
+        return cost
+    return cost.map_features(lambda f: f if f.kind == "one" else attrs.evolve(f, frac=f.frac * factor))
+
+
 def group_stride(group: str, m: ParallelMapping) -> int:
-    """Rank stride between members of a group: tp innermost, then dp; ep/moe_tp span the stage; pp outermost."""
-    return {"tp": 1, "dp": m.tp, "ep": 1, "world": 1, "moe_tp": 1, "pp": m.world}[group]
+    """Rank stride between members of a group: tp innermost, then cp, then dp; ep/moe_tp span the stage;
+    pp outermost."""
+    return {"tp": 1, "cp": m.tp, "dp": m.tp * m.cp, "ep": 1, "world": 1, "moe_tp": 1, "pp": m.world}[group]
 
 
 def members_in_domain(n: int, stride: int, domain: int) -> int:
@@ -46,68 +123,132 @@ def members_in_domain(n: int, stride: int, domain: int) -> int:
     return min(n, math.ceil(domain / stride))
 
 
-def link_cost(spec: CommSpec, n: int, in_domain: int, payload: Cost) -> tuple[Cost, str]:
-    """Link bytes and hops of one collective per rank, by algorithm. ``payload`` is the per-rank size S:
-    all-reduce input, all-gather/reduce-scatter full output, all-to-all send buffer."""
-    algo = spec.algorithm
-    if algo == "auto":
-        algo = "direct" if spec.collective in ("all_to_all", "p2p") else "ring"
-    c = spec.collective
-    if c == "all_reduce":
-        vol, hops = (2.0 * (n - 1) / n, 2 * (n - 1)) if algo == "ring" else (2.0, 2 * math.ceil(math.log2(n)))
-    elif c in ("all_gather", "reduce_scatter"):
-        vol, hops = ((n - 1) / n, n - 1) if algo == "ring" else (1.0, math.ceil(math.log2(n)))
-    elif c == "all_to_all":
-        vol, hops = (n - 1) / n, 1
-    else:  # p2p
-        vol, hops = 1.0, 1
+def link_cost(collective: str, n: int, in_domain: int, payload: Cost, algorithm: str = "auto",
+              top_k: int = 0) -> tuple[Cost, str]:
+    """Link bytes and hops of one collective per rank. ``payload`` is the per-rank size S (``bytes_act``
+    terms): all-reduce input, all-gather/reduce-scatter full output, all-to-all send buffer, p2p message.
+
+    With all n ranks in one NVLink domain (g = ``in_domain`` ≥ n) the textbook per-rank volumes apply:
+    ring all-reduce 2(n-1)/n·S in 2(n-1) steps, tree 2S in 2⌈log2 n⌉; ring all-gather / reduce-scatter
+    (n-1)/n·S in n-1 steps, tree S in ⌈log2 n⌉; all-to-all (n-1)/n·S in one step; p2p S.
+    Across N = n/g domains, rings and trees are hierarchical — the intra-domain phase over NVLink, the
+    inter-domain phase on 1/g of the data over each rank's own NIC (g NICs per domain share it):
+    all-reduce ring: NVLink 2(g-1)/g·S, scale-out 2(N-1)/N·S/g; all-gather ring: (g-1)/g·S and
+    (N-1)/N·S/g; trees: 2(g-1)/g·S (or (g-1)/g·S) and 2S/g (or S/g), with log2 step counts.
+    All-to-all direct: (g-1)/n·S over NVLink and (n-g)/n·S over the NIC, in parallel; hierarchical (needs
+    ``top_k``): each token crosses once per remote domain it is routed to, (N-1)·(1-(1-1/N)^k)·S/k over
+    the NIC, and is forwarded inside the domain, (g-1)/g·S over NVLink.
+    """
+    algo = DEFAULT_ALGORITHM[collective] if algorithm == "auto" else algorithm
+    require(algo in ALGORITHMS[collective], f"collective[{collective}].algorithm",
+            f"unknown algorithm {algo!r}; allowed: {ALGORITHMS[collective]}")
+    g = min(in_domain, n)
+    N = n / g
+    crossing = g < n
+
+    def lg(x: float) -> int:
+        return math.ceil(math.log2(x)) if x > 1 else 0
+
+    if collective in ("all_reduce", "all_gather", "reduce_scatter"):
+        twice = 2 if collective == "all_reduce" else 1  # an all-reduce is a reduce-scatter + an all-gather
+        if not crossing:
+            nv, h_nv = ((twice * (n - 1) / n, twice * (n - 1)) if algo == "ring" else (float(twice), twice * lg(n)))
+            so, h_so = 0.0, 0
+        elif algo == "ring":
+            nv, so, h_nv, h_so = twice * (g - 1) / g, twice * (N - 1) / N / g, twice * (g - 1), twice * (N - 1)
+        else:
+            nv, so, h_nv, h_so = twice * (g - 1) / g, twice / g, twice * lg(g), twice * lg(N)
+    elif collective == "all_to_all":
+        if algo == "hierarchical" and crossing and top_k:
+            nv, so = (g - 1) / g, (N - 1) * (1 - (1 - 1 / N) ** top_k) / top_k
+        else:
+            nv, so = (g - 1) / n, (n - g) / n
+            algo = "direct"
+        h_nv, h_so = (0, 1) if crossing else (1, 0)
+    else:  # p2p between two ranks
+        nv, so, h_nv, h_so = (0.0, 1.0, 0, 1) if crossing else (1.0, 0.0, 1, 0)
     bytes_ = payload.component("bytes_act")
-    if in_domain >= n:
-        terms = [("bytes_nvlink", f, v * vol) for f, v in bytes_] + [("hops_nvlink", ONE, hops)]
-    elif c == "all_to_all":
-        # Direct sends: peers inside the domain over NVLink, the rest over the scale-out NIC, in parallel.
-        terms = [("bytes_nvlink", f, v * (in_domain - 1) / n) for f, v in bytes_]
-        terms += [("bytes_scaleout", f, v * (n - in_domain) / n) for f, v in bytes_]
-        terms += [("hops_scaleout", ONE, hops)]
-    else:
-        # A ring or tree that leaves the domain is bound by its slowest (scale-out) link.
-        terms = [("bytes_scaleout", f, v * vol) for f, v in bytes_] + [("hops_scaleout", ONE, hops)]
-    return Cost(tuple(terms)), f"{c}/{algo} over {n} ranks ({in_domain} in NVLink domain)"
+    terms = [("bytes_nvlink", f, v * nv) for f, v in bytes_ if nv]
+    terms += [("bytes_scaleout", f, v * so) for f, v in bytes_ if so]
+    terms += [(k, ONE, h) for k, h in (("hops_nvlink", h_nv), ("hops_scaleout", h_so)) if h]
+    where = f"{g} of {n} in one NVLink domain" if crossing else "one NVLink domain"
+    return Cost(tuple(terms)), f"{collective}/{algo} over {n} ranks ({where})"
+
+
+def _payload_divisor(group: str, m: ParallelMapping, top_k: int) -> float:
+    """Per-rank share of a batch-wide payload. TP (and CP) groups hold their DP group's tokens, split over
+    cp; EP ranks each send their own 1/world of the tokens; an expert-TP group reduces the tokens routed to
+    its EP rank, T·(1-(1-1/ep)^k) of the T tokens (all of them without EP)."""
+    if group == "moe_tp":
+        k = max(top_k, 1)
+        return 1.0 / (1.0 - (1.0 - 1.0 / m.ep) ** k) if m.ep > 1 else 1.0
+    return {"tp": m.dp * m.cp, "cp": m.dp, "dp": m.tp * m.cp, "ep": m.world, "world": m.world,
+            "pp": m.world}[group]
 
 
 def _group_size(group: str, m: ParallelMapping) -> int:
     return m.moe_tp if group == "moe_tp" else m.size(group)
 
 
-def _payload_divisor(group: str, m: ParallelMapping) -> float:
-    """Per-rank share of a batch-wide payload: TP groups hold their DP group's tokens; EP/MoE groups
-    hold 1/world of the tokens (each rank dispatches its own share)."""
-    return {"tp": m.dp, "dp": m.tp, "ep": m.world, "world": m.world, "moe_tp": m.world, "pp": m.world}[group]
+def check_mapping(graph: Graph, m: ParallelMapping) -> None:
+    """Reject mappings that cannot exist for this graph (clear field names)."""
+    kinds = set(filter(None, graph.meta_dict.get("kinds", "").split(",")))
+    if m.cp > 1 and "decode" in kinds:
+        raise GraphsimError("mapping.cp", f"context parallelism (cp={m.cp}) is modelled for long prefill only; "
+                            "this batch has decode requests: use cp=1 or a prefill-only batch")
+    vision = any(op.stage == "vision" for op in graph.ops)
+    for axis in ("pp", "cp"):
+        if vision and getattr(m, axis) > 1:
+            raise GraphsimError(f"mapping.{axis}", f"{axis}={getattr(m, axis)} cannot run with a vision stage "
+                                "(the ViT and aligner run before the trunk on every rank); use 1 or text-only requests")
+    tensors = graph.tensor_map
+    for op in graph.ops:
+        if any(tensors[t].role == "table" for t in op.reads):
+            require("tp" in op.split, f"op[{op.name}].split",
+                    "an op reading table rows must be TP-split (rows sharded)")
+            require(any(s.collective == "all_reduce" and s.group == "tp" for s in op.comm), f"op[{op.name}].comm",
+                    "table rows are sharded across TP: the lookup needs a TP all-reduce")
 
 
-def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int) -> Graph:
-    """Shard op costs over ``mapping`` and materialize collectives for groups with more than one rank."""
+def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *, policies=None) -> Graph:
+    """Shard op costs over ``mapping`` and materialize collectives for groups with more than one rank.
+    ``policies`` (optional) supplies ``algorithms`` overrides and ``ep_imbalance``."""
+    check_mapping(graph, mapping)
+    algos = dict(getattr(policies, "algorithms", ()) or ())
+    imb = float(getattr(policies, "ep_imbalance", 1.0))
+    tensors = graph.tensor_map
     ops: list[Op] = []
     edges = list(graph.edges)
     for op in graph.ops:
-        work, weight = split_factors(op, mapping)
-        cost = op.cost.scaled(lambda c: 1.0 / (weight if c == "bytes_weight" else work if c.startswith(WORK) else 1.0))
-        base = attrs.evolve(op, cost=cost, comm=())
+        base = attrs.evolve(op, cost=shard_cost(op, mapping, imb), comm=())
+        if op.kind in TP_REPLICATED_KINDS and "tp" in op.split and mapping.tp > 1:
+            base = attrs.evolve(base, formula=f"{op.formula} [replicated across TP]".strip())
+        top_k = int(op.param_dict.get("top_k", 0))
+        hot = imb if "ep" in op.split else 1.0
+        needs = [(s.group, s) for s in op.comm]
+        if mapping.cp > 1 and any(tensors[t].role in CP_GATHERED_ROLES for t in op.writes):
+            # the new KV this op writes, gathered over the cp group (a group only the mapping knows)
+            kv = Cost(tuple(("bytes_act", f, v) for c, f, v in op.cost.terms
+                            if c == "bytes_kv" and f.kind in QUERY_FEATURES))
+            needs.append(("cp", CommSpec("all_gather", "tp", kv, "after", note="context-parallel KV all-gather")))
         before: list[Op] = []
         after: list[Op] = []
-        for i, spec in enumerate(op.comm):
-            n = _group_size(spec.group, mapping)
+        for i, (group, spec) in enumerate(needs):
+            n = _group_size(group, mapping)
             if n <= 1:
                 continue
-            stride = group_stride(spec.group, mapping)
-            payload = spec.payload * (1.0 / _payload_divisor(spec.group, mapping))
-            cost_c, how = link_cost(spec, n, members_in_domain(n, stride, nvlink_domain), payload)
-            name = f"{op.name}.{spec.collective}" + (f".{i}" if len(op.comm) > 1 else "")
-            if op.kind == "collective" and len(op.comm) == 1:
+            algo = algos.get(spec.collective, spec.algorithm)
+            require(algo == "auto" or algo in ALGORITHMS[spec.collective], f"op[{op.name}].comm",
+                    f"{spec.collective} has no algorithm {algo!r}; allowed: {ALGORITHMS[spec.collective]}")
+            payload = _imbalanced(spec.payload, hot) * (1.0 / _payload_divisor(group, mapping, top_k))
+            in_domain = members_in_domain(n, group_stride(group, mapping), nvlink_domain)
+            cost_c, how = link_cost(spec.collective, n, in_domain, payload, algo, top_k)
+            name = f"{op.name}.{spec.collective}" + (f".{i}" if len(needs) > 1 else "")
+            if op.kind == "collective" and len(needs) == 1:
                 base = attrs.evolve(base, cost=cost_c, formula=how)
                 continue
             cop = Op(name, "collective", op.stage, cost_c, op.layer, "comm", op.token_set, "",
-                     frozenset(), (), (), (), (("collective", spec.collective), ("group", spec.group),
+                     frozenset(), (), (), (), (("collective", spec.collective), ("group", group),
                                              ("ranks", n), ("note", spec.note)), how)
             (before if spec.where == "before" else after).append(cop)
         if op.kind == "collective" and not base.cost.terms and op.comm:

@@ -1,0 +1,211 @@
+"""Disaggregated serving: a prefill pool and a decode pool, each with its own mapping and GPU count, and the
+KV cache moving between them.
+
+For requests of ``isl`` prompt tokens and ``osl`` output tokens:
+
+* prefill pool: a replica runs ``batch`` prompts per forward; capacity = replicas · batch / forward;
+* KV transfer: the bytes one request hands over — ``kv="global"`` sends the persistent (global) cache only
+  and lets decode rebuild the short-lived part (for DeepSeek-V4.1 the SWA window), ``"global+swa"`` sends
+  everything; models without that split (V3's MLA cache) send ``kv_bytes(isl)`` either way. A request's
+  cache sits on the tp·cp·pp GPUs of one prefill DP group and lands on tp·pp GPUs of one decode DP group:
+  the transfer streams over min(senders, receivers) links (NIC or NVLink) in parallel, and a DP group
+  hands over its batch/dp requests one after the other;
+* TTFT = prefill forward + that transfer (layer-wise streaming, which would overlap the two, is not
+  assumed); ITL = the decode forward at ``batch`` requests and the mean context isl + osl/2;
+* system rate = min(prefill capacity, decode capacity) in requests/s; tokens/s per GPU divide it over
+  both pools, tokens/s per user = 1 / ITL.
+
+:func:`frontier` keeps the Pareto-optimal points (per-user speed vs per-GPU throughput) of a sweep.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import attrs
+import numpy as np
+
+from .errors import require
+from .pipeline import Plan, Policies, compile_plan
+from .plan import ParallelMapping
+
+KV_MODES = ("global", "global+swa")
+LINKS = ("scaleout", "nvlink")
+
+
+@attrs.frozen
+class Pool:
+    """One pool: ``replicas`` copies of ``mapping`` (GPUs = replicas · mapping.gpus), ``batch`` requests per
+    forward per replica (prompts for prefill, concurrent requests for decode)."""
+
+    mapping: ParallelMapping
+    batch: int
+    replicas: int = 1
+    policies: Policies = Policies()
+
+    def __attrs_post_init__(self):
+        for f in ("batch", "replicas"):
+            v = getattr(self, f)
+            require(isinstance(v, int) and v >= 1, f"pool.{f}", f"must be an integer >= 1, got {v!r}")
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.mapping.gpus
+
+
+@attrs.frozen
+class DisaggResult:
+    """One (prefill pool, decode pool) point."""
+
+    prefill: Pool
+    decode: Pool
+    isl: int
+    osl: int
+    kv: str
+    link: str
+    prefill_s: float  #: one prefill forward
+    transfer_s: float  #: KV hand-over of the requests of one prefill DP group
+    itl_s: float  #: one decode step
+    kv_bytes: float  #: per request
+
+    @property
+    def ttft_s(self) -> float:
+        return self.prefill_s + self.transfer_s
+
+    @property
+    def gpus(self) -> int:
+        return self.prefill.gpus + self.decode.gpus
+
+    @property
+    def prefill_rate(self) -> float:
+        """Requests/s the prefill pool can admit."""
+        return self.prefill.replicas * self.prefill.batch / self.prefill_s
+
+    @property
+    def decode_rate(self) -> float:
+        """Requests/s the decode pool can finish."""
+        return self.decode.replicas * self.decode.batch / (self.osl * self.itl_s)
+
+    @property
+    def rate(self) -> float:
+        return min(self.prefill_rate, self.decode_rate)
+
+    @property
+    def bottleneck(self) -> str:
+        return "prefill" if self.prefill_rate < self.decode_rate else "decode"
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        """Output tokens/s per GPU of both pools."""
+        return self.rate * self.osl / self.gpus
+
+    @property
+    def input_tokens_per_s_per_gpu(self) -> float:
+        return self.rate * self.isl / self.gpus
+
+    @property
+    def tokens_per_s_per_user(self) -> float:
+        return 1.0 / self.itl_s
+
+    def to_dict(self) -> dict:
+        return {
+            "prefill_mapping": str(self.prefill.mapping), "prefill_gpus": self.prefill.gpus,
+            "prefill_batch": self.prefill.batch, "decode_mapping": str(self.decode.mapping),
+            "decode_gpus": self.decode.gpus, "decode_batch": self.decode.batch, "isl": self.isl, "osl": self.osl,
+            "kv": self.kv, "link": self.link, "kv_bytes": self.kv_bytes, "prefill_s": self.prefill_s,
+            "transfer_s": self.transfer_s, "ttft_s": self.ttft_s, "itl_s": self.itl_s,
+            "prefill_rate": self.prefill_rate, "decode_rate": self.decode_rate, "bottleneck": self.bottleneck,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "input_tokens_per_s_per_gpu": self.input_tokens_per_s_per_gpu,
+            "tokens_per_s_per_user": self.tokens_per_s_per_user,
+        }
+
+
+def handover_bytes(model, isl: int, kv: str = "global") -> float:
+    """KV bytes one request of ``isl`` tokens hands from prefill to decode."""
+    require(kv in KV_MODES, "kv", f"must be one of {KV_MODES}, got {kv!r}")
+    if hasattr(model, "kv_capacity"):
+        cap = model.kv_capacity(int(isl))
+        # the partial compression group travels with the global cache: decode continues it
+        return cap.total if kv == "global+swa" else cap.global_bytes + cap.partial_group_bytes
+    return float(model.kv_bytes(int(isl)))
+
+
+def transfer_seconds(model, hw, prefill: Pool, decode: Pool, isl: int, kv: str = "global",
+                     link: str = "scaleout") -> tuple[float, float]:
+    """(seconds to hand over one prefill DP group's batch/dp requests, bytes per request)."""
+    require(link in LINKS, "link", f"must be one of {LINKS}, got {link!r}")
+    nbytes = handover_bytes(model, isl, kv)
+    p, d = prefill.mapping, decode.mapping
+    lanes = min(p.tp * p.cp * p.pp, d.tp * d.pp)
+    bw, lat = (hw.scaleout_bw, hw.scaleout_latency_s) if link == "scaleout" else (hw.nvlink_bw, hw.nvlink_latency_s)
+    per_group = -(-prefill.batch // p.dp)
+    return per_group * nbytes / (lanes * bw) + lat, nbytes
+
+
+def _forward_seconds(model, hw, mapping, policies, kind: str, batch: Sequence[int], length: int, profile) -> np.ndarray:
+    """Forward time of one replica for each batch size (one compile, a vectorized evaluation)."""
+    from .lowering.evaluate import evaluate_reference
+    from .workload import Workload
+
+    req = f"prefill:{length}x{max(batch)}" if kind == "prefill" else f"decode:{length}x{max(batch)}"
+    c = compile_plan(model, Plan([req], mapping, policies), hw, profile)
+    b = np.asarray(batch, dtype=np.float64)[:, None]
+    if kind == "prefill":
+        wl = Workload(("prefill",), b, np.full_like(b, length), np.zeros_like(b))
+    else:
+        wl = Workload(("decode",), b, np.ones_like(b), np.full_like(b, length))
+    return evaluate_reference(c.program, wl, c.unit_time(), c.overhead).forward
+
+
+def disagg(model, hw, prefill: Pool, decode: Pool, *, isl: int, osl: int, kv: str = "global",
+           link: str = "scaleout", profile=None) -> DisaggResult:
+    """One disaggregated deployment point."""
+    return sweep(model, hw, [prefill], [decode], isl=isl, osl=osl, kv=kv, link=link, profile=profile)[0]
+
+
+def sweep(model, hw, prefills: Iterable[Pool], decodes: Iterable[Pool], *, isl: int, osl: int,
+          kv: str = "global", link: str = "scaleout", profile=None) -> list[DisaggResult]:
+    """Every (prefill pool, decode pool) pair; each distinct mapping is compiled once and evaluated at all
+    of its batch sizes in one call."""
+    from .hw import load_hw, load_profile
+    from .models import load_model
+
+    require(isinstance(isl, int) and isl >= 1, "isl", f"must be an integer >= 1, got {isl!r}")
+    require(isinstance(osl, int) and osl >= 1, "osl", f"must be an integer >= 1, got {osl!r}")
+    model = load_model(model) if isinstance(model, str) else model
+    hw = load_hw(hw) if isinstance(hw, str) else hw
+    profile = load_profile(profile) if isinstance(profile, str) else profile
+    prefills, decodes = list(prefills), list(decodes)
+    require(bool(prefills) and bool(decodes), "pools", "give at least one prefill and one decode pool")
+    ctx = isl + osl // 2
+
+    def times(pools, kind, length):
+        out = {}
+        for key in dict.fromkeys((p.mapping, p.policies) for p in pools):
+            batches = sorted({p.batch for p in pools if (p.mapping, p.policies) == key})
+            for b, t in zip(batches, _forward_seconds(model, hw, key[0], key[1], kind, batches, length, profile)):
+                out[(key, b)] = float(t)
+        return out
+
+    tp = times(prefills, "prefill", isl)
+    td = times(decodes, "decode", ctx)
+    res = []
+    for p in prefills:
+        for d in decodes:
+            tr, nbytes = transfer_seconds(model, hw, p, d, isl, kv, link)
+            res.append(DisaggResult(p, d, isl, osl, kv, link, tp[((p.mapping, p.policies), p.batch)], tr,
+                                    td[((d.mapping, d.policies), d.batch)], nbytes))
+    return res
+
+
+def frontier(results: Sequence[DisaggResult], x: str = "tokens_per_s_per_user",
+             y: str = "tokens_per_s_per_gpu") -> list[DisaggResult]:
+    """Pareto-optimal points (no other point is at least as good on both ``x`` and ``y`` and better on
+    one), sorted by ``x``."""
+    pts = sorted(results, key=lambda r: (-getattr(r, x), -getattr(r, y)))
+    out, best_y = [], -np.inf
+    for r in pts:
+        if getattr(r, y) > best_y:
+            out.append(r)
+            best_y = getattr(r, y)
+    return sorted(out, key=lambda r: getattr(r, x))

@@ -1,0 +1,204 @@
+"""Memory per device and fit: does a batch at a context fit on one GPU of a mapping, and what is the largest
+batch (at a context) or the largest context (at a batch) that does.
+
+Per device (the most loaded pipeline stage):
+
+* weights — every resident tensor divided as the ops reading it are split
+  (:func:`graphsim.pipeline.weight_bytes_per_device`); Engram tables (role ``table``) count in HBM only
+  when ``policies.engram == "hbm"``, else in the host memory share of the GPU;
+* KV — ``batch × model.kv_bytes(context)`` divided over the devices sharing a request's cache:
+  ``model.kv_split(mapping)`` (attention-DP by default) × cp (positions) × pp (layers, ≈ evenly);
+* workspace — the largest activation bytes any one op moves at this workload (the report's definition);
+* runtime reserve — CUDA context, NCCL/DeepEP buffers, CUDA graphs and allocator fragmentation: a
+  parameter, default :data:`DEFAULT_RESERVE_GIB`.
+
+All searches are exact integer bisections on a monotone memory function (bytes never shrink as batch or
+context grows), so the answer is the largest value that fits, not an interpolation.
+"""
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from .errors import require
+from .ir import COMPONENT_INDEX
+from .lowering.features import feature_matrix
+from .metrics import kv_split
+from .pipeline import Plan, Policies, compile_plan, weight_bytes_per_device
+from .plan import ParallelMapping
+
+GiB = 2.0**30
+#: Runtime reserve per GPU. CUDA context ≈ 0.5–1 GiB; NCCL + DeepEP normal/low-latency buffers ≈ 2–4 GiB;
+#: CUDA graphs, cuBLAS/DeepGEMM workspaces and allocator fragmentation ≈ 2–3 GiB. (SGLang's default
+#: mem_fraction_static keeps 10–15 % of HBM back for this *and* activations, which are counted separately.)
+DEFAULT_RESERVE_GIB = 8.0
+#: Contexts beyond this are not searched (the answer is reported as "at least").
+MAX_CONTEXT = 1 << 24
+
+
+@attrs.frozen
+class FitResult:
+    """Memory of one device for ``batch`` requests (the replica's) at ``context`` tokens each."""
+
+    model: str
+    hw: str
+    mapping: str
+    engram: str
+    context: int
+    batch: int
+    weights: dict  #: bytes per inventory group in HBM (tables only when engram == "hbm")
+    tables_bytes: float  #: Engram table bytes of this device, wherever they live
+    kv_bytes: float
+    workspace_bytes: float
+    reserve_bytes: float
+    capacity_bytes: float
+    host_capacity_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return sum(self.weights.values()) + self.kv_bytes + self.workspace_bytes + self.reserve_bytes
+
+    @property
+    def headroom_bytes(self) -> float:
+        return self.capacity_bytes - self.total_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.headroom_bytes >= 0 and self.host_fits
+
+    @property
+    def host_bytes(self) -> float:
+        """Host memory this device's share of host-resident tables needs."""
+        return self.tables_bytes if self.engram == "host" else 0.0
+
+    @property
+    def host_fits(self) -> bool:
+        return self.host_bytes <= self.host_capacity_bytes
+
+    def verdict(self) -> str:
+        if not self.host_fits:
+            short = (self.host_bytes - self.host_capacity_bytes) / GiB
+            return f"does NOT fit: host tables need {short:.2f} GiB more host memory"
+        h = self.headroom_bytes / GiB
+        return f"fits ({h:.2f} GiB free)" if h >= 0 else f"does NOT fit by {-h:.2f} GiB"
+
+    def to_dict(self) -> dict:
+        d = attrs.asdict(self)
+        d.update(total_bytes=self.total_bytes, headroom_bytes=self.headroom_bytes, fits=self.fits,
+                 host_bytes=self.host_bytes, verdict=self.verdict())
+        return d
+
+
+class MemoryModel:
+    """One compiled decode (or prefill) structure for a mapping; answers memory questions at any batch and
+    context without recompiling (weights are fixed, KV and workspace are evaluated per point)."""
+
+    def __init__(self, model, hw, mapping: ParallelMapping, policies: Policies = Policies(), *,
+                 kind: str = "decode", reserve_gib: float = DEFAULT_RESERVE_GIB):
+        require(reserve_gib >= 0, "reserve_gib", f"must be >= 0, got {reserve_gib!r}")
+        require(kind in ("decode", "prefill"), "kind", f"must be decode or prefill, got {kind!r}")
+        self.kind = kind
+        # the structure only: memory is evaluated at any (batch, context) below, never at this point
+        probe = max(mapping.pp, policies.pp_micro_batches, 1) * mapping.dp
+        self.c = compile_plan(model, Plan([f"{kind}:1024x{probe}"], mapping, policies), hw)
+        self.model, self.hw, self.mapping, self.policies = self.c.model, self.c.hw, mapping, policies
+        self.reserve = reserve_gib * GiB
+        self.weights, self.tables = self._weights()
+        self._kv_div = kv_split(self.model, mapping) * mapping.cp * mapping.pp
+        prog = self.c.program
+        self._act = prog.coef[: len(prog.features), :, COMPONENT_INDEX["bytes_act"]]
+
+    def _weights(self) -> tuple[dict, float]:
+        """HBM-resident bytes by group on the most loaded pipeline stage, and that stage's table bytes."""
+        g, m = self.c.logical, self.mapping
+        stages = [g]
+        if m.pp > 1:
+            from .passes.pipeline_parallel import stage_of_ops, stage_sizes, trunk_layers
+
+            stage = stage_of_ops(g, stage_sizes(trunk_layers(self.model, g), m.pp))
+            reads = [{t for op, s in zip(g.ops, stage) if s == k for t in op.reads} for k in range(m.pp)]
+            stages = [g.evolve(tensors=tuple(t for t in g.tensors if t.name in r)) for r in reads]
+        one = attrs.evolve(m, pp=1)  # a stage holds its own tensors whole (weight_bytes_per_device spreads by pp)
+        host = self.policies.engram == "host"
+        # groups the model keeps resident under these policies (e.g. no draft weights with DSpark off);
+        # Engram is decided here, table by table, so its projections stay in HBM with host-resident tables
+        groups = getattr(self.model, "resident_groups", None)
+        groups = (*groups(self.policies), "engram") if groups else None
+        best = None
+        for sg in stages:
+            w = weight_bytes_per_device(sg, one, groups)
+            tables = weight_bytes_per_device(sg.evolve(tensors=tuple(t for t in sg.tensors if t.role == "table")), one)
+            if host:
+                w = {k: v - tables.get(k, 0.0) for k, v in w.items()}
+            cand = (sum(w.values()), w, sum(tables.values()))
+            best = cand if best is None or cand[0] > best[0] else best
+        return best[1], best[2]
+
+    def kv_per_request(self, context: int) -> float:
+        """One request's KV bytes on this device: the model's cache split over the devices sharing it."""
+        return float(self.model.kv_bytes(int(context))) / self._kv_div
+
+    def workspace(self, batch, context) -> np.ndarray:
+        """Largest activation bytes of one op per device at each (batch, context) point."""
+        from .workload import Workload
+
+        b = np.atleast_1d(np.asarray(batch, dtype=np.float64))
+        ctx = np.broadcast_to(np.atleast_1d(np.asarray(context, dtype=np.float64)), b.shape)
+        if self.kind == "decode":
+            wl = Workload(("decode",), b[:, None], np.ones_like(b)[:, None], ctx[:, None])
+        else:
+            wl = Workload(("prefill",), b[:, None], ctx[:, None], np.zeros_like(b)[:, None])
+        prog = self.c.program
+        feats = feature_matrix(prog.features, prog.graph.token_set_map, wl.kinds, wl.arrays(), np)
+        return (feats @ self._act).max(axis=1)
+
+    def fit(self, batch: int, context: int) -> FitResult:
+        require(int(batch) >= 1, "batch", f"must be >= 1, got {batch!r}")
+        require(int(context) >= 1, "context", f"must be >= 1, got {context!r}")
+        return FitResult(
+            self.model.name, self.hw.name, str(self.mapping), self.policies.engram, int(context), int(batch),
+            dict(self.weights), self.tables, batch * self.kv_per_request(context),
+            float(self.workspace(batch, context)[0]), self.reserve, self.hw.hbm_capacity_bytes, self.hw.host_mem_bytes)
+
+    def _fits(self, batch: int, context: int) -> bool:
+        return self.fit(batch, context).fits
+
+    def max_batch(self, context: int) -> int:
+        """Largest replica batch (requests at ``context`` tokens) that fits; 0 if not even one does."""
+        return _largest(lambda b: self._fits(b, context), 1 << 30)
+
+    @property
+    def context_cap(self) -> int:
+        """The model's longest context (``max_position_embeddings``), else :data:`MAX_CONTEXT`."""
+        cfg = getattr(self.model, "cfg", None)
+        return int(getattr(cfg, "max_position_embeddings", 0) or getattr(self.model, "max_context", 0) or MAX_CONTEXT)
+
+    def max_context(self, batch: int = 1) -> int:
+        """Largest context at which ``batch`` requests fit, at most :attr:`context_cap`; 0 if none."""
+        return _largest(lambda n: self._fits(batch, n), self.context_cap)
+
+
+def _largest(ok, cap: int) -> int:
+    """Largest x in [1, cap] with ok(x), for ok monotone (true then false); 0 if ok(1) is false."""
+    if not ok(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= cap and ok(hi):
+        lo, hi = hi, hi * 2
+    if hi > cap:
+        return cap if ok(cap) else _bisect(ok, lo, cap)
+    return _bisect(ok, lo, hi)
+
+
+def _bisect(ok, lo: int, hi: int) -> int:
+    """ok(lo) true, ok(hi) false -> the largest true."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def fit(model, hw, mapping: ParallelMapping, *, context: int, batch: int = 1, policies: Policies = Policies(),
+        reserve_gib: float = DEFAULT_RESERVE_GIB) -> FitResult:
+    """Memory per device for ``batch`` decode requests at ``context`` tokens."""
+    return MemoryModel(model, hw, mapping, policies, reserve_gib=reserve_gib).fit(batch, context)
