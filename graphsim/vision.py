@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from fractions import Fraction
 from numbers import Integral, Real
 from typing import Iterable, Mapping
@@ -43,7 +44,7 @@ import attrs
 
 from .errors import GraphsimError, require
 
-__all__ = ["ImageRule", "ImageTokens", "VisionProcessor"]
+__all__ = ["ImageRule", "ImageTokens", "VisionProcessor", "default_processor", "parse_image_suffix"]
 
 
 def _pos_int(value, field: str) -> int:
@@ -182,3 +183,52 @@ class VisionProcessor:
         """(sum of n_tokens, sum of n_patches) over ``(width, height)`` pairs, e.g. one request's images."""
         out = [self.image_tokens(w, h) for w, h in sizes]
         return sum(t.n_tokens for t in out), sum(t.n_patches for t in out)
+
+
+# --------------------------------------------------------------------------------------------------
+# Request strings: ``prefill:2000+img:1024x768+img:640x480``
+# --------------------------------------------------------------------------------------------------
+
+#: Processor of request-string images: request strings name no model, and DeepSeek-V4.1-Flash is the one
+#: shipped vision model. Another processor: give ``Request(image_tokens=..., image_patches=...)`` or the
+#: explicit ``+img:Ttok/Ppatches`` form.
+DEFAULT_VISION_MODEL = "deepseek-v4.1-flash"
+
+_IMAGE = re.compile(r"^img:(?:(?P<w>\d+)x(?P<h>\d+)|(?P<tokens>\d+)tok/(?P<patches>\d+)patches)$")
+
+
+@functools.lru_cache(maxsize=1)
+def default_processor() -> VisionProcessor:
+    """The image processor of :data:`DEFAULT_VISION_MODEL` (its ``vision_config``)."""
+    from .config import load_config
+
+    return VisionProcessor.from_config(load_config(DEFAULT_VISION_MODEL))
+
+
+def parse_image_suffix(rest: str, spec: str) -> dict:
+    """``+img:WxH`` per image (repeatable), or ``+img:Ttok/Ppatches`` -> ``{image_tokens, image_patches}``
+    summed over the request's images (what :class:`graphsim.plan.Request` takes).
+
+    Sizes go through :func:`default_processor` (resize, snap, pad, cap; never raw w·h / 14²). Several
+    images of one request are summed: the ViT sequence of the request is then Σ patches (see
+    ``deepseek_v41_extras.vision_stage`` for what that means for attention pairs).
+    """
+    parts = rest.split("+")
+    require(parts[0] == "" and len(parts) > 1, "request.image", f"{rest!r} in request {spec!r} must start with '+'")
+    tokens = patches = 0
+    for part in parts[1:]:
+        m = _IMAGE.match(part)
+        if m is None:
+            raise GraphsimError("request.image", f"'+{part}' in request {spec!r} is not img:WxH (e.g. +img:1024x768) "
+                                                 "or img:Ttok/Ppatches")
+        if m["w"] is not None:
+            try:
+                t = default_processor().image_tokens(int(m["w"]), int(m["h"]))
+            except GraphsimError as e:
+                raise GraphsimError("request.image", f"'+{part}' in request {spec!r}: {e}") from None
+            tokens, patches = tokens + t.n_tokens, patches + t.n_patches
+        else:
+            t, p = int(m["tokens"]), int(m["patches"])
+            require(t > 0 and p > 0, "request.image", f"'+{part}' in request {spec!r} needs positive tokens and patches")
+            tokens, patches = tokens + t, patches + p
+    return {"image_tokens": tokens, "image_patches": patches}

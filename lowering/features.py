@@ -41,6 +41,8 @@ def interval(rule: str, a: dict, g: int, xp):
     if head == "cached_swa":  # restored SWA window; nothing when the window is replayed instead
         keep = xp.where(replay > 0, 0.0, xp.minimum(past, float(arg)))
         return past - keep, past
+    if head == "ahead":  # draft positions: they follow the new ones and are not cached yet
+        return end, end + float(arg)
     raise GraphsimError("token_set.rule", f"unknown rule {rule!r}")
 
 
