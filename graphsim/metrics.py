@@ -14,11 +14,14 @@ import numpy as np
 GiB = 2.0**30
 
 
-def weight_bytes(graph, mapping) -> float:
-    """Resident weight bytes on one device (all inventory groups); see ``weight_bytes_per_device``."""
+def weight_bytes(compiled) -> float:
+    """Resident weight bytes on one device of a compiled plan: the inventory groups its policies keep in HBM
+    (``model.resident_groups``), as ``weight_bytes_per_device`` divides them."""
     from .pipeline import weight_bytes_per_device
 
-    return float(sum(weight_bytes_per_device(graph, mapping).values()))
+    model, plan = compiled.model, compiled.plan
+    groups = model.resident_groups(plan.policies) if hasattr(model, "resident_groups") else None
+    return float(sum(weight_bytes_per_device(compiled.graph, plan.mapping, groups).values()))
 
 
 def kv_split(model, mapping) -> int:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -64,8 +65,7 @@ PROFILE_AXES = ("compute", "hbm", "nvlink", "scaleout", "c2c", "op_overhead_s")
 STRUCT_KEYS = ("model", "hw", "profile", "mapping", "requests", "policies")
 SPEC_KEYS = ("name", "structure", "axes", "zip", "outputs", "chunk")
 EXTRA_OUTPUTS = ("stages", "kinds", "traffic")
-IDENTITY = ("struct_id", "sweep", "graphsim_version", "model", "hw", "profile", "mapping", "tp", "dp", "ep", "pp",
-            "gpus", "requests")
+IDENTITY_HEAD = ("struct_id", "sweep", "graphsim_version", "model", "hw", "profile", "mapping")
 TOKEN_COLUMNS = ("prefill_tokens", "decode_tokens", "decode_requests", "ttft_s", "itl_s", "tokens_per_s",
                  "tokens_per_s_per_gpu", "output_tokens_per_s_per_gpu", "tokens_per_s_per_user")
 MEMORY_COLUMNS = ("weights_gib", "kv_gib", "workspace_gib", "total_gib", "capacity_gib", "headroom_gib", "fits")
@@ -75,6 +75,26 @@ def _policy_fields() -> dict:
     from .pipeline import Policies
 
     return {a.name: a.default for a in attrs.fields(Policies)}
+
+
+def _mapping_fields() -> tuple:
+    from .plan import ParallelMapping
+
+    return tuple(a.name for a in attrs.fields(ParallelMapping))
+
+
+def identity_columns() -> tuple:
+    """Identity columns in table order: head, mapping axes, gpus, request structure, every policy."""
+    return (*IDENTITY_HEAD, *_mapping_fields(), "gpus", "requests", *_policy_fields())
+
+
+def _hashable(v):
+    """Spec values as hashable, canonical values (a table such as ``algorithms`` -> sorted pairs)."""
+    if isinstance(v, Mapping):
+        return tuple(sorted((str(k), _hashable(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_hashable(x) for x in v)
+    return v
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -143,25 +163,35 @@ def _listify(v: Any) -> list:
 
 
 def _parse_mapping(v: Any) -> tuple:
-    """``{tp=4, ep=4}`` or ``"tp4-ep4"`` -> ((axis, value), ...) in tp, dp, ep, pp order (unvalidated: a
-    mapping the model cannot take is a structural error row, not a spec error)."""
+    """``{tp=4, ep=4}`` or ``"tp4-ep4"`` -> ((axis, value), ...) for every ParallelMapping axis (unvalidated:
+    a mapping the model cannot take is a structural error row, not a spec error)."""
+    axes = _mapping_fields()
     if isinstance(v, str):
-        parts = re.findall(r"(tp|dp|ep|pp)(\d+)", v)
-        rest = re.sub(r"(tp|dp|ep|pp)\d+|[-_,\s]", "", v)
-        require(parts and not rest, "structure.mapping", f"{v!r} is not like 'tp4-dp2-ep8-pp1'")
+        alt = "|".join(axes)
+        parts = re.findall(rf"({alt})(\d+)", v)
+        rest = re.sub(rf"({alt})\d+|[-_,\s]", "", v)
+        require(bool(parts) and not rest, "structure.mapping", f"{v!r} is not like 'tp4-dp2-ep8'")
         v = {k: int(n) for k, n in parts}
     require(isinstance(v, Mapping), "structure.mapping", f"a mapping is a table or a string like 'tp4-ep4', got {v!r}")
-    bad = set(v) - {"tp", "dp", "ep", "pp"}
-    require(not bad, "structure.mapping", f"unknown keys {sorted(bad)}; allowed tp, dp, ep, pp")
+    bad = set(v) - set(axes)
+    require(not bad, "structure.mapping", f"unknown keys {sorted(bad)}; allowed {', '.join(axes)}")
     for k, n in v.items():
         require(isinstance(n, int) and not isinstance(n, bool), f"structure.mapping.{k}", f"must be an integer, got {n!r}")
-    return tuple((k, v.get(k, 1)) for k in ("tp", "dp", "ep", "pp"))
+    return tuple((k, v.get(k, 1)) for k in axes)
 
 
 def _typed(default, value):
-    if isinstance(default, bool) or not isinstance(default, int):
+    """A policy value as its column type: the default's type (str, int, float), JSON text for structured ones;
+    None where a bad value cannot take that type (the point's error row says why)."""
+    if isinstance(default, str):
         return str(value)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if isinstance(default, bool):
+        return value if isinstance(value, bool) else None
+    if isinstance(default, int):
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if isinstance(default, float):
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return json.dumps(value, default=str)
 
 
 def _parse_structure(v: Any) -> tuple:
@@ -186,7 +216,9 @@ class SweepSpec:
     axes: tuple  #: Axis objects
     zips: tuple = ()
     outputs: tuple = ("stages",)
-    chunk: int = 65536
+    #: points per vectorized call: bounds memory (the kernel holds a (chunk, classes x 6) slot tensor) and is
+    #: big enough that per-chunk Python work is small next to the evaluation
+    chunk: int = 16384
 
     @staticmethod
     def load(path: str | Path) -> "SweepSpec":
@@ -226,12 +258,14 @@ class SweepSpec:
         bad = set(pol) - set(pol_fields)
         require(not bad, "structure.policies", f"unknown policies {sorted(bad)}; known {sorted(pol_fields)}")
         names = list(pol)
-        combos = [tuple(zip(names, c)) for c in itertools.product(*(_listify(pol[n]) for n in names))]
+        # A list gives alternatives; a table (e.g. algorithms = {all_reduce = "tree"}) is one value.
+        combos = [tuple(zip(names, (_hashable(x) for x in c)))
+                  for c in itertools.product(*(_listify(pol[n]) for n in names))]
         axes = tuple(Axis(str(k), _values(str(k), v)) for k, v in dict(d.get("axes", {})).items())
         outputs = tuple(d.get("outputs", ("stages",)))
         bad = set(outputs) - set(EXTRA_OUTPUTS)
         require(not bad, "outputs", f"unknown outputs {sorted(bad)}; allowed {EXTRA_OUTPUTS}")
-        chunk = d.get("chunk", 65536)
+        chunk = d.get("chunk", 16384)
         require(isinstance(chunk, int) and chunk >= 1, "chunk", f"must be an integer >= 1, got {chunk!r}")
         spec = SweepSpec(
             name=str(d.get("name", "sweep")),
@@ -370,15 +404,25 @@ class StructuralPoint:
         """Identity columns (policies completed with their defaults)."""
         from . import __version__
 
+        from .pipeline import Policies
+        from .plan import ParallelMapping
+
         m = dict(self.mapping)
         defaults = _policy_fields()
+        raw = {**defaults, **dict(self.policies)}
+        try:  # canonical values where they are valid (e.g. algorithms as sorted pairs)
+            raw = Policies(**dict(self.policies)).identity()
+        except Exception:  # noqa: BLE001 - an invalid policy is reported by the point's error row
+            pass
         # Keep each policy column one type across points (a bad value is this point's error, not a new type).
-        pol = {k: _typed(defaults[k], v) for k, v in {**defaults, **dict(self.policies)}.items()}
-        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in m.values())
-        out = {"model": self.model, "hw": self.hw, "profile": self.profile,
-               "mapping": "-".join(f"{k}{v}" for k, v in self.mapping), **m,
-               "gpus": m["tp"] * m["dp"] * m["pp"] if ints else None,
-               "requests": "+".join(self.kinds), "graphsim_version": __version__}
+        pol = {k: _typed(defaults[k], raw.get(k)) for k in defaults}
+        try:
+            pm = ParallelMapping(**m)
+            mapping, gpus = str(pm), pm.gpus
+        except Exception:  # noqa: BLE001 - an impossible mapping is this point's error row
+            mapping, gpus = "-".join(f"{k}{v}" for k, v in self.mapping), None
+        out = {"graphsim_version": __version__, "model": self.model, "hw": self.hw, "profile": self.profile,
+               "mapping": mapping, **m, "gpus": gpus, "requests": "+".join(self.kinds)}
         out.update(pol)
         return out
 
@@ -402,11 +446,11 @@ class _Programs:
         self.models: dict = {}
         self.kv: dict = {}
 
-    def get(self, sp: StructuralPoint):
+    def get(self, sp: StructuralPoint, requests: tuple):
         from . import ParallelMapping, Plan, Policies, compile_plan, load_model
         from .metrics import KVTable
 
-        key = (sp.model, sp.hw, sp.mapping, sp.policies, sp.kinds)
+        key = (sp.model, sp.hw, sp.mapping, sp.policies, requests)
         if key not in self.compiled:
             if sp.model not in self.models:
                 self.models[sp.model] = load_model(sp.model)
@@ -414,12 +458,12 @@ class _Programs:
             mapping = ParallelMapping(**dict(sp.mapping))
             try:
                 policies = Policies(**dict(sp.policies))
+            except GraphsimError:
+                raise
             except (TypeError, ValueError) as e:  # attrs validators name the attribute, not the section
                 name = getattr(e.args[1], "name", "?") if len(e.args) > 1 else "?"
                 raise GraphsimError(f"policies.{name}", str(e.args[0])) from None
-            # The plan's requests only fix the group structure; lengths come from the grid.
-            reqs = [f"{k}:2" for k in sp.kinds]
-            c = compile_plan(self.models[sp.model], Plan(reqs, mapping, policies), sp.hw)
+            c = compile_plan(self.models[sp.model], Plan(requests, mapping, policies), sp.hw)
             while len(self.compiled) >= self.keep:
                 self.compiled.pop(next(iter(self.compiled)))
             self.compiled[key] = c
@@ -427,6 +471,35 @@ class _Programs:
 
 
 _PROGRAMS = _Programs()
+
+
+def representative_requests(spec: SweepSpec, kinds: tuple) -> tuple:
+    """The requests a structural point's program is built for: one per group, from the first valid value of
+    each axis (the largest count). The program's *costs* are exact for every grid point — lengths, counts
+    and hardware figures are workload arrays — but a rule a model or pass applies to the plan's request
+    values at build time (e.g. pipeline micro-batches <= requests) sees these values only."""
+    from .plan import Request
+
+    by_name = {a.name: a for a in spec.axes}
+
+    def whole(lo):
+        return lambda v: math.isfinite(v) and v >= lo and v == int(v)
+
+    out = []
+    for i, k in enumerate(kinds):
+        def pick(f, ok, largest=False):
+            a = by_name.get(f"g{i}.{f}") or by_name.get(f"{k}.{f}")
+            good = [v for v in (a.values if a else (GROUP_FIELDS[k][f],)) if v is not None and ok(v)]
+            return int(max(good) if largest else good[0]) if good else None
+
+        count = pick("count", whole(1), largest=True) or 1
+        if k == "prefill":
+            prompt = pick("prompt", whole(1)) or 1
+            cached = pick("cached", lambda v: whole(0)(v) and v < prompt) or 0
+            out.append(Request("prefill", prompt, count, cached))
+        else:
+            out.append(Request("decode", pick("context", whole(1)) or 1, count, new=pick("new", whole(1)) or 1))
+    return tuple(out)
 
 
 def _error_of(e: Exception) -> tuple[str, str]:
@@ -516,7 +589,7 @@ def _check_groups(groups: list[dict], n: int) -> tuple[np.ndarray, np.ndarray]:
         for f, (v, name) in g.items():
             finite = np.isfinite(v)
             if f == "count":
-                flag(~finite | (v <= 0), name, "must be a finite number > 0")
+                flag(~finite | (v < 1) | (v != np.floor(v)), name, "must be an integer >= 1")
             elif f == "swa_cached":
                 flag(~np.isin(v, (0.0, 1.0)), name, "must be true/false (1/0)")
             else:
@@ -570,12 +643,14 @@ def _table(columns: dict):
 def _const(value, n: int):
     import pyarrow as pa
 
-    if value is None:
-        return pa.nulls(n, pa.string())
+    if value is None:  # typed when parts are unified (the other parts say what the column holds)
+        return pa.nulls(n)
     if isinstance(value, bool):
         return pa.array(np.full(n, value))
     if isinstance(value, int):
         return pa.array(np.full(n, value, dtype=np.int64))
+    if isinstance(value, float):
+        return pa.array(np.full(n, value, dtype=np.float64))
     return pa.array([str(value)] * n, pa.string())
 
 
@@ -592,7 +667,7 @@ def structural_tables(spec: SweepSpec, sp: StructuralPoint, programs: _Programs 
     pol = {**_policy_fields(), **dict(sp.policies)}
     grid = spec.grid(sp.kinds)
     try:
-        compiled, kv = programs.get(sp)
+        compiled, kv = programs.get(sp, representative_requests(spec, sp.kinds))
         profile = None if sp.profile == "SOL" else load_profile(sp.profile)
     except Exception as e:  # noqa: BLE001 - any failure to build this program is this point's error row
         msg, field = _error_of(e)
@@ -616,7 +691,7 @@ def _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress):
     hw_axes = [a for a in grid.names if a.startswith("hw.")]
     prof_axes = [a for a in grid.names if a.startswith("profile.")]
     rates = _Rates(compiled.hw, profile, hw_axes, prof_axes)
-    weights = weight_bytes(compiled.graph, mapping)
+    weights = weight_bytes(compiled)
     split = kv_split(compiled.model, mapping)
     want = ("forward", "stages", "workspace") + (("kinds",) if "kinds" in spec.outputs else ()) \
         + (("components",) if "traffic" in spec.outputs else ())
@@ -624,6 +699,7 @@ def _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress):
     combo_names = hw_axes + prof_axes
     axis_values = {a: grid_values(grid, a) for a in combo_names}
     size = min(spec.chunk, grid.size)  # every kernel call gets exactly `size` points: one compilation
+    ident_cols = {k: _const(v, size) for k, v in ident.items()}  # built once, sliced per chunk
     for lo in range(0, grid.size, size):
         hi = min(lo + size, grid.size)
         n = hi - lo
@@ -633,10 +709,11 @@ def _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress):
         msg, fld = _check_groups(groups, n)
         # unit times per distinct hw/profile combination
         if combo_names:
-            codes = np.stack([taken[a][0] for a in combo_names], axis=1)
-            uniq, inv = np.unique(codes, axis=0, return_inverse=True)
-            inv = inv.reshape(-1)
-            rows = [rates.row(tuple(float(axis_values[a][j]) for a, j in zip(combo_names, u))) for u in uniq]
+            shape = tuple(len(axis_values[a]) for a in combo_names)
+            code = np.ravel_multi_index(tuple(taken[a][0] for a in combo_names), shape)
+            uniq, inv = np.unique(code, return_inverse=True)
+            rows = [rates.row(tuple(float(axis_values[a][j]) for a, j in zip(combo_names, np.unravel_index(u, shape))))
+                    for u in uniq]
         else:
             inv = np.zeros(n, dtype=np.int64)
             rows = [rates.row(())]
@@ -665,7 +742,7 @@ def _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress):
             return a
 
         forward = full(res.get("forward"))
-        cols = {k: _const(v, n) for k, v in ident.items()}
+        cols = {k: v.slice(0, n) for k, v in ident_cols.items()}
         cols["point"] = pa.array(np.arange(lo, hi, dtype=np.int64))
         for name in grid.names:
             cols[name] = pa.array(cols_in[name])
@@ -711,7 +788,7 @@ def grid_values(grid: Grid, name: str) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------
 
 def _column_rank(name: str, axes: list) -> tuple:
-    fixed = [*IDENTITY, *_policy_fields(), "point"]
+    fixed = [*identity_columns(), "point"]
     if name in fixed:
         return (0, fixed.index(name))
     if name in axes:
@@ -782,22 +859,18 @@ def read_results(path: str | Path, columns: list | None = None):
     return pq.read_table(p, columns=columns).to_pandas()
 
 
-def _done_ids(out: Path, parts: Path) -> set:
-    done = {p.name[: -len(".parquet")] for p in parts.glob("*.parquet")} if parts.is_dir() else set()
-    if out.is_file():
-        try:
-            done |= set(read_results(out, ["struct_id"])["struct_id"].dropna().astype(str))
-        except Exception:  # noqa: BLE001 - an unreadable old output is rewritten, not trusted
-            pass
-    return done
+def _done_ids(parts: Path) -> set:
+    return {p.name[: -len(".parquet")] for p in parts.glob("*.parquet")} if parts.is_dir() else set()
 
 
 def run(spec: SweepSpec | Mapping | str | Path, output: str | Path | None = None, *, executor: str = "local",
         address: str | None = None, progress: bool | Callable[[int, int], None] = False,
         resume: bool = True) -> SweepResult:
     """Run a sweep. Without ``output`` the rows come back in memory; with it (``.parquet`` or ``.csv``) each
-    structural point is written to ``<output>.parts/<struct_id>.parquet`` as it finishes and the parts are
-    merged at the end, so an interrupted run resumes where it stopped (``resume=False`` starts over)."""
+    structural point is written to ``<output>.parts/<struct_id>.parquet`` once complete, and the parts of
+    this spec are merged into ``output`` at the end. The parts stay: re-running skips every structural point
+    whose part exists (an interrupted run resumes; a grown spec computes only what is new);
+    ``resume=False`` deletes them and starts over."""
     import pyarrow.parquet as pq
 
     if not isinstance(spec, SweepSpec):
@@ -814,19 +887,19 @@ def run(spec: SweepSpec | Mapping | str | Path, output: str | Path | None = None
             shutil.rmtree(parts, ignore_errors=True)
             if out.exists():
                 out.unlink()
-        done = _done_ids(out, parts)
+        done = _done_ids(parts)
         parts.mkdir(parents=True, exist_ok=True)
     else:
         parts, done = None, set()
-    todo = [(sp, k) for sp, k in zip(points, keys) if k not in done]
+    todo = [(sp, k) for k, sp in dict(zip(keys, points)).items() if k not in done]  # identical points run once
     skipped = len(points) - len(todo)
     total = sum(spec.grid(sp.kinds).size for sp, _ in todo)
     bar = _progress_bar(progress, total)
-    memory_tables: list = []
+    memory_tables: dict = {}  # key -> tables; assembled in spec order (executors may finish out of order)
 
     def collect(key: str, tables: Iterable) -> None:
         if parts is None:
-            memory_tables.extend(tables)
+            memory_tables[key] = list(tables)
             return
         tmp = parts / f"{key}.parquet.tmp"
         writer = None
@@ -853,43 +926,32 @@ def run(spec: SweepSpec | Mapping | str | Path, output: str | Path | None = None
     if parts is None:
         import pyarrow as pa
 
-        schema, aligned = unify(memory_tables, axes)
+        schema, aligned = unify([t for k in keys if k in memory_tables for t in memory_tables[k]], axes)
         table = pa.concat_tables(aligned) if aligned else pa.table({})
-        return _result(None, table, points, skipped, time.perf_counter() - t0)
-    _merge(out, parts, set(keys), axes)
-    shutil.rmtree(parts, ignore_errors=True)
-    stats = read_results(out, ["struct_id", "point", "error"])
-    return _summary(str(out), stats, points, skipped, time.perf_counter() - t0)
+        counts = _counts([table]) if aligned else (0, 0, 0)
+        return SweepResult(None, table, counts[0], len(points), skipped, counts[1], counts[2], time.perf_counter() - t0)
+    counts = _merge(out, parts, keys, axes)
+    return SweepResult(str(out), None, counts[0], len(points), skipped, counts[1], counts[2], time.perf_counter() - t0)
 
 
-def _result(path, table, points, skipped, secs) -> SweepResult:
-    df = table.select([c for c in ("point", "error") if c in table.column_names]).to_pandas() \
-        if table.num_rows else None
-    return _summary(path, df, points, skipped, secs, table)
+def _counts(tables: Iterable) -> tuple[int, int, int]:
+    """(rows, structural error rows, point error rows): a structural error row has no point index."""
+    rows = struct = errs = 0
+    for t in tables:
+        rows += t.num_rows
+        errs += t.num_rows - t.column("error").null_count
+        struct += t.column("point").null_count
+    return rows, struct, errs - struct
 
 
-def _summary(path, df, points, skipped, secs, table=None) -> SweepResult:
-    if df is None or not len(df):
-        return SweepResult(path, table, 0, len(points), skipped, 0, 0, secs)
-    err = df["error"].notna()
-    struct_err = int((err & df["point"].isna()).sum())
-    return SweepResult(path, table, len(df), len(points), skipped, struct_err, int(err.sum()) - struct_err, secs)
-
-
-def _merge(out: Path, parts: Path, keys: set, axes: list) -> None:
-    """Stream the old output's rows for this spec and every part into ``out`` (one row group at a time)."""
-    import pyarrow as pa
+def _merge(out: Path, parts: Path, keys: list, axes: list) -> tuple[int, int, int]:
+    """Stream this spec's parts, in spec order, into ``out`` (one row group at a time: bounded memory);
+    returns the row counts (:func:`_counts`)."""
     import pyarrow.parquet as pq
 
-    sources = []
-    if out.is_file():
-        old = read_results(out)
-        old = old[old["struct_id"].astype(str).isin(keys)]
-        if len(old):
-            sources.append(pa.Table.from_pandas(old, preserve_index=False))
-    part_files = sorted(p for p in parts.glob("*.parquet") if p.name[: -len(".parquet")] in keys)
-    schemas = [t.schema for t in sources] + [pq.read_schema(p) for p in part_files]
-    schema, _ = unify([s.empty_table() for s in schemas], axes)
+    files = [parts / f"{k}.parquet" for k in dict.fromkeys(keys)]
+    files = [f for f in files if f.is_file()]
+    schema, _ = unify([pq.read_schema(f).empty_table() for f in files], axes)
     tmp = out.with_name(out.name + ".tmp")
     if out.suffix == ".csv":
         import pyarrow.csv as pcsv
@@ -897,16 +959,18 @@ def _merge(out: Path, parts: Path, keys: set, axes: list) -> None:
         writer = pcsv.CSVWriter(str(tmp), schema)
     else:
         writer = pq.ParquetWriter(tmp, schema)
+    counts = [0, 0, 0]
     try:
-        for t in sources:
-            writer.write_table(_align(t, schema))
-        for p in part_files:
+        for p in files:
             f = pq.ParquetFile(p)
             for i in range(f.num_row_groups):
-                writer.write_table(_align(f.read_row_group(i), schema))
+                t = _align(f.read_row_group(i), schema)
+                writer.write_table(t)
+                counts = [a + b for a, b in zip(counts, _counts([t]))]
     finally:
         writer.close()
     os.replace(tmp, out)
+    return tuple(counts)
 
 
 def _run_ray(spec: SweepSpec, todo: list, address: str | None, collect, bar) -> None:
@@ -916,10 +980,14 @@ def _run_ray(spec: SweepSpec, todo: list, address: str | None, collect, bar) -> 
     except ImportError:
         raise GraphsimError("executor", "--executor ray needs ray (pip install 'graphsim[ray]')") from None
     if not ray.is_initialized():
-        if address:
-            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-        else:
-            ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
+        import warnings
+
+        with warnings.catch_warnings():  # Ray starts its processes by fork+exec: JAX's fork warning does not apply
+            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called")
+            if address:
+                ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+            else:
+                ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
     task = ray.remote(_ray_task)
     pending = {task.remote(spec, sp): (sp, key) for sp, key in todo}
     while pending:

@@ -126,19 +126,12 @@ def build_kernel(program: CostProgram, kinds: tuple, outputs=("forward", "stages
     Optional outputs: ``kinds`` (P, n_kinds: busy seconds per op kind, columns :func:`op_kinds`),
     ``workspace`` (P,: the largest activation bytes of any one op, the report's workspace) and
     ``components`` (P, K: component totals over all ops — FLOPs per precision, bytes per kind, hops)."""
-    A, nz_class, nz_comp = program.nonzero_columns()
-    A = jnp.asarray(A)
-    slot = nz_class * len(GROUPS) + COMPONENT_GROUP[nz_comp]
+    # Per used component k: (P,F)@(F,C) class totals, scaled by its unit time and summed into its roofline
+    # group. Cheaper than gathering nonzero columns into (class, group) slots, and exact.
+    nf = len(program.features)
+    used = [k for k in range(program.coef.shape[2]) if np.any(program.coef[:nf, :, k] != 0.0)]
+    mats = [(k, int(COMPONENT_GROUP[k]), jnp.asarray(program.coef[:nf, :, k])) for k in used]
     G = len(GROUPS)
-    # Gather columns into (class, roofline group) slots: a small dense 0/1 matmul when it is cheap,
-    # a scatter-add otherwise (both exact: each column lands in exactly one slot).
-    dense_slots = A.shape[1] * program.n_classes * G <= 2_000_000
-    if dense_slots:
-        S_mat = np.zeros((A.shape[1], program.n_classes * G))
-        S_mat[np.arange(A.shape[1]), slot] = 1.0
-        S_mat = jnp.asarray(S_mat)
-    nz_group_slot = jnp.asarray(slot)
-    nz_comp = jnp.asarray(nz_comp)
     C, S = program.n_classes, program.n_segments
     pc, ps, pn = (jnp.asarray(program.seg_pairs[:, i]) for i in range(3))
     seg_mat = None
@@ -154,7 +147,6 @@ def build_kernel(program: CostProgram, kinds: tuple, outputs=("forward", "stages
     km = np.zeros((C, len(kind_index)))  # class -> op-kind busy counts
     np.add.at(km, (program.op_class, [kind_index[op.kind] for op in program.graph.ops]), 1.0)
     km = jnp.asarray(km)
-    nf = len(program.features)
     # One class row is one op's row, so the max over classes is the max over ops.
     act = jnp.asarray(program.coef[:nf, :, COMPONENT_INDEX["bytes_act"]])
     per_class = np.bincount(program.op_class, minlength=C).astype(np.float64)
@@ -166,12 +158,13 @@ def build_kernel(program: CostProgram, kinds: tuple, outputs=("forward", "stages
     def kernel(arrays, ut, overhead):
         P = ut.shape[0]
         feats = feature_matrix(features, token_sets, kinds, arrays, jnp) if features else jnp.zeros((P, 0))
-        vals = (feats @ A) * ut[:, nz_comp]  # (P, NZ) seconds per nonzero column
-        if dense_slots:
-            slots = (vals @ S_mat).reshape(P, C, G)
-        else:
-            slots = jnp.zeros((P, C * G)).at[:, nz_group_slot].add(vals).reshape(P, C, G)
-        cls = jnp.maximum(jnp.max(slots[:, :, :5], axis=2), 0.0) + slots[:, :, 5] + overhead[:, None]
+        parts = [jnp.zeros((P, C)) for _ in range(G)]
+        for k, g, mat in mats:
+            parts[g] = parts[g] + (feats @ mat) * ut[:, k : k + 1]
+        roof = parts[0]
+        for g in range(1, G - 1):
+            roof = jnp.maximum(roof, parts[g])
+        cls = roof + parts[G - 1] + overhead[:, None]
         seg = cls @ seg_mat if seg_mat is not None else jnp.zeros((P, S)).at[:, ps].add(cls[:, pc] * pn)
         finish = []
         for s in range(S):  # unrolled max-plus over the reduced graph

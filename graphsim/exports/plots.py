@@ -86,7 +86,7 @@ def slice_rows(df, x: str, where: str | None = None):
 
 def _title(df, extra: str = "") -> str:
     r = df.iloc[0]
-    t = f"{r.get('model', '')} on {r.get('hw', '')} {r.get('mapping', '')} [{r.get('requests', '')}]"
+    t = f"{r.get('model', '')} on {r.get('hw', '')} {r.get('mapping', '')} [{r.get('requests', '')}] {r.get('profile', '')}"
     return t + (f"\n{extra}" if extra else "")
 
 
@@ -117,13 +117,19 @@ def plot_latency(df, path, x: str | None = None, where: str | None = None) -> st
 
 
 def plot_pareto(df, path, x: str = "tokens_per_s_per_user", y: str = "tokens_per_s_per_gpu",
-                color: str | None = "mapping", where: str | None = None) -> str:
-    """Every valid point as a dot (coloured by ``color``) and the (max x, max y) Pareto frontier as a line."""
+                color: str | None = "mapping", where: str | None = None, fits_only: bool = True) -> str:
+    """Every valid point as a dot (coloured by ``color``) and the (max x, max y) Pareto frontier as a line.
+    With ``fits_only`` points whose weights + KV exceed HBM are drawn as grey crosses and kept off the front."""
     plt = _plt()
     d = df.query(where) if where else df
     d = d[d["error"].isna()] if "error" in d.columns else d
     d = d.dropna(subset=[x, y])
     fig, ax = plt.subplots(figsize=(8, 5))
+    if fits_only and "fits" in d.columns:
+        fits = d["fits"].astype(bool)
+        if (~fits).any():
+            ax.scatter(d.loc[~fits, x], d.loc[~fits, y], s=10, marker="x", c="0.7", label="does not fit in HBM")
+        d = d[fits]
     if color and color in d.columns and d[color].nunique() > 1:
         for key, g in d.groupby(color, sort=True):
             ax.scatter(g[x], g[y], s=8, alpha=0.5, label=f"{color}={key}")
@@ -138,21 +144,36 @@ def plot_pareto(df, path, x: str = "tokens_per_s_per_user", y: str = "tokens_per
     return _save(fig, path)
 
 
-def plot_memory(df, path, x: str | None = None, where: str | None = None) -> str:
-    """Weights + KV + workspace per device vs ``x``, with the HBM capacity as a dashed line."""
+def plot_memory(df, path, x: str | None = None, where: str | None = None, series: str | None = "auto") -> str:
+    """Weights + KV + workspace per device vs ``x`` (stacked), with the HBM capacity as a dashed line; with a
+    ``series`` column (default: the one other varying length/batch input, if exactly one) one total-memory line
+    per value of it is drawn too (e.g. one per batch size)."""
     plt = _plt()
     x = x or _default_x(df)
+    if series == "auto":
+        others = [c for c in input_columns(df) if c != x and not c.startswith(("hw.", "profile."))
+                  and df[c].nunique() > 1]
+        series = others[0] if len(others) == 1 else None
     d, fixed = slice_rows(df, x, where)
     fig, ax = plt.subplots(figsize=(8, 5))
     ax.stackplot(d[x], d["weights_gib"], d["kv_gib"], d["workspace_gib"],
                  labels=["weights", "KV cache", "workspace"], alpha=0.85)
+    if series:
+        base = df.query(where) if where else df
+        base = base[base["error"].isna()] if "error" in base.columns else base
+        keep = base["struct_id"] == d["struct_id"].iloc[0] if "struct_id" in base.columns else True
+        for v in sorted(base.loc[keep, series].unique())[:10]:
+            g, _ = slice_rows(base[keep & (base[series] == v)], x)
+            ax.plot(g[x], g["total_gib"], lw=1, label=f"total, {series}={v:g}")
     ax.plot(d[x], d["capacity_gib"], "r--", lw=1.5, label="HBM capacity")
     ax.set_xlabel(x)
     ax.set_ylabel("GiB per device")
     if d[x].min() > 0 and d[x].max() / d[x].min() > 20:
         ax.set_xscale("log")
+    if series and d["total_gib"].max() > 0:
+        ax.set_ylim(0, max(d["capacity_gib"].max() * 1.6, d["total_gib"].max() * 1.1))
     ax.set_title(_title(d, fixed), fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2)
     return _save(fig, path)
 
 
@@ -176,14 +197,14 @@ def plot_kinds(source, path, rows: int = 8, where: str | None = None) -> str:
         ins = input_columns(d)
         labels = [" ".join([str(r.get("mapping", ""))] + [f"{c.split('.')[-1]}={r[c]:g}" for c in ins])
                   for _, r in d.iterrows()]
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.45 * len(labels)))
+    fig, ax = plt.subplots(figsize=(9, 2.2 + 0.45 * len(labels)))
     left = np.zeros(len(labels))
     for j, k in enumerate(kinds):
         ax.barh(labels, values[:, j] * 1e3, left=left * 1e3, label=k)
         left += values[:, j]
     ax.set_xlabel("busy ms (sum over ops)")
     ax.invert_yaxis()
-    ax.legend(fontsize=7, ncol=3, loc="lower right")
+    ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.1 - 0.6 / (1 + len(labels))))
     ax.set_title("time by op kind", fontsize=10)
     return _save(fig, path)
 

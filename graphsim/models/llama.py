@@ -66,6 +66,10 @@ class LlamaModel(Model):
         c = self.cfg
         return context * c.layers * 2 * c.kv_heads * c.head_dim * fmt(self.kv_format).bytes_per_elem
 
+    def kv_split(self, m: ParallelMapping) -> int:
+        """GQA: TP ranks split the KV heads (replicated once tp exceeds them); DP splits requests."""
+        return m.dp * min(m.tp, self.cfg.kv_heads)
+
     def validate_mapping(self, m: ParallelMapping) -> None:
         divides("mapping.tp", m.tp, self.cfg.heads, "attention heads")
         if m.ep > 1:
