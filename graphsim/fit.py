@@ -3,14 +3,9 @@ batch (at a context) or the largest context (at a batch) that does.
 
 Per device (the most loaded pipeline stage):
 
-* weights — every resident tensor divided as the ops reading it are split
-  (:func:`graphsim.pipeline.weight_bytes_per_device`); Engram tables (role ``table``) count in HBM only
-  when ``policies.engram == "hbm"``, else in the host memory share of the GPU;
-* KV — ``batch × model.kv_bytes(context)`` divided over the devices sharing a request's cache:
-  ``model.kv_split(mapping)`` (attention-DP by default) × cp (positions) × pp (layers, ≈ evenly);
-* workspace — the largest activation bytes any one op moves at this workload (the report's definition);
-* runtime reserve — CUDA context, NCCL/DeepEP buffers, CUDA graphs and allocator fragmentation: a
-  parameter, default :data:`DEFAULT_RESERVE_GIB`.
+weights, KV, workspace and the runtime reserve as defined once in :mod:`graphsim.memory` (the report and
+the sweep metrics use the same definitions); host-resident Engram tables count against the GPU's share of
+host memory.
 
 All searches are exact integer bisections on a monotone memory function (bytes never shrink as batch or
 context grows), so the answer is the largest value that fits, not an interpolation.
@@ -23,15 +18,11 @@ import numpy as np
 from .errors import require
 from .ir import COMPONENT_INDEX
 from .lowering.features import feature_matrix
-from .metrics import kv_split
-from .pipeline import Plan, Policies, compile_plan, weight_bytes_per_device
+from .memory import DEFAULT_RESERVE_GIB, device_weights, kv_divisor, kv_request_bytes
+from .pipeline import Plan, Policies, compile_plan
 from .plan import ParallelMapping
 
 GiB = 2.0**30
-#: Runtime reserve per GPU. CUDA context ≈ 0.5–1 GiB; NCCL + DeepEP normal/low-latency buffers ≈ 2–4 GiB;
-#: CUDA graphs, cuBLAS/DeepGEMM workspaces and allocator fragmentation ≈ 2–3 GiB. (SGLang's default
-#: mem_fraction_static keeps 10–15 % of HBM back for this *and* activations, which are counted separately.)
-DEFAULT_RESERVE_GIB = 8.0
 #: Contexts beyond this are not searched (the answer is reported as "at least").
 MAX_CONTEXT = 1 << 24
 
@@ -104,39 +95,18 @@ class MemoryModel:
         self.model, self.hw, self.mapping, self.policies = self.c.model, self.c.hw, mapping, policies
         self.reserve = reserve_gib * GiB
         self.weights, self.tables = self._weights()
-        self._kv_div = kv_split(self.model, mapping) * mapping.cp * mapping.pp
+        self._kv_div = kv_divisor(self.model, mapping)
         prog = self.c.program
         self._act = prog.coef[: len(prog.features), :, COMPONENT_INDEX["bytes_act"]]
 
     def _weights(self) -> tuple[dict, float]:
-        """HBM-resident bytes by group on the most loaded pipeline stage, and that stage's table bytes."""
-        g, m = self.c.logical, self.mapping
-        stages = [g]
-        if m.pp > 1:
-            from .passes.pipeline_parallel import stage_of_ops, stage_sizes, trunk_layers
-
-            stage = stage_of_ops(g, stage_sizes(trunk_layers(self.model, g), m.pp))
-            reads = [{t for op, s in zip(g.ops, stage) if s == k for t in op.reads} for k in range(m.pp)]
-            stages = [g.evolve(tensors=tuple(t for t in g.tensors if t.name in r)) for r in reads]
-        one = attrs.evolve(m, pp=1)  # a stage holds its own tensors whole (weight_bytes_per_device spreads by pp)
-        host = self.policies.engram == "host"
-        # groups the model keeps resident under these policies (e.g. no draft weights with DSpark off);
-        # Engram is decided here, table by table, so its projections stay in HBM with host-resident tables
-        groups = getattr(self.model, "resident_groups", None)
-        groups = (*groups(self.policies), "engram") if groups else None
-        best = None
-        for sg in stages:
-            w = weight_bytes_per_device(sg, one, groups)
-            tables = weight_bytes_per_device(sg.evolve(tensors=tuple(t for t in sg.tensors if t.role == "table")), one)
-            if host:
-                w = {k: v - tables.get(k, 0.0) for k, v in w.items()}
-            cand = (sum(w.values()), w, sum(tables.values()))
-            best = cand if best is None or cand[0] > best[0] else best
-        return best[1], best[2]
+        """HBM-resident bytes by group on the most loaded device, and its Engram table bytes."""
+        w = device_weights(self.c)
+        return w.hbm, w.tables
 
     def kv_per_request(self, context: int) -> float:
         """One request's KV bytes on this device: the model's cache split over the devices sharing it."""
-        return float(self.model.kv_bytes(int(context))) / self._kv_div
+        return float(kv_request_bytes(self.model, int(context), self.policies)) / self._kv_div
 
     def workspace(self, batch, context) -> np.ndarray:
         """Largest activation bytes of one op per device at each (batch, context) point."""

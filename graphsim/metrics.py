@@ -15,33 +15,35 @@ GiB = 2.0**30
 
 
 def weight_bytes(compiled) -> float:
-    """Resident weight bytes on one device of a compiled plan: the inventory groups its policies keep in HBM
-    (``model.resident_groups``), as ``weight_bytes_per_device`` divides them."""
-    from .pipeline import weight_bytes_per_device
+    """Resident HBM bytes on one device of a compiled plan (:func:`graphsim.memory.device_weights`)."""
+    from .memory import device_weights
 
-    model, plan = compiled.model, compiled.plan
-    groups = model.resident_groups(plan.policies) if hasattr(model, "resident_groups") else None
-    return float(sum(weight_bytes_per_device(compiled.graph, plan.mapping, groups).values()))
+    return device_weights(compiled).total
 
 
 def kv_split(model, mapping) -> int:
-    """How many ways one request's KV is divided across the devices of a replica (DP by default)."""
-    return model.kv_split(mapping) if hasattr(model, "kv_split") else mapping.dp
+    """Devices one request's KV is spread over (:func:`graphsim.memory.kv_divisor`)."""
+    from .memory import kv_divisor
+
+    return kv_divisor(model, mapping)
 
 
 class KVTable:
     """``model.kv_bytes`` over arrays: one vectorized call when the model's formula takes arrays (checked
     against scalar calls), else one call per distinct context, memoized (sweep grids repeat contexts)."""
 
-    def __init__(self, model):
+    def __init__(self, model, policies=None):
+        from .memory import kv_request_bytes
+
         self.model = model
+        self._bytes = lambda n: kv_request_bytes(model, n, policies)
         self._memo: dict[int, float] = {}
         self._vectorized: bool | None = None
 
     def _scalar(self, n: int) -> float:
         v = self._memo.get(n)
         if v is None:
-            v = self._memo[n] = float(self.model.kv_bytes(n))
+            v = self._memo[n] = float(self._bytes(n))
         return v
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
@@ -51,7 +53,7 @@ class KVTable:
         if self._vectorized is None:
             self._vectorized = self._try_vectorized(tokens)
         if self._vectorized:
-            return np.asarray(self.model.kv_bytes(tokens), dtype=np.float64).reshape(tokens.shape)
+            return np.asarray(self._bytes(tokens), dtype=np.float64).reshape(tokens.shape)
         uniq, inv = np.unique(tokens, return_inverse=True)
         vals = np.array([self._scalar(int(u)) for u in uniq])
         return vals[inv].reshape(tokens.shape)
@@ -59,7 +61,7 @@ class KVTable:
     def _try_vectorized(self, tokens: np.ndarray) -> bool:
         probe = np.unique(tokens)[:3].astype(np.int64)
         try:
-            got = np.asarray(self.model.kv_bytes(probe.astype(np.float64)), dtype=np.float64)
+            got = np.asarray(self._bytes(probe.astype(np.float64)), dtype=np.float64)
         except Exception:  # noqa: BLE001 - a scalar-only formula (int checks, min(), floor division on ints)
             return False
         want = np.array([self._scalar(int(n)) for n in probe])
@@ -98,9 +100,13 @@ def token_metrics(kinds: tuple, count: np.ndarray, new: np.ndarray, forward: np.
 
 
 def memory_metrics(weights: float | np.ndarray, kv: np.ndarray, workspace: np.ndarray,
-                   capacity: float | np.ndarray) -> dict:
-    """Memory per device in GiB and whether it fits in ``capacity`` bytes (all per point)."""
-    total = weights + kv + workspace
+                   capacity: float | np.ndarray, reserve: float | None = None) -> dict:
+    """Memory per device in GiB and whether it fits in ``capacity`` bytes (all per point); ``reserve``
+    defaults to :data:`graphsim.memory.DEFAULT_RESERVE_GIB`."""
+    from .memory import DEFAULT_RESERVE_GIB
+
+    reserve = DEFAULT_RESERVE_GIB * GiB if reserve is None else reserve
+    total = weights + kv + workspace + reserve
     n = np.shape(kv)
     return {
         "weights_gib": np.broadcast_to(np.asarray(weights, dtype=np.float64) / GiB, n),

@@ -137,19 +137,3 @@ def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyP
     graph = graph.evolve(meta=tuple(meta.items()))
     program = lower(graph)
     return Compiled(model, plan, hw, profile, logical, graph, program, Evaluator(program, plan.kinds, chunk))
-
-
-def weight_bytes_per_device(graph: Graph, mapping: ParallelMapping, groups=None) -> dict[str, float]:
-    """Resident weight bytes on one device, by inventory group (only ``groups`` if given): each tensor
-    divided as the ops reading it are split (tensors no op splits are replicated)."""
-    div: dict[str, float] = {}
-    for op in graph.ops:
-        _, w = split_factors(op, mapping)
-        for t in op.reads:
-            div[t] = max(div.get(t, 1.0), w)
-    out: dict[str, float] = {}
-    for t in graph.weights():
-        if groups is not None and t.group not in groups:
-            continue
-        out[t.group] = out.get(t.group, 0.0) + t.nbytes / div.get(t.name, 1.0) / mapping.pp
-    return out

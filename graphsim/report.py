@@ -58,6 +58,7 @@ class Report:
         for k, v in m["weights_gib"].items():
             lines.append(f"  weights/{k:<9} {v:9.2f} GiB")
         lines += [f"  kv cache        {m['kv_gib']:9.2f} GiB", f"  workspace       {m['workspace_gib']:9.2f} GiB",
+                  f"  runtime reserve {m['reserve_gib']:9.2f} GiB",
                   f"  total           {m['total_gib']:9.2f} GiB of {m['capacity_gib']:.2f} GiB -> "
                   + ("fits" if m["fits"] else f"does NOT fit by {-m['headroom_gib']:.2f} GiB")]
         lines += ["", f"critical path (top {top} of {len(self.critical_path)} ops by time)"]
@@ -75,7 +76,7 @@ GiB = 2.0**30
 
 def make_report(compiled, point: int = 0) -> Report:
     """Evaluate one plan at its own workload (reference path) and summarize it."""
-    from .pipeline import weight_bytes_per_device
+    from .memory import DEFAULT_RESERVE_GIB, device_weights, kv_divisor, kv_request_bytes
 
     c = compiled
     g, plan, m = c.graph, c.plan, c.plan.mapping
@@ -118,17 +119,18 @@ def make_report(compiled, point: int = 0) -> Report:
         "tokens_per_s_per_user": (decode_tokens / decode_requests) / forward if decode_requests and forward else 0.0,
     }
     # ---- memory per device
-    groups = c.model.resident_groups(plan.policies) if hasattr(c.model, "resident_groups") else None
-    wdev = weight_bytes_per_device(g, m, groups)
-    kv_split = c.model.kv_split(m) if hasattr(c.model, "kv_split") else m.dp
-    kv = sum(r.count * c.model.kv_bytes(r.past_tokens + r.new_tokens) for r in reqs) / kv_split
+    weights = device_weights(c)
+    kv = sum(r.count * kv_request_bytes(c.model, r.past_tokens + r.new_tokens, plan.policies) for r in reqs)
+    kv /= kv_divisor(c.model, m)
     act = comps[:, COMPONENTS.index("bytes_act")]
     workspace = float(act.max()) if len(act) else 0.0
-    total = sum(wdev.values()) + kv + workspace
+    reserve = DEFAULT_RESERVE_GIB * GiB
+    total = weights.total + kv + workspace + reserve
     cap = c.hw.hbm_capacity_bytes
     memory = {
-        "weights_gib": {k: v / GiB for k, v in wdev.items()}, "weights_total_gib": sum(wdev.values()) / GiB,
-        "kv_gib": kv / GiB, "workspace_gib": workspace / GiB, "total_gib": total / GiB,
+        "weights_gib": {k: v / GiB for k, v in weights.hbm.items()}, "weights_total_gib": weights.total / GiB,
+        "engram_tables_gib": weights.tables / GiB, "engram_tables_in": plan.policies.engram,
+        "kv_gib": kv / GiB, "workspace_gib": workspace / GiB, "reserve_gib": reserve / GiB, "total_gib": total / GiB,
         "capacity_gib": cap / GiB, "headroom_gib": (cap - total) / GiB, "fits": bool(total <= cap),
     }
     traffic = {

@@ -454,7 +454,6 @@ class _Programs:
         if key not in self.compiled:
             if sp.model not in self.models:
                 self.models[sp.model] = load_model(sp.model)
-                self.kv[sp.model] = KVTable(self.models[sp.model])
             mapping = ParallelMapping(**dict(sp.mapping))
             try:
                 policies = Policies(**dict(sp.policies))
@@ -467,7 +466,11 @@ class _Programs:
             while len(self.compiled) >= self.keep:
                 self.compiled.pop(next(iter(self.compiled)))
             self.compiled[key] = c
-        return self.compiled[key], self.kv[sp.model]
+        policies = self.compiled[key].plan.policies
+        kv_key = (sp.model, policies.dspark)  # DSpark's draft blocks hold SWA caches too
+        if kv_key not in self.kv:
+            self.kv[kv_key] = KVTable(self.models[sp.model], policies)
+        return self.compiled[key], self.kv[kv_key]
 
 
 _PROGRAMS = _Programs()

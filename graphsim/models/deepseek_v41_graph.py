@@ -51,13 +51,18 @@ class DeepSeekV41(Model):
         return self.kv_capacity(int(context)).total
 
     def resident_groups(self, policies) -> tuple[str, ...]:
-        """Inventory groups held in HBM: DSpark only when it runs; Engram tables unless host-resident."""
-        groups = ["embed", "trunk", "vision"]
-        if getattr(policies, "engram", "hbm") == "hbm":
-            groups.append("engram")
-        if getattr(policies, "dspark", "off") == "on":
-            groups.append("dspark")
-        return tuple(groups)
+        """Inventory groups this deployment loads: DSpark only when it runs (where Engram *tables* live is
+        decided per tensor by ``policies.engram``; their projections are always in HBM)."""
+        groups = ("embed", "trunk", "vision", "engram")
+        return groups + ("dspark",) if getattr(policies, "dspark", "off") == "on" else groups
+
+    def reference_graph(self):
+        """Every stage the model can run (vision, draft, commit): how each resident tensor is sharded."""
+        from ..pipeline import Policies
+        from ..plan import Request
+
+        reqs = (Request.parse("prefill:64+img:224x224"), Request.parse("decode:64"))
+        return self.build(("prefill", "decode"), policies=Policies(dspark="on"), requests=reqs)
 
     def kv_split(self, m: ParallelMapping) -> int:
         """One latent KV head (MQA): the cache is replicated across TP, split across attention-DP."""
