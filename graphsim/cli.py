@@ -12,8 +12,8 @@ from .errors import GraphsimError
 def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
     p.add_argument("--model", required=True, help="shipped model name or path to a config.json")
     p.add_argument("--hw", default="gb200", help="hardware descriptor name or TOML path (default gb200)")
-    for ax in ("tp", "dp", "ep", "pp"):
-        p.add_argument(f"--{ax}", type=int, default=1)
+    for ax in ("tp", "dp", "ep", "pp", "cp"):
+        p.add_argument(f"--{ax}", type=int, default=1, help=f"{ax} degree (default 1)")
     if requests:
         p.add_argument("--request", action="append", required=True, metavar="KIND:LEN[xCOUNT][@CACHED]",
                        help="repeatable, e.g. decode:4096x64 or prefill:2048@1024")
@@ -25,13 +25,40 @@ def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
     p.add_argument("--engram", default="hbm", choices=("hbm", "host"))
     p.add_argument("--prefetch-distance", type=int, default=1)
     p.add_argument("--dspark", default="off", choices=("off", "on"))
+    p.add_argument("--verify", type=int, default=0, help="DSpark: draft positions each decode request verifies")
+    p.add_argument("--acceptance", default="", help="DSpark: a_1,...,a_D conditional acceptance per position")
+    p.add_argument("--ep-imbalance", type=float, default=1.0, help="busiest EP rank's routed work / mean")
+    p.add_argument("--pp-micro-batches", type=int, default=0, help="pipeline micro-batches (0 = pp)")
+    p.add_argument("--algorithm", action="append", default=[], metavar="COLLECTIVE=ALGO",
+                   help="e.g. all_reduce=tree (repeatable)")
 
 
 def _compile(a):
-    from . import ParallelMapping, Plan, Policies, compile_plan, load_profile
+    import attrs
 
-    policies = Policies(a.decoder_replay, a.encoder_replay, a.fusion, a.overlap, a.engram, a.prefetch_distance, a.dspark)
-    plan = Plan(a.request, ParallelMapping(a.tp, a.dp, a.ep, a.pp), policies)
+    from . import ParallelMapping, Plan, Policies, Request, compile_plan, load_profile
+
+    try:
+        acc = tuple(float(x) for x in a.acceptance.split(",") if x.strip())
+    except ValueError:
+        raise GraphsimError("acceptance", f"expected comma-separated numbers, got {a.acceptance!r}") from None
+    algos = {}
+    for item in a.algorithm:
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise GraphsimError("algorithm", f"expected COLLECTIVE=ALGO, got {item!r}")
+        algos[k.strip()] = v.strip()
+    policies = Policies(a.decoder_replay, a.encoder_replay, a.fusion, a.overlap, a.engram, a.prefetch_distance,
+                        a.dspark, ep_imbalance=a.ep_imbalance, pp_micro_batches=a.pp_micro_batches,
+                        algorithms=algos, acceptance=acc)
+    if a.verify < 0:
+        raise GraphsimError("verify", f"must be >= 0, got {a.verify}")
+    reqs = [Request.parse(r) for r in a.request]
+    if a.verify:
+        if a.dspark != "on":
+            raise GraphsimError("verify", "verify lengths need --dspark on")
+        reqs = [attrs.evolve(r, new=1 + a.verify) if r.kind == "decode" else r for r in reqs]
+    plan = Plan(reqs, ParallelMapping(a.tp, a.dp, a.ep, a.pp, a.cp), policies)
     profile = load_profile(a.profile) if a.profile else None
     return compile_plan(a.model, plan, a.hw, profile)
 

@@ -73,11 +73,38 @@ def kv_bytes_per_device(kv: KVTable, count: np.ndarray, new: np.ndarray, past: n
     return (count * kv(past + new)).sum(axis=1) / split
 
 
-def token_metrics(kinds: tuple, count: np.ndarray, new: np.ndarray, forward: np.ndarray, gpus: int) -> dict:
+def emitted(kinds: tuple, new: np.ndarray, policies=None) -> np.ndarray:
+    """Tokens each request gets from this step: prefill positions, or for decode with DSpark the expected
+    emitted tokens E[emitted | k = new - 1] under ``policies.acceptance`` (bonus-token convention,
+    graphsim.dspark) — never the verified positions themselves."""
+    new = np.asarray(new, dtype=np.float64)
+    if policies is None or getattr(policies, "dspark", "off") != "on":
+        return new
+    from .dspark import AcceptanceProfile
+    from .errors import GraphsimError
+
+    out = new.copy()
+    for g, kind in enumerate(kinds):
+        if kind != "decode":
+            continue
+        k = new[..., g] - 1.0
+        if not policies.acceptance:
+            if np.any(k > 0):
+                raise GraphsimError("policies.acceptance", "DSpark verify lengths > 0 need a_1..a_D to turn verified "
+                                    "positions into expected emitted tokens (e.g. --acceptance 0.9,0.8,0.7,0.6,0.5)")
+            continue
+        table = AcceptanceProfile.constant(policies.acceptance).expected_emitted_table()[0]
+        out[..., g] = table[np.clip(k, 0, len(table) - 1).astype(np.int64)]
+    return out
+
+
+def token_metrics(kinds: tuple, count: np.ndarray, new: np.ndarray, forward: np.ndarray, gpus: int,
+                  policies=None) -> dict:
     """Tokens, TTFT/ITL and throughput per point (``count``/``new`` (P, G); ``forward`` (P,) seconds).
-    TTFT/ITL are NaN where the batch has no prefill/decode work (the report's ``None``)."""
+    TTFT/ITL are NaN where the batch has no prefill/decode work (the report's ``None``); ITL is the mean
+    time between a decode request's tokens (the step time when it emits one per step)."""
     is_pf = np.array([k == "prefill" for k in kinds])
-    work = count * new
+    work = count * emitted(kinds, new, policies)
     prefill_tokens = work[:, is_pf].sum(axis=1)
     decode_tokens = work[:, ~is_pf].sum(axis=1)
     decode_requests = count[:, ~is_pf].sum(axis=1)
@@ -91,7 +118,7 @@ def token_metrics(kinds: tuple, count: np.ndarray, new: np.ndarray, forward: np.
         "decode_tokens": decode_tokens,
         "decode_requests": decode_requests,
         "ttft_s": np.where(prefill_tokens > 0, forward, np.nan),
-        "itl_s": np.where(decode_requests > 0, forward, np.nan),
+        "itl_s": np.where(decode_requests > 0, forward * decode_requests / np.maximum(decode_tokens, 1e-300), np.nan),
         "tokens_per_s": rate,
         "tokens_per_s_per_gpu": rate / gpus,
         "output_tokens_per_s_per_gpu": out_rate / gpus,

@@ -51,6 +51,12 @@ class Policies:
     pp_micro_batches: int = attrs.field(default=0, validator=_at_least(0, "policies.pp_micro_batches", True))
     #: collective -> algorithm overrides, e.g. {"all_reduce": "tree"} (see passes.sharding.ALGORITHMS)
     algorithms: tuple = attrs.field(default=(), converter=_algorithms)
+    #: DSpark per-position conditional acceptance a_1..a_D: turns verified positions into E[emitted]
+    acceptance: tuple = attrs.field(default=(), converter=lambda v: tuple(float(x) for x in v))
+
+    @acceptance.validator
+    def _acc(self, _, v):
+        require(all(0.0 <= x <= 1.0 for x in v), "policies.acceptance", f"each a_j must lie in [0, 1], got {v}")
 
     def identity(self) -> dict:
         return attrs.asdict(self)
@@ -111,6 +117,23 @@ class Compiled:
         return make_report(self)
 
 
+#: Policies a model without its own ``POLICY_SUPPORT`` accepts (CED replay, mHC fusion, DSpark, Engram are
+#: DeepSeek-V4.1 features).
+BASE_SUPPORT = {"decoder_replay": ("off",), "fusion": ("unfused",), "dspark": ("off",), "engram": ("hbm",)}
+
+
+def check_policies(model, plan: Plan) -> None:
+    """Reject policies the model cannot honour instead of silently ignoring them."""
+    support = {**BASE_SUPPORT, **getattr(model, "POLICY_SUPPORT", {})}
+    for field, allowed in support.items():
+        v = getattr(plan.policies, field)
+        require(v in allowed, f"policies.{field}",
+                f"{model.name} supports {field} in {allowed}, got {v!r}")
+    hook = getattr(model, "validate_plan", None)
+    if hook:
+        hook(plan)
+
+
 def default_passes(model, policies: Policies) -> list[tuple[str, Callable[[Graph], Graph]]]:
     """The model's policy passes (replay, fusion, overlap…), in order; models add theirs via ``passes``."""
     hook = getattr(model, "passes", None)
@@ -127,6 +150,7 @@ def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyP
 
         model = load_model(model)
     model.validate_mapping(plan.mapping)
+    check_policies(model, plan)
     logical = model.build(plan.kinds, policies=plan.policies, requests=plan.requests)
     pipeline = PassPipeline([*default_passes(model, plan.policies), *extra_passes])
     rewritten = pipeline.run(logical)

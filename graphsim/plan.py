@@ -9,7 +9,8 @@ import attrs
 from .errors import GraphsimError, positive_int, require
 from .workload import Workload
 
-_REQ = re.compile(r"^(?P<kind>[a-z]+):(?P<len>[^x@+]+)(?:x(?P<count>[^@+]+))?(?:@(?P<cached>[^+/]+)(?P<noswa>/noswa)?)?(?P<rest>(\+.*)?)$")
+_REQ = re.compile(r"^(?P<kind>[a-z]+):(?P<len>[^x@+v]+)(?:x(?P<count>[^@+v]+))?(?:v(?P<verify>[^@+]+))?"
+                  r"(?:@(?P<cached>[^+/]+)(?P<noswa>/noswa)?)?(?P<rest>(\+.*)?)$")
 
 
 def _int_field(text: str, field: str, spec: str) -> int:
@@ -73,7 +74,8 @@ class Request:
 
     @staticmethod
     def parse(spec: str) -> "Request":
-        """``KIND:LEN[xCOUNT][@CACHED[/noswa]][+img:WxH...]``, e.g. ``decode:4096x64``, ``prefill:2048@1024``;
+        """``KIND:LEN[xCOUNT][vK][@CACHED[/noswa]][+img:WxH...]``, e.g. ``decode:4096x64``, ``decode:4096x64v3``
+        (DSpark: verify 3 drafts), ``prefill:2048@1024``;
         ``/noswa``: the prefix hit has its global KV but not its SWA cache (a restore). LEN counts text
         tokens; each ``+img:WxH`` adds its image tokens on top (``prefill:2000+img:1024x768`` has
         2000 + 475 new positions), so ``length`` includes them."""
@@ -84,6 +86,10 @@ class Request:
         c = _int_field(m.group("count"), "request.count", spec) if m.group("count") else 1
         cached = _int_field(m.group("cached"), "request.cached", spec) if m.group("cached") else 0
         extra = {}
+        if m.group("verify"):  # decode:LENxCOUNTvK: a speculative step verifying K draft positions
+            if m.group("kind") != "decode":
+                raise GraphsimError("request.verify", f"only decode requests verify drafts ({spec!r})")
+            extra["new"] = 1 + _int_field(m.group("verify"), "request.verify", spec)
         rest = m.group("rest")
         if rest:
             from .vision import parse_image_suffix  # vision rules live in their own module
@@ -97,6 +103,7 @@ class Request:
     def __str__(self) -> str:
         s = f"{self.kind}:{self.length - self.image_tokens}"  # LEN is text tokens, as parse() reads it
         s += f"x{self.count}" if self.count != 1 else ""
+        s += f"v{self.new - 1}" if self.kind == "decode" and self.new > 1 else ""
         s += (f"@{self.cached}" if self.cached else "") + ("/noswa" if self.cached and not self.swa_cached else "")
         return s + (f"+img:{self.image_tokens}tok/{self.image_patches}patches" if self.image_tokens else "")
 

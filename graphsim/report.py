@@ -104,20 +104,18 @@ def make_report(compiled, point: int = 0) -> Report:
     ]
     comps = sched.components[point]
     totals = dict(zip(COMPONENTS, comps.sum(axis=0).tolist()))
-    # ---- tokens and throughput
+    # ---- tokens and throughput (the sweep metrics' definitions, at this one point)
+    from .metrics import token_metrics
+
+    wl_new = np.array([[r.new_tokens for r in plan.requests]], dtype=np.float64)
+    wl_count = np.array([[r.count for r in plan.requests]], dtype=np.float64)
+    tm = token_metrics(plan.kinds, wl_count, wl_new, np.array([forward]), m.gpus, plan.policies)
+    tokens = {k: float(v[0]) for k, v in tm.items()}
+    for k in ("prefill_tokens", "decode_tokens", "decode_requests"):
+        tokens[k] = int(round(tokens[k])) if float(tokens[k]).is_integer() else tokens[k]
+    for k in ("ttft_s", "itl_s"):
+        tokens[k] = None if np.isnan(tokens[k]) else tokens[k]
     reqs = plan.requests
-    prefill_tokens = sum(r.count * r.new_tokens for r in reqs if r.kind == "prefill")
-    decode_tokens = sum(r.count * r.new_tokens for r in reqs if r.kind == "decode")
-    decode_requests = sum(r.count for r in reqs if r.kind == "decode")
-    all_tokens = prefill_tokens + decode_tokens
-    tokens = {
-        "prefill_tokens": prefill_tokens, "decode_tokens": decode_tokens, "decode_requests": decode_requests,
-        "ttft_s": forward if prefill_tokens else None, "itl_s": forward if decode_requests else None,
-        "tokens_per_s": all_tokens / forward if forward else 0.0,
-        "tokens_per_s_per_gpu": all_tokens / forward / m.gpus if forward else 0.0,
-        "output_tokens_per_s_per_gpu": decode_tokens / forward / m.gpus if forward else 0.0,
-        "tokens_per_s_per_user": (decode_tokens / decode_requests) / forward if decode_requests and forward else 0.0,
-    }
     # ---- memory per device
     weights = device_weights(c)
     kv = sum(r.count * kv_request_bytes(c.model, r.past_tokens + r.new_tokens, plan.policies) for r in reqs)

@@ -83,3 +83,29 @@ def test_estimate_chunked_prefill(capsys):
     assert rc == 0 and len(d["steps"]) == 4
     assert d["steps"][3]["requests"] == ["prefill:1000@768", "decode:4096x8"]
     assert abs(d["ttft_s"] - sum(s["forward_s"] for s in d["steps"])) < 1e-12
+
+
+def test_dspark_report_counts_expected_emitted_tokens(capsys):
+    # a=[.9,.8,.7,.6,.5], k=3: E[emitted] = 1 + .9 + .72 + .504 = 3.124 (graphsim.dspark bonus convention);
+    # ITL is the step time over E[emitted], never the verify step itself
+    rc = main(["estimate", "--model", "deepseek-v4.1-flash", "--tp", "4", "--ep", "4", "--request", "decode:8192x64v3",
+               "--dspark", "on", "--acceptance", "0.9,0.8,0.7,0.6,0.5", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert d["tokens"]["decode_tokens"] == pytest.approx(64 * 3.124)
+    assert d["tokens"]["itl_s"] == pytest.approx(d["forward_s"] / 3.124)
+    rc = main(["estimate", "--model", "deepseek-v4.1-flash", "--request", "decode:8192x64v3", "--dspark", "on"])
+    assert rc == 2 and "policies.acceptance" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--model", "deepseek-v3", "--request", "prefill:100", "--decoder-replay", "sglang"], "policies.decoder_replay"),
+    (["--model", "llama-3.1-70b", "--request", "decode:100", "--dspark", "on"], "policies.dspark"),
+    (["--model", "deepseek-v4.1-flash", "--request", "decode:100", "--dspark", "on", "--ep", "192", "--dp", "192"],
+     "mapping.ep"),  # 192 divides the 384 trunk experts but not the drafter's 128
+    (["--model", "deepseek-v4.1-flash", "--request", "decode:100v6", "--dspark", "on", "--acceptance", "1,1,1,1,1"],
+     "request.new"),
+])
+def test_unsupported_policies_are_rejected(args, field, capsys):
+    rc = main(["estimate", *args])
+    assert rc == 2 and f"error: {field}" in capsys.readouterr().err

@@ -27,7 +27,7 @@ HIGH = [0.9, 0.85, 0.8, 0.75, 0.7]
 LOW = [0.5, 0.4, 0.3, 0.2, 0.1]
 A_HAND, E_HAND = [0.9, 0.8, 0.7, 0.6, 0.5], [1.0, 1.9, 2.62, 3.124, 3.4264, 3.5776]
 MAPPING = gs.ParallelMapping(tp=4, ep=4)
-ON = gs.Policies(dspark="on")
+ON = gs.Policies(dspark="on", acceptance=HIGH)  # reports turn verified positions into E[emitted]
 
 
 def compile_(requests, policies=ON, mapping=gs.ParallelMapping()):

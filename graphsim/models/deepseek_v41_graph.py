@@ -29,6 +29,8 @@ class DeepSeekV41(Model):
     """DeepSeek-V4.1-Flash. ``engram`` residency does not change the graph's work, only where tables live."""
 
     family = "deepseek_v41"
+    POLICY_SUPPORT = {"decoder_replay": ("off", "sglang", "paper"), "fusion": ("unfused", "two-pass", "single-pass"),
+                      "dspark": ("off", "on"), "engram": ("hbm", "host")}
     sem = sem  #: the semantics module (entry sizes, inventory); DeepSeek-V4 swaps in its own
 
     def __init__(self, cfg: dict, name: str = "deepseek-v4.1-flash", fp32_gemm: str = "tf32"):
@@ -73,6 +75,18 @@ class DeepSeekV41(Model):
         divides("mapping.tp", m.tp, c.num_attention_heads, "attention heads")
         divides("mapping.tp", m.tp, c.o_groups, "output groups (wo_a is block-diagonal per group)")
         divides("mapping.ep", m.ep, c.n_routed_experts, "routed experts")
+
+    def validate_plan(self, plan) -> None:
+        """DSpark's drafter has its own experts: EP must divide them too; verify lengths fit the draft block."""
+        c = self.cfg
+        if plan.policies.dspark == "on":
+            divides("mapping.ep", plan.mapping.ep, c.dspark_n_routed_experts, "DSpark drafter experts")
+            for r in plan.requests:
+                if r.kind == "decode" and r.new - 1 > c.dspark_block_size:
+                    raise GraphsimError("request.new", f"verify length {r.new - 1} exceeds the {c.dspark_block_size}-position draft block")
+            acc = plan.policies.acceptance
+            if acc and len(acc) != c.dspark_block_size:
+                raise GraphsimError("policies.acceptance", f"give {c.dspark_block_size} values a_1..a_D, got {len(acc)}")
 
     def passes(self, policies) -> list:
         """Policy passes for this model (replay, fusion), applied by compile_plan in order."""

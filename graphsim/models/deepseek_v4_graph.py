@@ -14,6 +14,9 @@ from .deepseek_v41_graph import BF16, DeepSeekV41
 class DeepSeekV4(DeepSeekV41):
     family = "deepseek_v4"
     sem = sem4
+    POLICY_SUPPORT = {"decoder_replay": ("off",), "fusion": ("unfused", "two-pass", "single-pass"),
+                      "dspark": ("off",), "engram": ("hbm",)}
+    validate_plan = None
 
     def __init__(self, cfg: dict, name: str = "deepseek-v4-flash", fp32_gemm: str = "tf32"):
         self.name = name
@@ -32,7 +35,14 @@ class DeepSeekV4(DeepSeekV41):
         return ("embed", "trunk")
 
     def passes(self, policies) -> list:
-        return []  # no CED: decoder replay does not apply; fusion profiles are V4.1's
+        """No CED, so no replay; V4 has mHC too, so the fusion profiles apply."""
+        from ..passes.fusion import fuse_mhc, fuse_norm_quant
+
+        if policies.fusion == "unfused":
+            return []
+        c = self.cfg
+        return [(f"fuse_mhc[{policies.fusion}]", fuse_mhc(policies.fusion, n=c.hc_mult, d=c.hidden_size)),
+                ("fuse_norm_quant", fuse_norm_quant)]
 
     def _build(self, b: GraphBuilder, kinds: tuple, **_) -> None:
         c = self.cfg
