@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterable, Sequence
 
-from .errors import GraphsimError, require
+from .errors import require
 from .ir import (
     ONE,
     CommSpec,

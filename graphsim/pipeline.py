@@ -6,7 +6,7 @@ from typing import Callable, Sequence
 import attrs
 import numpy as np
 
-from .errors import GraphsimError, require
+from .errors import require
 from .ir import Graph
 from .plan import ParallelMapping, Request, workload_of
 from .workload import Workload
@@ -17,7 +17,7 @@ from .lowering.evaluate import Evaluator, Schedule, evaluate_reference, unit_tim
 from .lowering.program import CostProgram, lower
 from .passes.pipeline import PassPipeline
 from .passes.runtime import apply_runtime_passes
-from .passes.sharding import apply_mapping, split_factors
+from .passes.sharding import apply_mapping
 
 
 def _at_least(lo, field, integer=False):

@@ -8,7 +8,6 @@ import attrs
 import numpy as np
 
 from .ir import COMPONENTS
-from .lowering.program import GROUPS
 
 
 @attrs.frozen

@@ -1,6 +1,5 @@
 """Execution policies on DeepSeek-V4.1-Flash: the token ledger, decoder/encoder bounded replay, fusion passes
 (V41_FACTS §4, §5, §7, §10)."""
-import numpy as np
 import pytest
 
 import graphsim as gs

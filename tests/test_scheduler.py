@@ -1,6 +1,5 @@
 """Longest path on hand-made graphs; the JAX reduced-graph evaluation equals the NumPy full-graph reference."""
 import numpy as np
-import pytest
 from hypothesis import given, settings, strategies as st
 
 from graphsim.builder import GraphBuilder

@@ -1,13 +1,11 @@
 """DeepSeek-V4.1-Flash graph: stages, sharing edges, indexer scaling, resident weights (V41_FACTS §2–§8, §12)."""
 import json
 
-import numpy as np
 import pytest
 
 import graphsim as gs
 from graphsim.cli import main
 from graphsim.ir import COMPONENTS
-from graphsim.lowering.evaluate import evaluate_reference
 
 
 @pytest.fixture(scope="module")

@@ -210,12 +210,7 @@ def _draft_block(model, drafter, b, j: int) -> None:
         _latent_kv(b, c, a, X, "ctx_")
         b.cache_write("attn.ctx_swa_write", X, swa, sem.swa_entry_bytes(c), split=("dp",))
         _pre(model, rb, slot, "hc_attn", T, f"{p}.attn_norm")
-        b.gemm("attn.wq_a", T, c.hidden_size, c.q_lora_rank, weight=f"{a}.wq_a", act_in="fp8", split=("dp",))
-        b.elementwise("attn.q_norm", T, c.q_lora_rank, bytes_in=BF16, bytes_out=BF16, flops_per_elem=4, kind="norm",
-                      split=("dp",), reads=(f"{a}.q_norm",))
-        b.elementwise("attn.q_quant", T, c.q_lora_rank, bytes_in=BF16, bytes_out=1.0 + 1 / 32, flops_per_elem=2,
-                      kind="quant", split=("dp",))
-        b.gemm("attn.wq_b", T, c.q_lora_rank, c.q_dim, weight=f"{a}.wq_b", act_in="fp8", split=("tp", "dp"))
+        model._q_path(b, a, T)
         # The block's own keys (draft positions see each other); transient, never cached.
         _latent_kv(b, c, a, T, "", rope_heads=c.num_attention_heads)
         model._sparse_attention(rb, info, T)  # SWA-only: <= W cached context slots per draft position

@@ -12,12 +12,10 @@ Token sets are named by role so that policy passes can rewrite *which tokens* ru
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 from ..builder import GraphBuilder
 from ..config import load_config
 from ..errors import GraphsimError
-from ..ir import ONE, CommSpec, Cost, Feature, Tensor, fmt
+from ..ir import ONE, CommSpec, Cost, Feature, Tensor
 from ..plan import ParallelMapping
 from . import deepseek_v41 as sem
 from .base import Model, all_reduce_tp, divides, tokens
@@ -100,7 +98,6 @@ class DeepSeekV41(Model):
 
         c = self.cfg
         extras.vision_stage(self, b, kinds, policies, requests)
-        W = c.sliding_window
         for name in ("q_enc", "q_dkv", "q_dec", "kv"):
             b.token_set(name)
         for name in ("q_enc", "q_dkv", "q_dec"):
@@ -223,16 +220,20 @@ class DeepSeekV41(Model):
                       flops_per_elem=8, kind="engram", split=("dp",), reads=(f"{p}.gate_norm",))
 
     # ---- attention ------------------------------------------------------------------------------------
-    def _attention_in(self, b: GraphBuilder, li: sem.LayerInfo, ts: str) -> None:
+    def _q_path(self, b: GraphBuilder, p: str, ts: str) -> None:
+        """wq_a -> RMSNorm -> FP8 quantization (fusable) -> wq_b: the low-rank query of module ``p``."""
         c = self.cfg
-        p = f"layers.{li.layer}.attn"
-        t = tokens(ts)
         b.gemm("attn.wq_a", ts, c.hidden_size, c.q_lora_rank, weight=f"{p}.wq_a", act_in="fp8", split=("dp",))
         b.elementwise("attn.q_norm", ts, c.q_lora_rank, bytes_in=BF16, bytes_out=BF16, flops_per_elem=4, kind="norm",
                       split=("dp",), reads=(f"{p}.q_norm",))
         b.elementwise("attn.q_quant", ts, c.q_lora_rank, bytes_in=BF16, bytes_out=1.0 + 1 / 32, flops_per_elem=2,
                       kind="quant", split=("dp",))
         b.gemm("attn.wq_b", ts, c.q_lora_rank, c.q_dim, weight=f"{p}.wq_b", act_in="fp8", split=("tp", "dp"))
+
+    def _attention_in(self, b: GraphBuilder, li: sem.LayerInfo, ts: str) -> None:
+        c = self.cfg
+        p = f"layers.{li.layer}.attn"
+        self._q_path(b, p, ts)
         b.gemm("attn.wkv", ts, c.hidden_size, c.kv_dim, weight=f"{p}.wkv", act_in="fp8", split=("dp",))
         b.elementwise("attn.kv_norm", ts, c.kv_dim, bytes_in=BF16, bytes_out=BF16, flops_per_elem=4, kind="norm",
                       split=("dp",), reads=(f"{p}.kv_norm",))

@@ -5,7 +5,7 @@ emitters wherever the two models agree; assumptions live in configs/deepseek-v4-
 from __future__ import annotations
 
 from ..builder import GraphBuilder
-from ..ir import ONE, CommSpec, Cost, Feature, Tensor
+from ..ir import CommSpec, Cost, Feature, Tensor
 from . import deepseek_v4 as sem4
 from .base import tokens
 from .deepseek_v41_graph import BF16, DeepSeekV41

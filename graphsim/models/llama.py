@@ -8,7 +8,7 @@ from ..config import need, text_config
 from ..errors import GraphsimError
 from ..ir import Feature, Tensor, fmt
 from ..plan import ParallelMapping
-from .base import Model, divides, embedding, lm_head, rmsnorm, all_reduce_tp, swiglu_mlp, tokens
+from .base import Model, all_reduce_tp, divides, embedding, lm_head, rmsnorm, swiglu_mlp
 
 
 @attrs.frozen
