@@ -135,10 +135,11 @@ def prefetch_report(schedule, point: int = 0) -> list[PrefetchRow]:
         preds.setdefault(b, []).append(a)
     fin = schedule.finish[point]
     rows = []
+    tables = {t.name for t in g.tensors if t.role == "table"}
     for e in g.edges:
         src = g.ops[idx[e.src]]
-        if src.stream != "host_copy":
-            continue
+        if src.stream != "host_copy" or not tables & set(g.ops[idx[e.dst]].reads):
+            continue  # only copies that feed a table lookup (not e.g. a prefix-cache restore)
         i, j = idx[e.src], idx[e.dst]
         others = [fin[p] for p in preds.get(j, ()) if p != i]
         ready = max(others, default=0.0)
