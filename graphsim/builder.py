@@ -23,6 +23,7 @@ from .ir import (
     Tensor,
     TokenSet,
     fmt,
+    wider,
 )
 
 
@@ -131,7 +132,7 @@ class GraphBuilder:
             require(weight_format is not None, f"gemm[{name}]", "give weight_format or an existing weight")
             weight = self.weight(name, copies * k * n, weight_format, group=group)
         wt = self._tensors[weight]
-        prec = precision or wt.format.compute
+        prec = precision or wider(fmt(act_in).compute, wt.format.compute)
         t = Feature("tokens", token_set)
         cost = (Cost.of(ONE, bytes_weight=wt.format.nbytes(k * n * copies))
                 + Cost.of(t, **{f"flops_{prec}": 2.0 * k * n,
@@ -154,13 +155,14 @@ class GraphBuilder:
         require(sum(t.elems for t in tensors) == experts * per_expert, f"moe_experts[{name}]",
                 "expert weights must hold experts·3·hidden·inter elements")
         f = tensors[0].format
+        prec = wider(fmt(act_in).compute, f.compute)  # FP8 activations x FP4 experts run at the FP8 rate
         t = Feature("tokens", token_set)
         touched = Feature("experts_touched", token_set, (experts, top_k))
         act = top_k * (fmt(act_in).nbytes(hidden) + 2 * fmt("bf16").nbytes(inter) + fmt(act_in).nbytes(inter)
                        + fmt(act_out).nbytes(hidden))
         cost = (Cost.of(touched, bytes_weight=sum(x.nbytes for x in tensors) / experts)
-                + Cost.of(t, **{f"flops_{f.compute}": 2.0 * per_expert * top_k, "bytes_act": act}))
-        return self.op(name, "moe_experts", cost, token_set=token_set, precision=f.compute, reads=names,
+                + Cost.of(t, **{f"flops_{prec}": 2.0 * per_expert * top_k, "bytes_act": act}))
+        return self.op(name, "moe_experts", cost, token_set=token_set, precision=prec, reads=names,
                        params={"experts": experts, "top_k": top_k, "hidden": hidden, "inter": inter,
                                "weight_format": f.name, **kw.pop("params", {})},
                        formula=f"2·3·{hidden}·{inter}·{top_k}·T flops; weights of E(1-(1-k/E)^T) experts", **kw)

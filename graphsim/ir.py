@@ -20,6 +20,14 @@ from .errors import GraphsimError, require
 # --------------------------------------------------------------------------------------------------
 
 PRECISIONS = ("fp4", "fp8", "bf16", "tf32", "fp32", "int8")
+#: Tensor-core width order: a GEMM runs at the rate of its wider operand (FP8 activations x FP4 weights run
+#: at the FP8 rate on Blackwell; only FP4 x FP4 reaches the FP4 peak).
+_WIDTH = {"fp4": 0, "int8": 1, "fp8": 1, "bf16": 2, "tf32": 3, "fp32": 4}
+
+
+def wider(a: str, b: str) -> str:
+    """The precision a GEMM of operands ``a`` and ``b`` runs at."""
+    return a if _WIDTH[a] >= _WIDTH[b] else b
 
 #: Cost components, in the order of the lowered coefficient tensor's last axis.
 #: ``flops_*`` are divided by the peak of that precision, ``bytes_*`` by a bandwidth, ``hops_*`` are

@@ -90,12 +90,17 @@ def shard_cost(op: Op, m: ParallelMapping, ep_imbalance: float = 1.0) -> Cost:
     work, weight = split_factors(op, m)
     split = effective_split(op)
     cp = m.cp if "dp" in split and "ep" not in split else 1
+    # A cache with fewer KV heads than TP ranks is replicated: each rank reads all the heads it holds
+    # (one shared latent for MLA / V4.1 -> every rank reads the whole cache).
+    kv_heads = dict(op.params).get("kv_heads")
+    kv_work = work / m.tp * min(m.tp, kv_heads) if kv_heads and "tp" in split else work
 
     def share(c: str, f, v: float) -> float:
         if c == "bytes_weight":
             return v / weight
         if c.startswith(WORK):
-            return v / (work * (cp if f.kind in QUERY_FEATURES else 1))
+            div = kv_work if c == "bytes_kv" else work
+            return v / (div * (cp if f.kind in QUERY_FEATURES else 1))
         return v
 
     cost = Cost(tuple((c, f, share(c, f, v)) for c, f, v in op.cost.terms))

@@ -20,13 +20,20 @@ def test_gemm_flops_and_bytes():
     b = GraphBuilder("g")
     b.token_set("all")
     with b.stage("s"):
-        b.gemm("w", "all", 7168, 1536, weight_format="fp8", act_in="bf16", act_out="bf16")
+        b.gemm("w", "all", 7168, 1536, weight_format="fp8", act_in="fp8", act_out="bf16")
+        b.gemm("u", "all", 7168, 1536, weight="w", act_in="bf16", act_out="bf16")
+        b.moe_experts("e", "all", experts=8, top_k=2, hidden=64, inter=32, weight_format="fp4_ue8m0_32", act_in="fp8")
     g = b.build()
     vals = {Feature("one"): 1.0, Feature("tokens", "all"): 100.0}
     c = g.op("w").cost.evaluate(vals)
     assert c["flops_fp8"] == 2 * 7168 * 1536 * 100
     assert c["bytes_weight"] == 7168 * 1536
-    assert c["bytes_act"] == 100 * (7168 + 1536) * 2
+    assert c["bytes_act"] == 100 * (7168 * 1 + 1536 * 2)
+    # a GEMM runs at its wider operand's rate: bf16 activations x FP8 weights -> bf16; FP8 x FP4 -> FP8
+    assert g.op("u").cost.evaluate(vals)["flops_bf16"] == 2 * 7168 * 1536 * 100
+    vals[Feature("experts_touched", "all", (8, 2))] = 8.0
+    assert g.op("e").cost.evaluate(vals)["flops_fp8"] == 2 * 3 * 64 * 32 * 2 * 100
+    assert g.op("e").cost.evaluate(vals)["flops_fp4"] == 0
 
 
 def test_v3_params_from_config():
@@ -70,8 +77,11 @@ def test_shards_sum_to_whole(mapping):
     for op in g.ops:
         work, weight = split_factors(op, mapping)
         sharded = s.op(op.name)
+        kvh = dict(op.params).get("kv_heads")
         for (c, f, v), (c2, f2, v2) in zip(op.cost.terms, sharded.cost.terms):
             ranks = weight if c == "bytes_weight" else work
+            if c == "bytes_kv" and kvh and "tp" in op.split:
+                ranks = work / mapping.tp * min(mapping.tp, kvh)  # a replicated latent is read whole per rank
             assert (c, f) == (c2, f2) and abs(v2 * ranks - v) <= 1e-9 * abs(v)
 
 

@@ -105,7 +105,11 @@ def _divisor(op, comp, feat, m):
         return (m.tp if "tp" in split else 1) * (m.world if "ep" in split else 1)
     if not comp.startswith(("flops", "bytes_kv", "bytes_act")):
         return 1
-    d = (m.tp if "tp" in split else 1) * (m.dp if "dp" in split else 1) * (m.world if "ep" in split else 1)
+    tp = m.tp if "tp" in split else 1
+    kvh = dict(op.params).get("kv_heads")
+    if comp == "bytes_kv" and kvh and "tp" in split:
+        tp = min(m.tp, kvh)  # a cache with fewer KV heads than TP ranks is read whole per rank
+    d = tp * (m.dp if "dp" in split else 1) * (m.world if "ep" in split else 1)
     if "dp" in split and "ep" not in split and feat.kind in QUERY_FEATURES:
         d *= m.cp
     return d

@@ -105,3 +105,16 @@ def test_v4_baseline_graph_compares():
     r4 = gs.compile_plan(v4, gs.Plan(["decode:131072"]), "gb200").report()
     r41 = gs.compile_plan("deepseek-v4.1-flash", gs.Plan(["decode:131072"]), "gb200").report()
     assert 0.15 < r41.memory["kv_gib"] / r4.memory["kv_gib"] < 0.35
+
+
+@pytest.mark.parametrize("model,op", [("deepseek-v4.1-flash", "layers.30.attn.sparse"),
+                                      ("deepseek-v3", "layers.30.attn_decode")])
+def test_single_kv_head_is_read_whole_on_every_tp_rank(model, op):
+    # one shared latent (MQA / MLA) is replicated across TP: every rank reads all of it; FLOPs split by heads
+    k = COMPONENTS.index
+    s = {}
+    for tp in (1, 4):
+        c = gs.compile_plan(model, gs.Plan(["decode:65536x64"], gs.ParallelMapping(tp=tp)), "gb200")
+        s[tp] = c.schedule().components[0, c.graph.op_index[op]]
+    assert s[4][k("bytes_kv")] == s[1][k("bytes_kv")]
+    assert s[4][k("flops_bf16")] == pytest.approx(s[1][k("flops_bf16")] / 4)

@@ -154,7 +154,8 @@ class DeepSeekV3(Model):
         cost = (Cost.of(Feature("one"), bytes_weight=w.nbytes)
                 + Cost.of(kv_len, flops_fp8=2.0 * c.kv_lora * up, bytes_kv=kvb, bytes_act=2.0 * up))
         b.op("wkv_b", "gemm", cost, token_set="pf", precision="fp8", split=("tp", "dp"), reads=(p + "attn.wkv_b", p + "kv"),
-             formula=f"2·{c.kv_lora}·{up} flops per visible position", params={"k": c.kv_lora, "n": up})
+             formula=f"2·{c.kv_lora}·{up} flops per visible position",
+             params={"k": c.kv_lora, "n": up, "kv_heads": 1})  # every TP rank reads the whole latent
         b.attention("attn_prefill", "pf", pairs=Feature("causal_pairs", "pf"),
                     flops_per_pair=2.0 * (c.qk_dim + c.v_dim) * c.heads,
                     kv_read=kv_len, kv_bytes_per_entry=2.0 * (c.heads * (c.nope + c.v_dim) + c.rope),
@@ -169,7 +170,7 @@ class DeepSeekV3(Model):
                     flops_per_pair=2.0 * (c.latent + c.kv_lora) * c.heads,
                     kv_read=Feature("kv_len", "dec"), kv_bytes_per_entry=kvb,
                     q_bytes_per_token=2.0 * c.heads * (c.latent + c.kv_lora), split=("tp", "dp"),
-                    reads=(p + "kv",))
+                    reads=(p + "kv",), params={"kv_heads": 1})  # one latent: replicated across TP
         b.gemm("o_absorb", "dec", c.kv_lora, c.v_dim, weight=p + "attn.wkv_b", copies=c.heads, precision="bf16",
                split=("tp", "dp"))
 

@@ -341,7 +341,8 @@ class DeepSeekV41(Model):
             cost += Cost.of(Feature("sparse_read", ts, (m, K)), bytes_kv=self.sem.main_kv_entry_bytes(c))
             reads += [f"layers.{li.kv_owner}.kv", f"layers.{li.topk_producer}.topk"]
         return b.op("attn.sparse", "attention", cost, token_set=ts, precision="bf16", split=("tp", "dp"),
-                    reads=tuple(reads), params={"kv_owner": li.kv_owner, "topk_producer": li.topk_producer},
+                    reads=tuple(reads), params={"kv_owner": li.kv_owner, "topk_producer": li.topk_producer,
+                                                "kv_heads": c.num_key_value_heads},
                     formula=f"{per_pair:g} flops per (query, key) pair; <= {W} SWA + <= min({K}, visible/m) selected")
 
     def _attention_out(self, b: GraphBuilder, layer: int, ts: str) -> None:

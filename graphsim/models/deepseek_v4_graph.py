@@ -124,7 +124,7 @@ class DeepSeekV4(DeepSeekV41):
                 + Cost.of(Feature("compressed", ts, (m,)), bytes_kv=sem4.main_kv_entry_bytes(c))
                 + Cost.of(tokens(ts), bytes_act=2 * H * D * BF16))
         return b.op("attn.sparse", "attention", cost, token_set=ts, precision="bf16", split=("tp", "dp"),
-                    reads=(f"layers.{li.layer}.swa", f"layers.{li.layer}.kv"),
+                    reads=(f"layers.{li.layer}.swa", f"layers.{li.layer}.kv"), params={"kv_heads": c.num_key_value_heads},
                     formula=f"HCA: <= {W} SWA + every compressed entry (m={m}), {per_pair:g} flops per pair")
 
     def _route(self, b: GraphBuilder, layer: int, ts: str) -> None:

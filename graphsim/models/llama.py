@@ -94,7 +94,8 @@ class LlamaModel(Model):
                     b.attention("attn", "all", pairs=Feature("causal_pairs", "all"),
                                 flops_per_pair=4.0 * c.head_dim * c.heads,
                                 kv_read=Feature("kv_len", "all"), kv_bytes_per_entry=kvb,
-                                q_bytes_per_token=2.0 * 2 * q, split=("tp", "dp"), reads=(p + "kv",))
+                                q_bytes_per_token=2.0 * 2 * q, split=("tp", "dp"), reads=(p + "kv",),
+                                params={"kv_heads": c.kv_heads})
                     b.gemm("wo", "all", q, c.hidden, weight=p + "attn.wo", split=("tp", "dp"),
                            comm=(all_reduce_tp("all", c.hidden, note="row-parallel wo"),))
                     rmsnorm(b, "mlp_norm", "all", c.hidden)
