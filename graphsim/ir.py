@@ -141,14 +141,15 @@ class Tensor:
 # --------------------------------------------------------------------------------------------------
 
 #: Interval rules a token set applies per request kind. Positions are 0-based; a request's forward covers
-#: ``new`` positions after ``past`` cached ones. ``tail:W`` = last min(new, W) new positions;
+#: ``new`` positions after ``past`` cached ones. ``tail:W`` = last min(new, W) new positions; ``dtail:W``
+#: the same positions whose SWA history starts at the tail (decoder bounded replay truncates it there);
 #: ``replay`` = the ``replay`` cached positions recomputed by a prefix restore (workload field);
 #: ``text``/``image`` split the new positions by modality (count-only); ``patches`` = vision patches;
 #: ``one`` = the last new position; ``cached`` = every cached position; ``cached_swa:W`` = the last W cached
 #: positions of a request whose SWA cache is restored (none when they are replayed); ``ahead:N`` = the N
 #: positions right after the new ones (a speculative draft block). A ``replay+`` prefix applies the rule to
 #: the replayed positions and the new ones together (a restore recomputes the last cached tokens with the suffix).
-RULE_KINDS = ("all", "none", "tail", "replay", "text", "image", "patches", "one", "cached", "cached_swa", "ahead")
+RULE_KINDS = ("all", "none", "tail", "dtail", "replay", "text", "image", "patches", "one", "cached", "cached_swa", "ahead")
 REQUEST_KINDS = ("prefill", "decode")
 
 
@@ -156,7 +157,7 @@ def _check_rule(rule: str) -> str:
     base = rule[len("replay+"):] if rule.startswith("replay+") else rule
     head, _, arg = base.partition(":")
     require(head in RULE_KINDS, "token_set.rule", f"unknown rule {rule!r}; allowed: {RULE_KINDS} (optionally 'replay+' before)")
-    if head in ("tail", "cached_swa", "ahead"):
+    if head in ("tail", "dtail", "cached_swa", "ahead"):
         require(arg.isdigit() and int(arg) > 0, "token_set.rule", f"{rule!r} needs a positive window, e.g. tail:128")
     return rule
 

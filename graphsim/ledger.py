@@ -75,15 +75,18 @@ class Ledger:
 
 
 def layer_token_sets(graph: Graph) -> dict:
-    """The token set each (stage, layer) runs on: its attention's, else the most common among its ops."""
+    """The token set each (stage, layer) runs on: its attention's, else its KV writer's, else the most common."""
     sets: dict = {}
     for op in graph.ops:
         if op.token_set:
             sets.setdefault((op.stage, op.layer), Counter())[op.token_set] += 1
     out = {}
+    caches = {t.name for t in graph.tensors if t.role == "kv_cache"}
     for key, cnt in sets.items():
-        attn = [op.token_set for op in graph.ops if (op.stage, op.layer) == key and op.kind == "attention"]
-        out[key] = attn[0] if attn else cnt.most_common(1)[0][0]
+        ops = [op for op in graph.ops if (op.stage, op.layer) == key]
+        attn = [op.token_set for op in ops if op.kind == "attention"]
+        kv = [op.token_set for op in ops if caches & set(op.writes)]  # a KV projection stage: what it writes
+        out[key] = attn[0] if attn else kv[0] if kv else cnt.most_common(1)[0][0]
     return out
 
 

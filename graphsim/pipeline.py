@@ -6,7 +6,7 @@ from typing import Callable, Sequence
 import attrs
 import numpy as np
 
-from .errors import require
+from .errors import GraphsimError, require
 from .ir import Graph
 from .plan import ParallelMapping, Request, workload_of
 from .workload import Workload
@@ -129,6 +129,11 @@ def check_policies(model, plan: Plan) -> None:
         v = getattr(plan.policies, field)
         require(v in allowed, f"policies.{field}",
                 f"{model.name} supports {field} in {allowed}, got {v!r}")
+    if plan.policies.dspark != "on":
+        for r in plan.requests:
+            if r.kind == "decode" and r.new > 1:
+                raise GraphsimError("request.verify", f"{r} verifies {r.new - 1} draft positions: speculative decoding "
+                                    "needs policies.dspark='on' and an acceptance profile (MTP is not modelled)")
     hook = getattr(model, "validate_plan", None)
     if hook:
         hook(plan)

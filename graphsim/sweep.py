@@ -499,7 +499,10 @@ def representative_requests(spec: SweepSpec, kinds: tuple) -> tuple:
         if k == "prefill":
             prompt = pick("prompt", whole(1)) or 1
             cached = pick("cached", lambda v: whole(0)(v) and v < prompt) or 0
-            out.append(Request("prefill", prompt, count, cached))
+            # images are structural (they add the vision stage): build it when any point carries patches
+            patches = pick("patches", lambda v: whole(1)(v), largest=True) or 0
+            image = min(pick("image", whole(1)) or 1, prompt - cached) if patches else 0
+            out.append(Request("prefill", prompt, count, cached, image_tokens=image, image_patches=patches))
         else:
             out.append(Request("decode", pick("context", whole(1)) or 1, count, new=pick("new", whole(1)) or 1))
     return tuple(out)
@@ -571,8 +574,9 @@ def _group_values(kinds: tuple, cols: dict, n: int) -> list[dict]:
     return out
 
 
-def _check_groups(groups: list[dict], n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-point validation (first failure wins): error message and field arrays ('' where valid)."""
+def _check_groups(groups: list[dict], n: int, speculative: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Per-point validation (first failure wins): error message and field arrays ('' where valid).
+    Without speculative decoding a decode step emits one position (``new`` = 1)."""
     msg = np.full(n, "", dtype=object)
     fld = np.full(n, "", dtype=object)
 
@@ -598,6 +602,8 @@ def _check_groups(groups: list[dict], n: int) -> tuple[np.ndarray, np.ndarray]:
             else:
                 lo = 1.0 if f in ("prompt", "context", "new") else 0.0
                 flag(~finite | (v < lo) | (v != np.floor(v)), name, f"must be an integer >= {lo:g}")
+        if "context" in g and not speculative:
+            flag(g["new"][0] > 1, g["new"][1] or "decode.new", "verifying drafts needs policies.dspark='on'")
         if "prompt" in g:
             p, c, im = g["prompt"][0], g["cached"][0], g["image"][0]
             flag(c >= p, g["cached"][1] or "prefill.cached", "cached prefix must be shorter than the prompt")
@@ -709,7 +715,7 @@ def _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress):
         taken = grid.take(lo, hi)
         cols_in = {k: v for k, (_, v) in taken.items()}
         groups = _group_values(kinds, cols_in, n)
-        msg, fld = _check_groups(groups, n)
+        msg, fld = _check_groups(groups, n, compiled.plan.policies.dspark == "on")
         # unit times per distinct hw/profile combination
         if combo_names:
             shape = tuple(len(axis_values[a]) for a in combo_names)

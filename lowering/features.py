@@ -24,7 +24,7 @@ def interval(rule: str, a: dict, g: int, xp):
         return past, end
     if head == "none":
         return past, past
-    if head == "tail":
+    if head in ("tail", "dtail"):
         return end - xp.minimum(new, float(arg)), end
     if head == "replay":
         return past - replay, past
@@ -120,8 +120,14 @@ def feature_column(f: Feature, token_sets: dict, kinds: Sequence[str], a: dict, 
         if rule == "none":
             continue
         lo, hi = interval(rule, a, g, xp)
+        if f.kind in WINDOW_KINDS and rule.partition(":")[0].endswith("dtail"):
+            lo, hi = 0.0 * lo, hi - lo  # decoder replay: the tail's SWA history starts at the tail
         total = total + f.frac * count[:, g] * per_request(f.kind, f.params, lo, hi, xp)
     return total
+
+
+#: Features over the sliding-window (SWA) history rather than the global KV.
+WINDOW_KINDS = ("window_pairs", "window_read")
 
 
 def _n(ts: TokenSet, kind: str, a: dict, g: int, xp):

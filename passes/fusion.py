@@ -99,9 +99,8 @@ def fuse_mhc(profile: str, *, n: int, d: int, stream_bytes: float = 2.0, norm_ou
     def run(graph: Graph) -> Graph:
         if profile == "unfused":
             return graph
-        g = _merge(graph, groups_for(graph), make)
-        # a lone residual (two-pass) keeps its op but is charged at the two-pass kernel's traffic
-        return g
+        # a lone residual update (two-pass) keeps its op: its traffic, (2n+1)d, is already the kernel's
+        return _merge(graph, groups_for(graph), make)
 
     run.__doc__ = f"Fuse mHC ({profile}): residual + next coefficients/pre-mix/pre-norm charged once."
     return run

@@ -5,7 +5,7 @@ from .fusion import fuse_mhc, fuse_norm_quant
 from .replay import apply_decoder_replay, apply_encoder_replay
 
 #: V4.1 query-side token sets (graphsim/models/deepseek_v41_graph.py): what a restore replays
-V41_QUERY_SETS = ("q_enc", "q_dkv", "q_dec", "eng_q_enc", "eng_q_dkv", "eng_q_dec")
+V41_QUERY_SETS = ("q_enc", "q_dkv", "q_dec", "kv_in", "eng_q_enc", "eng_q_dkv", "eng_q_dec")
 
 
 def policy_passes(model, policies) -> list:
@@ -14,8 +14,7 @@ def policy_passes(model, policies) -> list:
     out = []
     if policies.encoder_replay == "on":
         out.append(("encoder_replay", apply_encoder_replay(V41_QUERY_SETS)))
-    if policies.decoder_replay != "off" and policies.dspark != "on":
-        # SGLang applies bounded replay only to extend batches without speculative decoding
+    if policies.decoder_replay != "off":  # (rejected with DSpark on: SGLang replays only without it)
         out.append((f"decoder_replay[{policies.decoder_replay}]",
                     apply_decoder_replay(policies.decoder_replay, policies.replay_window)))
     if policies.fusion != "unfused":

@@ -11,8 +11,8 @@ from graphsim.ir import Graph, TokenSet
 #: profile -> which query-side token sets run only the per-request tail
 DECODER_REPLAY = {
     "off": (),
-    "sglang": ("q_dec",),  # layers after max(kv_source): SGLang's late_layer_start cut (rev 1aa0e96)
-    "paper": ("q_dkv", "q_dec"),  # the whole Decoder on the last W tokens: N·L/2 + W·L/2
+    "sglang": ("q_dec", "eng_q_dec"),  # layers after max(kv_source): SGLang's late_layer_start cut (rev 1aa0e96)
+    "paper": ("q_dkv", "q_dec", "eng_q_dkv", "eng_q_dec"),  # the whole Decoder on the last W: N·L/2 + W·L/2
 }
 
 
@@ -35,9 +35,10 @@ def apply_decoder_replay(profile: str, window: int, sets=DECODER_REPLAY):
     def tail(rule: str) -> str:
         prefix = "replay+" if rule.startswith("replay+") else ""
         base = rule[len(prefix):]
-        if base != "all":
+        if base not in ("all", "text"):  # text: an Engram set; image tokens inside the tail are an approximation
             raise GraphsimError("policies.decoder_replay", f"cannot shorten token rule {rule!r} (expected 'all')")
-        return f"{prefix}tail:{window}"
+        # dtail: the tail's SWA history is truncated at the replay start (V41_FACTS §4: approximate)
+        return f"{prefix}dtail:{window}"
 
     def run(graph: Graph) -> Graph:
         names = set(sets[profile]) & set(graph.token_set_map)

@@ -29,8 +29,8 @@ TP_REPLICATED_KINDS = ("indexer",)
 #: Features that grow with the query positions a rank processes: context parallelism divides them. The
 #: others (visible KV length, selected or compressed entries read, requests) are per-request context that
 #: every CP rank of a request reads whole once the KV is gathered.
-QUERY_FEATURES = ("tokens", "causal_pairs", "full_pairs", "window_pairs", "compressed_pairs", "topk_pairs",
-                  "new_groups")
+QUERY_FEATURES = ("tokens", "causal_pairs", "full_pairs", "window_pairs", "window_read", "compressed_pairs",
+                  "topk_pairs", "new_groups")  # window_read: a rank reads its positions' windows (halo neglected)
 #: Cache roles context parallelism all-gathers (SWA needs only a W-position halo: neglected).
 CP_GATHERED_ROLES = ("kv_cache", "index_cache")
 

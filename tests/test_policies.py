@@ -70,6 +70,8 @@ def test_restore_replays_swa_only():
     assert _op_tokens(c, "layers.0.attn.swa_write", per=512) == 128 + 500
     assert _op_tokens(c, "layers.2.kv.quant_write", per=288) == 10500 // 2 - 10000 // 2  # entries of new groups
     assert _op_tokens(c, "layers.20.kv.quant_write", per=288) == 500
+    # layer 20's input pre-mix covers the replayed positions its queries need too (prenorm: d·(2+1) B/token)
+    assert _op_tokens(c, "layers.20.hc_attn.prenorm", "bytes_act", per=5120 * 3) == 128 + 500
     led = ledger(M, ["prefill:10500@10000/noswa"])
     assert {r.tokens_per_request for r in led.rows if r.stage == "global_kv"} == {500}
     # with the SWA cache present nothing is replayed
@@ -83,6 +85,10 @@ def test_restore_replays_swa_only():
     r_noswa = _op_tokens(c, "restore.prefix", "bytes_c2c")
     assert r_swa - r_noswa == 40 * 128 * 512  # the SWA window is restored only when it was kept
     assert r_noswa == (3 * (10000 // 2) + 10000) * (288 + 68)
+    # an odd cached length leaves one pending position per m=2 owner: its compressor state rows are restored
+    c4 = gs.compile_plan(M, gs.Plan(["prefill:10500@9999/noswa"]), "gb200")
+    r_odd = _op_tokens(c4, "restore.prefix", "bytes_c2c")
+    assert r_odd == (3 * (9999 // 2) + 9999) * (288 + 68) + 3 * 1 * 2 * 512 * 4
 
 
 def test_mhc_fusion_traffic():
@@ -149,3 +155,17 @@ def test_policy_identity_recorded():
     assert r.identity["policies"]["fusion"] == "single-pass"
     assert r.tokens["ttft_s"] == r.forward_s and r.tokens["itl_s"] == r.forward_s
     assert r.tokens["output_tokens_per_s_per_gpu"] == pytest.approx(8 / r.forward_s)
+
+
+def test_decoder_replay_tail_swa_history_starts_at_the_tail():
+    # V41_FACTS §4: the tail's SWA history is truncated at the replay start: a 1,000-token prompt's layer-30
+    # tail (128 queries) sees 1..128 SWA slots (8,256 pairs) and reads the 128 entries it wrote, not 255
+    c = gs.compile_plan(M, gs.Plan(["prefill:1000"], policies=P["sglang"]), "gb200")
+    s = c.schedule()
+    i = c.graph.op_index["layers.30.attn.sparse"]
+    flops = s.components[0, i, COMPONENTS.index("flops_bf16")]
+    per_pair = 2 * 64 * 2 * 512
+    topk = sum(min(512, v) for v in range(1000 - 127, 1001))  # selected entries (m = 1) of the tail queries
+    assert flops == per_pair * (128 * 129 // 2 + topk)
+    kv = s.components[0, i, COMPONENTS.index("bytes_kv")]
+    assert kv == 128 * 512 + min(topk, 1000) * 288

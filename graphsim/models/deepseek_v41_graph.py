@@ -7,6 +7,7 @@ Token sets are named by role so that policy passes can rewrite *which tokens* ru
 * ``q_enc`` / ``q_dkv`` / ``q_dec`` — the query side of encoder layers, of decoder layers up to the last KV
   source, and of the later decoder layers (what decoder bounded replay shortens);
 * ``kv`` — positions whose global KV is produced (never the replayed prefix: a restore reads it);
+* ``kv_in`` — the Decoder KV source's input positions: ``kv`` plus any replayed prefix;
 * ``eng_*`` — the text tokens of a query set (image tokens bypass Engram);
 * ``last`` — positions that need logits.
 """
@@ -78,6 +79,9 @@ class DeepSeekV41(Model):
         """DSpark's drafter has its own experts: EP must divide them too; verify lengths fit the draft block."""
         c = self.cfg
         if plan.policies.dspark == "on":
+            if plan.policies.decoder_replay != "off":
+                raise GraphsimError("policies.decoder_replay", "decoder bounded replay applies only to extend batches "
+                                    "without speculative decoding (SGLang); use decoder_replay='off' with dspark='on'")
             divides("mapping.ep", plan.mapping.ep, c.dspark_n_routed_experts, "DSpark drafter experts")
             for r in plan.requests:
                 if r.kind == "decode" and r.new - 1 > c.dspark_block_size:
@@ -98,7 +102,7 @@ class DeepSeekV41(Model):
 
         c = self.cfg
         extras.vision_stage(self, b, kinds, policies, requests)
-        for name in ("q_enc", "q_dkv", "q_dec", "kv"):
+        for name in ("q_enc", "q_dkv", "q_dec", "kv", "kv_in"):
             b.token_set(name)
         for name in ("q_enc", "q_dkv", "q_dec"):
             b.token_set(f"eng_{name}", prefill="text", decode="all")
@@ -116,7 +120,9 @@ class DeepSeekV41(Model):
             stage = li.stage
             if li.kv_source and li.stage == "decoder":
                 with b.stage("global_kv"), b.layer(li.layer):
-                    self._mhc_pre(b, li.layer, "hc_attn", "kv", norm_weight=f"layers.{li.layer}.attn_norm")
+                    # the Decoder KV source's input: every position that needs its KV *and* every replayed
+                    # position its queries need (kv_in = kv, widened by encoder replay)
+                    self._mhc_pre(b, li.layer, "hc_attn", "kv_in", norm_weight=f"layers.{li.layer}.attn_norm")
                     owners_write[li.layer] = self._kv_producer(b, li)
             with b.stage(stage), b.layer(li.layer):
                 if li.engram:
@@ -159,9 +165,13 @@ class DeepSeekV41(Model):
         b.token_set("cached_swa", prefill=f"cached_swa:{W}", decode="none")
         per_entry = self.sem.main_kv_entry_bytes(c) + self.sem.index_k_entry_bytes(c)
         cost = Cost.of(tokens("cached_swa"), bytes_c2c=len(self.layers) * self.sem.swa_entry_bytes(c))
+        state = self.sem.compressor_state_row_bytes(c)
         for li in self.layers:
             if li.kv_source:
-                cost += Cost.of(Feature("new_groups", "cached", (li.ratio,)), bytes_c2c=per_entry)
+                done = Feature("new_groups", "cached", (li.ratio,))
+                cost += Cost.of(done, bytes_c2c=per_entry)
+                if c.pooled(li.ratio):  # an unfinished group's pending state: (cached mod m) rows
+                    cost += Cost.of(tokens("cached"), bytes_c2c=state) + Cost.of(done, bytes_c2c=-li.ratio * state)
         with b.stage("restore"):
             return b.op("restore.prefix", "host_copy", cost, stream="host_copy", token_set="cached", split=("dp",),
                         deps=(), formula=f"cached global KV ({per_entry:g} B per owner entry) + kept SWA window")
@@ -205,7 +215,7 @@ class DeepSeekV41(Model):
         p = f"layers.{layer}.engram"
         rows = c.engram_lookup_rows
         t = tokens(ts)
-        b.op("engram.hash", "engram", Cost.of(t, flops_int8=8.0 * rows, bytes_act=4.0 * c.engram_max_ngram_size + 8.0 * rows),
+        b.op("engram.hash", "engram", Cost.of(t, flops_fp32=8.0 * rows, bytes_act=4.0 * c.engram_max_ngram_size + 8.0 * rows),
              token_set=ts, split=("dp",), formula=f"{rows} n-gram hashes per token")
         payload = self.sem.engram_lookup_bytes_per_token(c)
         b.op("engram.lookup", "engram", Cost.of(t, bytes_weight=payload, bytes_act=c.engram_lookup_dim * BF16),
@@ -315,7 +325,9 @@ class DeepSeekV41(Model):
             cand = b.tensor(f"layers.{li.layer}.candidates", "workspace", "int8", elems_per_token=4 * pool, module=p)
             b.op("indexer.candidates", "indexer",
                  Cost.of(Feature("topk_pairs", ts, (m, pool)), bytes_act=4.0)
-                 + Cost.of(Feature("topk_pairs", ts, (m * c.candidate_block_size, blocks)), flops_fp32=2.0, bytes_act=4.0),
+                 # selection scans every block max (ceil: the newest partial block is always kept)
+                 + Cost.of(Feature("compressed_pairs", ts, (m * c.candidate_block_size,)), flops_fp32=2.0, bytes_act=4.0)
+                 + Cost.of(tokens(ts), flops_fp32=2.0, bytes_act=4.0),
                  token_set=ts, split=("dp",), writes=(cand,),
                  formula=f"keep <= {blocks} blocks (newest always), gather <= {pool} candidate positions")
         sel = b.tensor(f"layers.{li.layer}.topk", "workspace", "int8", elems_per_token=4 * c.index_topk, module=p)
