@@ -289,6 +289,9 @@ class CommSpec:
     where: str = attrs.field(default="after", validator=attrs.validators.in_(("before", "after")))
     algorithm: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "ring", "tree", "direct")))
     note: str = ""
+    #: collectives of one layer with the same ``merge`` key that land on the same ranks are one collective
+    #: (e.g. routed and shared expert outputs summed before a single all-reduce): the later one carries it
+    merge: str = ""
 
 
 def _frozen_params(p) -> tuple:

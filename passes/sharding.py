@@ -224,6 +224,7 @@ def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *,
     tensors = graph.tensor_map
     ops: list[Op] = []
     edges = list(graph.edges)
+    merged: dict[tuple, int] = {}  # (layer, merge key, collective, ranks, stride) -> index of the pending one
     for op in graph.ops:
         base = attrs.evolve(op, cost=shard_cost(op, mapping, imb), comm=())
         if op.kind in TP_REPLICATED_KINDS and "tp" in op.split and mapping.tp > 1:
@@ -255,6 +256,12 @@ def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *,
             cop = Op(name, "collective", op.stage, cost_c, op.layer, "comm", op.token_set, "",
                      frozenset(), (), (), (), (("collective", spec.collective), ("group", group),
                                              ("ranks", n), ("note", spec.note)), how)
+            if spec.merge:
+                key = (op.layer, spec.merge, spec.collective, n, group_stride(group, mapping))
+                if key in merged:  # the earlier one's data rides in this one: it costs nothing
+                    j = merged[key]
+                    ops[j] = attrs.evolve(ops[j], cost=Cost(), formula=f"merged into {name}")
+                merged[key] = len(ops) + len(before) + 1 + len(after) if spec.where == "after" else len(ops) + len(before)
             (before if spec.where == "before" else after).append(cop)
         if op.kind == "collective" and not base.cost.terms and op.comm:
             base = attrs.evolve(base, formula="single rank: no communication")

@@ -147,3 +147,16 @@ def test_jax_sweep_matches_reference_on_v3():
     ref = evaluate_reference(c.program, wl, c.unit_time())
     jx = c.evaluate(wl)
     np.testing.assert_allclose(jx["forward"], ref.forward, rtol=1e-9)
+
+
+@pytest.mark.parametrize("model", ["deepseek-v3", "deepseek-v4.1-flash"])
+def test_routed_and_shared_expert_outputs_share_one_all_reduce(model):
+    # ep=1, tp=4: routed (expert-TP) and shared (TP) outputs land on the same 4 ranks -> summed, reduced once
+    g = gs.compile_plan(model, gs.Plan(["decode:4096x8"], gs.ParallelMapping(tp=4)), "gb200").graph
+    ars = [op for op in g.ops if op.layer == 5 and op.kind == "collective" and "all_reduce" in op.name]
+    live = [op for op in ars if op.cost.terms]
+    assert len(ars) == 3 and len(live) == 2  # wo_b's, and one for the MoE block
+    # tp=2, dp=2: the expert group spans 4 ranks, the shared expert's 2: both reductions stay
+    g = gs.compile_plan(model, gs.Plan(["decode:4096x8"], gs.ParallelMapping(tp=2, dp=2)), "gb200").graph
+    ars = [op for op in g.ops if op.layer == 5 and op.kind == "collective" and "all_reduce" in op.name]
+    assert len([op for op in ars if op.cost.terms]) == 3

@@ -368,5 +368,8 @@ def test_expert_tp_reduce_payload(ep, share):
     wo = comps(g.op("layers.3.wo.all_reduce").cost)["bytes_nvlink"]
     moe = g.op("layers.3.moe.experts.all_reduce.2")  # the op's third CommSpec (after dispatch, combine)
     assert moe.params[1] == ("group", "moe_tp")
+    if ep == 1:  # same 8 ranks as the shared expert's TP reduce: summed first, reduced once there
+        assert not moe.cost.terms and "merged into" in moe.formula
+        moe = g.op("layers.3.moe.shared.down.all_reduce")
     n = 8 // ep
     assert comps(moe.cost)["bytes_nvlink"] == pytest.approx(wo / (2 * 7 / 8) * share * 2 * (n - 1) / n)

@@ -57,20 +57,24 @@ def rmsnorm(b: GraphBuilder, name: str, ts: str, d: int, *, split=("dp",), out_b
                          split=split, **kw)
 
 
-def all_reduce_tp(ts: str, hidden: int, bytes_per: float = 2.0, note: str = "") -> CommSpec:
+def all_reduce_tp(ts: str, hidden: int, bytes_per: float = 2.0, note: str = "", merge: str = "") -> CommSpec:
     """TP all-reduce of a row-parallel output (batch-wide payload; the sharding pass takes the rank share)."""
-    return CommSpec("all_reduce", "tp", Cost.of(tokens(ts), bytes_act=hidden * bytes_per), note=note)
+    return CommSpec("all_reduce", "tp", Cost.of(tokens(ts), bytes_act=hidden * bytes_per), note=note, merge=merge)
+
+
+#: Routed and shared expert outputs are summed before one all-reduce when their groups coincide.
+MOE_OUT = "moe_out"
 
 
 def swiglu_mlp(b: GraphBuilder, prefix: str, ts: str, hidden: int, inter: int, *, weights: tuple[str, str],
-               act_in: str = "bf16") -> str:
+               act_in: str = "bf16", merge: str = "") -> str:
     """Dense SwiGLU MLP with TP: gate/up fused column-parallel, down row-parallel + all-reduce."""
     up, down = weights
     b.gemm(f"{prefix}gate_up", ts, hidden, 2 * inter, weight=up, act_in=act_in, split=("tp", "dp"))
     b.elementwise(f"{prefix}swiglu", ts, inter, bytes_in=4.0, bytes_out=2.0, flops_per_elem=4.0,
                   kind="activation", split=("tp", "dp"))
     return b.gemm(f"{prefix}down", ts, inter, hidden, weight=down, act_in=act_in, split=("tp", "dp"),
-                  comm=(all_reduce_tp(ts, hidden, note="row-parallel down"),))
+                  comm=(all_reduce_tp(ts, hidden, note="row-parallel down", merge=merge),))
 
 
 def embedding(b: GraphBuilder, ts: str, hidden: int, weight: str) -> str:
@@ -87,4 +91,5 @@ def lm_head(b: GraphBuilder, ts: str, hidden: int, vocab: int, weight: str) -> s
                   comm=(CommSpec("all_gather", "tp", Cost.of(tokens(ts), bytes_act=vocab * 4.0), note="logits"),))
 
 
-__all__ = ["Model", "divides", "tokens", "rmsnorm", "all_reduce_tp", "swiglu_mlp", "embedding", "lm_head", "ONE"]
+__all__ = ["Model", "divides", "tokens", "rmsnorm", "all_reduce_tp", "swiglu_mlp", "embedding", "lm_head", "ONE",
+           "MOE_OUT"]

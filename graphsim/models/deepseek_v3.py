@@ -9,7 +9,7 @@ from ..builder import GraphBuilder
 from ..config import need, text_config
 from ..ir import CommSpec, Cost, Feature, Tensor, fmt
 from ..plan import ParallelMapping
-from .base import Model, all_reduce_tp, divides, embedding, lm_head, rmsnorm, swiglu_mlp, tokens
+from .base import MOE_OUT, Model, all_reduce_tp, divides, embedding, lm_head, rmsnorm, swiglu_mlp, tokens
 
 
 @attrs.frozen
@@ -184,9 +184,10 @@ class DeepSeekV3(Model):
                             note="dispatch (FP8)")
         combine = CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=c.top_k * c.hidden * 2.0), "after",
                            note="combine (BF16)")
-        reduce = CommSpec("all_reduce", "moe_tp", Cost.of(t, bytes_act=c.hidden * 2.0), "after", note="expert TP")
+        reduce = CommSpec("all_reduce", "moe_tp", Cost.of(t, bytes_act=c.hidden * 2.0), "after", note="expert TP",
+                          merge=MOE_OUT)
         b.moe_experts("moe.experts", "all", experts=c.experts, top_k=c.top_k, hidden=c.hidden, inter=c.moe_inter,
                       weight=p + "moe.experts", split=("ep",), comm=(dispatch, combine, reduce))
         swiglu_mlp(b, "moe.shared.", "all", c.hidden, c.shared * c.moe_inter,
-                   weights=(p + "moe.shared.gate_up", p + "moe.shared.down"), act_in="fp8")
+                   weights=(p + "moe.shared.gate_up", p + "moe.shared.down"), act_in="fp8", merge=MOE_OUT)
 

@@ -19,7 +19,7 @@ from ..errors import GraphsimError
 from ..ir import ONE, CommSpec, Cost, Feature, Tensor
 from ..plan import ParallelMapping
 from . import deepseek_v41 as sem
-from .base import Model, all_reduce_tp, divides, tokens
+from .base import MOE_OUT, Model, all_reduce_tp, divides, tokens
 
 BF16 = 2.0
 
@@ -383,7 +383,8 @@ class DeepSeekV41(Model):
                          note="dispatch (FP8 + scales)"),
                 CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=c.num_experts_per_tok * d * BF16), "after",
                          note="combine (BF16)"),
-                CommSpec("all_reduce", "moe_tp", Cost.of(t, bytes_act=d * BF16), "after", note="expert TP"))
+                CommSpec("all_reduce", "moe_tp", Cost.of(t, bytes_act=d * BF16), "after", note="expert TP",
+                         merge=MOE_OUT))
         b.moe_experts("ffn.experts", ts, experts=c.n_routed_experts, top_k=c.num_experts_per_tok, hidden=d, inter=f,
                       weight=tuple(f"{p}.experts.{w}" for w in ("w1", "w3", "w2")), split=("ep",), comm=comm)
         s = f"{p}.shared_experts"
@@ -393,7 +394,7 @@ class DeepSeekV41(Model):
         b.elementwise("ffn.shared.swiglu", ts, fs, bytes_in=2 * BF16, bytes_out=1.0 + 1 / 32, flops_per_elem=4,
                       kind="activation", split=("tp", "dp"))
         b.gemm("ffn.shared.w2", ts, fs, d, weight=f"{s}.w2", act_in="fp8", split=("tp", "dp"),
-               comm=(all_reduce_tp(ts, d, note="row-parallel shared expert"),))
+               comm=(all_reduce_tp(ts, d, note="row-parallel shared expert", merge=MOE_OUT),))
 
 
 def load(name_or_path="deepseek-v4.1-flash") -> DeepSeekV41:
