@@ -18,7 +18,7 @@ import numpy as np
 from .errors import require
 from .ir import COMPONENT_INDEX
 from .lowering.features import feature_matrix
-from .memory import DEFAULT_RESERVE_GIB, device_weights, kv_divisor, kv_request_bytes
+from .memory import DEFAULT_RESERVE_GIB, device_weights, kv_per_device
 from .pipeline import Plan, Policies, compile_plan
 from .plan import ParallelMapping
 
@@ -95,7 +95,6 @@ class MemoryModel:
         self.model, self.hw, self.mapping, self.policies = self.c.model, self.c.hw, mapping, policies
         self.reserve = reserve_gib * GiB
         self.weights, self.tables = self._weights()
-        self._kv_div = kv_divisor(self.model, mapping)
         prog = self.c.program
         self._act = prog.coef[: len(prog.features), :, COMPONENT_INDEX["bytes_act"]]
 
@@ -106,7 +105,7 @@ class MemoryModel:
 
     def kv_per_request(self, context: int) -> float:
         """One request's KV bytes on this device: the model's cache split over the devices sharing it."""
-        return float(kv_request_bytes(self.model, int(context), self.policies)) / self._kv_div
+        return float(kv_per_device(self.model, int(context), self.mapping, self.policies))
 
     def workspace(self, batch, context) -> np.ndarray:
         """Largest activation bytes of one op per device at each (batch, context) point."""

@@ -6,8 +6,9 @@
   loaded stage; Engram tables (role ``table``) are in HBM only when ``policies.engram == "hbm"`` — their
   projections stay in HBM either way; groups the model does not load under the policies (e.g. DSpark off)
   are left out;
-* KV — ``model.kv_bytes(context)`` per request divided over the devices sharing a request's cache:
-  ``model.kv_split(mapping)`` (attention-DP by default) × cp (positions) × pp (layers, ≈ evenly);
+* KV — one request's cache on the most loaded device (:func:`kv_per_device`): split as
+  ``model.kv_split(mapping)`` says, whole on every CP rank (the KV is all-gathered), per pipeline stage
+  from the model's per-layer breakdown (shared owners' KV counted where it lives and where it is read);
 * workspace — the largest activation bytes any one op moves at the workload;
 * a runtime reserve (CUDA context, NCCL/DeepEP buffers, CUDA graphs, fragmentation), a parameter.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import functools
 
 import attrs
+import numpy as np
 
 from .ir import Graph
 from .plan import ParallelMapping
@@ -27,17 +29,59 @@ GiB = 2.0**30
 DEFAULT_RESERVE_GIB = 8.0
 
 
-def kv_divisor(model, mapping: ParallelMapping) -> int:
-    """Devices one request's KV is spread over."""
-    split = model.kv_split(mapping) if hasattr(model, "kv_split") else mapping.dp
-    return split * mapping.cp * mapping.pp
-
-
 def kv_request_bytes(model, context, policies=None) -> float:
     """KV bytes one request holds at ``context`` tokens under ``policies`` (DSpark adds its SWA blocks)."""
     if policies is not None and getattr(policies, "dspark", "off") == "on" and hasattr(model, "kv_capacity"):
         return model.kv_capacity(int(context), dspark=True).total
     return model.kv_bytes(context)
+
+
+def _trunk_layers(model) -> int:
+    layers = getattr(model, "layers", None)
+    if layers is not None and not isinstance(layers, int):
+        return len(layers)
+    cfg = getattr(model, "cfg", None)
+    for name in ("layers", "num_hidden_layers"):
+        if isinstance(getattr(cfg, name, None), int):
+            return getattr(cfg, name)
+    raise ValueError(f"{model.name}: cannot tell how many trunk layers it has")
+
+
+def kv_layer_bytes(model, context, policies=None) -> dict:
+    """One request's KV bytes per layer (owners hold the shared global KV; extra keys sort after the
+    trunk, e.g. draft blocks). Uniform over the trunk when the model has no per-layer breakdown."""
+    hook = getattr(model, "kv_bytes_by_layer", None)
+    if hook is not None:
+        return hook(int(context), policies)
+    n = _trunk_layers(model)
+    per = kv_request_bytes(model, context, policies) / n
+    return {i: per for i in range(n)}
+
+
+def kv_per_device(model, context, mapping: ParallelMapping, policies=None) -> float:
+    """One request's KV bytes on the most loaded device: split as ``model.kv_split`` says (attention-DP by
+    default), not by cp (context parallelism all-gathers each layer's KV), and with pipeline parallelism
+    the stage holding the most — its own layers' caches plus copies of owners' KV its layers read."""
+    split = model.kv_split(mapping) if hasattr(model, "kv_split") else mapping.dp
+    if mapping.pp == 1:
+        return kv_request_bytes(model, context, policies) / split
+    from .passes.pipeline_parallel import stage_sizes
+
+    per = kv_layer_bytes(model, context, policies)
+    n = _trunk_layers(model)
+    bounds = np.cumsum(stage_sizes(n, mapping.pp))
+    stage = {k: min(int(np.searchsorted(bounds, k, side="right")), mapping.pp - 1) for k in per}
+    load = np.zeros(mapping.pp)
+    for k, v in per.items():
+        load[stage[k]] += v
+    owners = {li.layer: li.kv_owner for li in getattr(model, "layers", ()) if getattr(li, "kv_owner", None) is not None}
+    owned = getattr(model, "owner_kv_bytes", None)
+    if owned is not None:
+        for s in range(mapping.pp):  # a stage keeps a copy of every earlier owner's KV its layers read
+            for o in {own for lay, own in owners.items() if stage[lay] == s and stage[own] != s}:
+                load[s] += owned(int(context), o)
+    return float(load.max()) / split
+
 
 
 @functools.lru_cache(maxsize=32)

@@ -21,22 +21,17 @@ def weight_bytes(compiled) -> float:
     return device_weights(compiled).total
 
 
-def kv_split(model, mapping) -> int:
-    """Devices one request's KV is spread over (:func:`graphsim.memory.kv_divisor`)."""
-    from .memory import kv_divisor
-
-    return kv_divisor(model, mapping)
-
-
 class KVTable:
-    """``model.kv_bytes`` over arrays: one vectorized call when the model's formula takes arrays (checked
+    """One request's KV bytes on one device (:func:`graphsim.memory.kv_per_device`) over arrays: one vectorized call when the model's formula takes arrays (checked
     against scalar calls), else one call per distinct context, memoized (sweep grids repeat contexts)."""
 
-    def __init__(self, model, policies=None):
-        from .memory import kv_request_bytes
+    def __init__(self, model, policies=None, mapping=None):
+        from .memory import kv_per_device
+        from .plan import ParallelMapping
 
         self.model = model
-        self._bytes = lambda n: kv_request_bytes(model, n, policies)
+        m = mapping or ParallelMapping()
+        self._bytes = lambda n: kv_per_device(model, n, m, policies)  # one request's KV on one device
         self._memo: dict[int, float] = {}
         self._vectorized: bool | None = None
 

@@ -75,7 +75,7 @@ GiB = 2.0**30
 
 def make_report(compiled, point: int = 0) -> Report:
     """Evaluate one plan at its own workload (reference path) and summarize it."""
-    from .memory import DEFAULT_RESERVE_GIB, device_weights, kv_divisor, kv_request_bytes
+    from .memory import DEFAULT_RESERVE_GIB, device_weights, kv_per_device
 
     c = compiled
     g, plan, m = c.graph, c.plan, c.plan.mapping
@@ -117,8 +117,7 @@ def make_report(compiled, point: int = 0) -> Report:
     reqs = plan.requests
     # ---- memory per device
     weights = device_weights(c)
-    kv = sum(r.count * kv_request_bytes(c.model, r.past_tokens + r.new_tokens, plan.policies) for r in reqs)
-    kv /= kv_divisor(c.model, m)
+    kv = sum(r.count * kv_per_device(c.model, r.past_tokens + r.new_tokens, m, plan.policies) for r in reqs)
     act = comps[:, COMPONENTS.index("bytes_act")]
     workspace = float(act.max()) if len(act) else 0.0
     reserve = DEFAULT_RESERVE_GIB * GiB

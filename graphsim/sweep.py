@@ -466,10 +466,10 @@ class _Programs:
             while len(self.compiled) >= self.keep:
                 self.compiled.pop(next(iter(self.compiled)))
             self.compiled[key] = c
-        policies = self.compiled[key].plan.policies
-        kv_key = (sp.model, policies.dspark)  # DSpark's draft blocks hold SWA caches too
+        plan = self.compiled[key].plan
+        kv_key = (sp.model, plan.policies.dspark, plan.mapping)  # DSpark's draft blocks hold SWA caches too
         if kv_key not in self.kv:
-            self.kv[kv_key] = KVTable(self.models[sp.model], policies)
+            self.kv[kv_key] = KVTable(self.models[sp.model], plan.policies, plan.mapping)
         return self.compiled[key], self.kv[kv_key]
 
 
@@ -693,7 +693,7 @@ def _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress):
     import pyarrow as pa
 
     from .lowering.evaluate import op_kinds
-    from .metrics import kv_bytes_per_device, kv_split, memory_metrics, token_metrics, weight_bytes
+    from .metrics import kv_bytes_per_device, memory_metrics, token_metrics, weight_bytes
     from .workload import FIELDS, Workload
 
     mapping, kinds = compiled.plan.mapping, sp.kinds
@@ -701,7 +701,7 @@ def _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress):
     prof_axes = [a for a in grid.names if a.startswith("profile.")]
     rates = _Rates(compiled.hw, profile, hw_axes, prof_axes)
     weights = weight_bytes(compiled)
-    split = kv_split(compiled.model, mapping)
+    split = 1  # the KV table already gives one request's bytes on one device
     want = ("forward", "stages", "workspace") + (("kinds",) if "kinds" in spec.outputs else ()) \
         + (("components",) if "traffic" in spec.outputs else ())
     stage_names, kind_names = compiled.program.stages, op_kinds(compiled.program)

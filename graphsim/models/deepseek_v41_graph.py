@@ -65,6 +65,23 @@ class DeepSeekV41(Model):
         reqs = (Request.parse("prefill:64+img:224x224"), Request.parse("decode:64"))
         return self.build(("prefill", "decode"), policies=Policies(dspark="on"), requests=reqs)
 
+    def owner_kv_bytes(self, context: int, layer: int) -> float:
+        """Global KV one owner layer holds for one request (main + index K + pending compressor state)."""
+        c, m = self.cfg, self.layers[layer].ratio
+        per = self.sem.main_kv_entry_bytes(c) + self.sem.index_k_entry_bytes(c)
+        pending = (context % m) * self.sem.compressor_state_row_bytes(c) if c.pooled(m) else 0.0
+        return (context // m) * per + pending
+
+    def kv_bytes_by_layer(self, context: int, policies=None) -> dict:
+        """One request's KV per layer: SWA on every trunk layer, global KV on its owners, DSpark's SWA blocks
+        (when it runs) after the trunk. Sums to :meth:`kv_capacity` ``.total``."""
+        c = self.cfg
+        swa = min(context, c.sliding_window) * self.sem.swa_entry_bytes(c)
+        out = {li.layer: swa + (self.owner_kv_bytes(context, li.layer) if li.kv_source else 0.0) for li in self.layers}
+        if getattr(policies, "dspark", "off") == "on":
+            out[len(self.layers)] = c.n_dspark_blocks * swa
+        return out
+
     def kv_split(self, m: ParallelMapping) -> int:
         """One latent KV head (MQA): the cache is replicated across TP, split across attention-DP."""
         return m.dp
