@@ -53,7 +53,7 @@ def _compile(a):
                         algorithms=algos, acceptance=acc)
     if a.verify < 0:
         raise GraphsimError("verify", f"must be >= 0, got {a.verify}")
-    reqs = [Request.parse(r) for r in a.request]
+    reqs = [r if isinstance(r, Request) else Request.parse(r) for r in a.request]
     if a.verify:
         if a.dspark != "on":
             raise GraphsimError("verify", "verify lengths need --dspark on")
@@ -81,9 +81,9 @@ def _estimate_chunked(a) -> None:
     decodes = [r for r in reqs if r.kind == "decode"]
     steps = []
     for i in range(max((len(p) for p in prefills), default=1)):
-        a.request = [str(p[i]) for p in prefills if i < len(p)] + [str(r) for r in decodes]
+        a.request = [p[i] for p in prefills if i < len(p)] + decodes
         rep = _compile(a).report()
-        steps.append({"step": i, "requests": a.request, "forward_s": rep.forward_s,
+        steps.append({"step": i, "requests": [str(r) for r in a.request], "forward_s": rep.forward_s,
                       "stages": {k: v["busy_s"] for k, v in rep.stages.items()}})
     ttft = sum(s["forward_s"] for s in steps)
     if a.json:

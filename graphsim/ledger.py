@@ -19,18 +19,20 @@ from .plan import Request
 
 def chunk_prefill(req: Request, chunk: int) -> list[Request]:
     """Split a prefill into forward steps of at most ``chunk`` new tokens; step i has the earlier chunks
-    (and any cached prefix) cached, with their SWA state present."""
+    (and any cached prefix) cached, with their SWA state present. Image tokens lead the prompt and spread
+    over the first chunks; the vision encoder runs in the first."""
     positive_int(chunk, "chunk")
     if req.kind != "prefill" or req.new_tokens <= chunk:
         return [req]
     out, done = [], req.cached
     first = True
+    images = req.image_tokens  # images lead the uncached prompt; the ViT runs once, in the first chunk
     while done < req.length:
         end = min(done + chunk, req.length)
+        img = min(images, end - done)
         out.append(attrs.evolve(req, length=end, cached=done, swa_cached=req.swa_cached if first else True,
-                                image_tokens=req.image_tokens if first else 0,
-                                image_patches=req.image_patches if first else 0))
-        done, first = end, False
+                                image_tokens=img, image_patches=req.image_patches if first else 0))
+        done, first, images = end, False, images - img
     return out
 
 

@@ -50,8 +50,9 @@ class Request:
         positive_int(self.new, "request.new")
         positive_int(self.image_tokens, "request.image_tokens", allow_zero=True)
         positive_int(self.image_patches, "request.image_patches", allow_zero=True)
-        require((self.image_tokens == 0) == (self.image_patches == 0), "request.image_patches",
-                "image tokens and ViT patches come together (both zero or both positive)")
+        # patches make image tokens; image tokens without patches were encoded by an earlier chunk
+        require(self.image_patches == 0 or self.image_tokens > 0, "request.image_patches",
+                "ViT patches produce image tokens: give image_tokens > 0 with them")
         if self.kind == "prefill":
             require(self.cached < self.length, "request.cached",
                     f"cached prefix ({self.cached}) must be shorter than the prompt ({self.length})")

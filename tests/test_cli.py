@@ -109,3 +109,18 @@ def test_dspark_report_counts_expected_emitted_tokens(capsys):
 def test_unsupported_policies_are_rejected(args, field, capsys):
     rc = main(["estimate", *args])
     assert rc == 2 and f"error: {field}" in capsys.readouterr().err
+
+
+def test_chunked_prefill_with_an_image_larger_than_a_chunk(capsys):
+    # 2,000 text + 475 image tokens in chunks of 256: the ViT runs in step 0; image tokens spread over 2 steps
+    from graphsim.ledger import chunk_prefill
+    from graphsim.plan import Request
+
+    steps = chunk_prefill(Request.parse("prefill:2000+img:1024x768"), 256)
+    assert [s.image_tokens for s in steps[:3]] == [256, 219, 0] and sum(s.new_tokens for s in steps) == 2475
+    assert [s.image_patches > 0 for s in steps[:2]] == [True, False]
+    rc = main(["estimate", "--model", "deepseek-v4.1-flash", "--request", "prefill:2000+img:1024x768", "--chunk", "256",
+               "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and len(d["steps"]) == 10
+    assert "vision" in d["steps"][0]["stages"] and "vision" not in d["steps"][1]["stages"]

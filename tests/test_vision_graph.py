@@ -69,8 +69,9 @@ def test_bad_image_requests(spec, field):
 
 def test_image_tokens_and_patches_come_together():
     with pytest.raises(GraphsimError) as e:
-        Request("prefill", 100, image_tokens=10)
+        Request("prefill", 100, image_patches=1800)  # patches always make image tokens
     assert e.value.field == "request.image_patches"
+    assert Request("prefill", 100, cached=50, image_tokens=10).image_patches == 0  # encoded by an earlier chunk
     with pytest.raises(GraphsimError) as e:
         Request("prefill", 100, image_tokens=200, image_patches=1800)
     assert e.value.field == "request.image_tokens"  # image tokens are part of the prompt's positions
