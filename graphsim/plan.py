@@ -5,6 +5,7 @@ import re
 from typing import Sequence
 
 import attrs
+import numpy as np
 
 from .errors import GraphsimError, positive_int, require
 from .workload import Workload
@@ -109,21 +110,28 @@ class Request:
         return s + (f"+img:{self.image_tokens}tok/{self.image_patches}patches" if self.image_tokens else "")
 
 
-def workload_of(requests: Sequence[Request], *, replay_window: int = 128, encoder_replay: bool = True) -> Workload:
-    """One workload point with one group per request spec.
+def prefill_positions(prompt, cached, swa_cached, *, replay_window: int = 128, encoder_replay: bool = True):
+    """(new, past, replay) positions of prefill requests, elementwise over arrays.
 
     A prefix hit whose SWA cache is missing replays its last min(cached, ``replay_window``) cached positions
     (encoder bounded replay); with ``encoder_replay`` off such a hit is recomputed from scratch.
     """
+    prompt, cached = np.asarray(prompt, dtype=np.float64), np.asarray(cached, dtype=np.float64)
+    lost = (cached > 0) & ~np.asarray(swa_cached, dtype=bool)  # a prefix hit without its SWA cache
+    if encoder_replay:
+        return prompt - cached, cached, np.where(lost, np.minimum(cached, float(replay_window)), 0.0)
+    return np.where(lost, prompt, prompt - cached), np.where(lost, 0.0, cached), np.zeros_like(cached)
+
+
+def workload_of(requests: Sequence[Request], *, replay_window: int = 128, encoder_replay: bool = True) -> Workload:
+    """One workload point with one group per request spec (prefill positions per :func:`prefill_positions`)."""
     require(len(requests) > 0, "requests", "give at least one request")
     rows = []
     for r in requests:
         new, past, replay = r.new_tokens, r.past_tokens, 0
-        if r.kind == "prefill" and r.cached and not r.swa_cached:
-            if encoder_replay:
-                replay = min(r.cached, replay_window)
-            else:
-                new, past = r.length, 0
+        if r.kind == "prefill":
+            new, past, replay = (float(x) for x in prefill_positions(
+                r.length, r.cached, r.swa_cached, replay_window=replay_window, encoder_replay=encoder_replay))
         rows.append((r.count, new, past, r.image_tokens, r.image_patches, replay))
     cols = list(zip(*rows))
     return Workload(tuple(r.kind for r in requests), *([list(c)] for c in cols))

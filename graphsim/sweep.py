@@ -612,7 +612,8 @@ def _check_groups(groups: list[dict], n: int, speculative: bool = False) -> tupl
 
 
 def _workload_arrays(kinds: tuple, groups: list[dict], policies: Mapping) -> dict[str, np.ndarray]:
-    """(n, G) workload fields, with ``Plan.workload`` semantics (tests compare the two)."""
+    """(n, G) workload fields, with ``Plan.workload`` semantics (both use plan.prefill_positions)."""
+    from .plan import prefill_positions
     from .workload import FIELDS
 
     cols: dict[str, list] = {f: [] for f in FIELDS}
@@ -620,12 +621,9 @@ def _workload_arrays(kinds: tuple, groups: list[dict], policies: Mapping) -> dic
         v = {f: g[f][0] for f in g}
         zero = np.zeros_like(v["count"])
         if k == "prefill":
-            new, past, replay = v["prompt"] - v["cached"], v["cached"].copy(), zero.copy()
-            lost = (v["cached"] > 0) & (v["swa_cached"] == 0)  # prefix hit without its SWA cache
-            if policies.get("encoder_replay", "on") == "on":
-                replay = np.where(lost, np.minimum(v["cached"], float(policies.get("replay_window", 128))), 0.0)
-            else:
-                new, past = np.where(lost, v["prompt"], new), np.where(lost, 0.0, past)
+            new, past, replay = prefill_positions(
+                v["prompt"], v["cached"], v["swa_cached"] != 0, replay_window=int(policies.get("replay_window", 128)),
+                encoder_replay=policies.get("encoder_replay", "on") == "on")
             parts = {"count": v["count"], "new": new, "past": past, "image": v["image"], "patches": v["patches"],
                      "replay": replay}
         else:
