@@ -145,7 +145,8 @@ class GraphBuilder:
                     weight_format: str | StorageFormat | None = None, weight: str | tuple | None = None,
                     act_in: str = "fp8", act_out: str = "bf16", group: str = "trunk", **kw) -> str:
         """Routed SwiGLU experts (w1, w3: hidden→inter; w2: inter→hidden). FLOPs follow token-expert pairs;
-        weight bytes follow the *expected distinct experts touched*, E·(1-(1-k/E)^T)."""
+        weight bytes follow the *expected distinct experts touched*, E·(1-(1-k/E)^T); activations as grouped
+        GEMMs with a fused SwiGLU epilogue move them."""
         per_expert = 3 * hidden * inter
         if weight is None:
             require(weight_format is not None, f"moe_experts[{name}]", "give weight_format or an existing weight")
@@ -158,8 +159,9 @@ class GraphBuilder:
         prec = wider(fmt(act_in).compute, f.compute)  # FP8 activations x FP4 experts run at the FP8 rate
         t = Feature("tokens", token_set)
         touched = Feature("experts_touched", token_set, (experts, top_k))
-        act = top_k * (fmt(act_in).nbytes(hidden) + 2 * fmt("bf16").nbytes(inter) + fmt(act_in).nbytes(inter)
-                       + fmt(act_out).nbytes(hidden))
+        # grouped GEMMs with a fused SwiGLU epilogue: read the dispatched tokens, write the quantized SwiGLU
+        # output once and read it back in w2, write the expert outputs
+        act = top_k * (fmt(act_in).nbytes(hidden) + 2 * fmt(act_in).nbytes(inter) + fmt(act_out).nbytes(hidden))
         cost = (Cost.of(touched, bytes_weight=sum(x.nbytes for x in tensors) / experts)
                 + Cost.of(t, **{f"flops_{prec}": 2.0 * per_expert * top_k, "bytes_act": act}))
         return self.op(name, "moe_experts", cost, token_set=token_set, precision=prec, reads=names,

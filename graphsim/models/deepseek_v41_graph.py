@@ -303,7 +303,7 @@ class DeepSeekV41(Model):
         return b.op("indexer.k_write", "indexer",
                     Cost.of(ONE, bytes_weight=wk.nbytes)
                     + Cost.of(entries, flops_bf16=2.0 * c.head_dim * c.index_head_dim,
-                              bytes_act=BF16 * c.kv_dim, bytes_kv=self.sem.index_k_entry_bytes(c)),
+                              bytes_act=in_bytes * c.kv_dim, bytes_kv=self.sem.index_k_entry_bytes(c)),
                     token_set="kv", split=("dp",), reads=(wk.name,), writes=(idx,),
                     formula=f"wk {c.head_dim}->{c.index_head_dim} + norm, MXFP4 {self.sem.index_k_entry_bytes(c):g} B/entry")
 
