@@ -42,9 +42,11 @@ class Policies:
     fusion: str = attrs.field(default="unfused", validator=attrs.validators.in_(("unfused", "two-pass", "single-pass")))
     overlap: str = attrs.field(default="none", validator=attrs.validators.in_(("none", "two-batch")))
     engram: str = attrs.field(default="hbm", validator=attrs.validators.in_(("hbm", "host")))
-    prefetch_distance: int = 1
+    #: Engram host residency: blocks ahead the row copy may start
+    prefetch_distance: int = attrs.field(default=1, validator=_at_least(0, "policies.prefetch_distance", True))
     dspark: str = attrs.field(default="off", validator=attrs.validators.in_(("off", "on")))
-    replay_window: int = 128  #: W of both bounded replays (the SWA window of DeepSeek-V4.1)
+    #: W of both bounded replays (the SWA window of DeepSeek-V4.1)
+    replay_window: int = attrs.field(default=128, validator=_at_least(1, "policies.replay_window", True))
     #: hottest EP rank's routed work / the mean (>= 1); scales its expert work and its dispatch/combine bytes
     ep_imbalance: float = attrs.field(default=1.0, converter=float, validator=_at_least(1.0, "policies.ep_imbalance"))
     #: pipeline micro-batches per forward (0 = as many as pipeline stages)

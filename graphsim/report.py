@@ -37,7 +37,7 @@ class Report:
         i, t, m = self.identity, self.tokens, self.memory
         lines = [
             f"graphsim {i['model']} on {i['hw']} x{i['gpus']} ({i['mapping']})",
-            f"requests: {', '.join(i['requests'])}    policies: " + ", ".join(f"{k}={v}" for k, v in i["policies"].items()),
+            f"requests: {', '.join(i['requests'])}    policies: " + _policies_text(i["policies"]),
             "",
             f"forward          {_ms(self.forward_s)}",
         ]
@@ -64,6 +64,17 @@ class Report:
         for op in sorted(self.critical_path, key=lambda o: -o["duration_s"])[:top]:
             lines.append(f"  {op['name']:<34} {op['kind']:<12} {_ms(op['duration_s'])}  {op['bound']}")
         return "\n".join(lines)
+
+
+def _policies_text(policies: dict) -> str:
+    """The policies that differ from the defaults (the JSON identity always has them all)."""
+    import attrs
+
+    from .pipeline import Policies
+
+    default = attrs.asdict(Policies())
+    diff = [f"{k}={v}" for k, v in policies.items() if default.get(k) != v]
+    return ", ".join(diff) if diff else "defaults (no replay, unfused, no overlap, Engram in HBM, DSpark off)"
 
 
 def _ms(s: float) -> str:
