@@ -42,6 +42,7 @@ def _indexer_pairs(v41, ctx):
     out = {}
     for i, op in enumerate(c.graph.ops):
         if op.name.endswith("indexer.score"):
+            # §12: score = Σ_h relu(q_h·k)·w_h over 32 heads x 128 dims -> 2·32·128 + 3·32 flops per entry
             out[op.layer] = s.components[0, i, COMPONENTS.index("flops_fp8")] / (2 * 32 * 128 + 3 * 32)
     return out
 
@@ -88,7 +89,7 @@ def test_estimate_cli_v41(req, capsys):
 def test_layers_and_memory_cli(capsys):
     assert main(["layers", "deepseek-v4.1-flash", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [r["path"] for r in rows].count("reuse") == 30
+    assert [r["path"] for r in rows].count("reuse") == 30  # §2: path counts 2 / 4 / 4 / 30
     assert main(["memory", "deepseek-v4.1-flash", "--context", "1048576", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     # V41_FACTS §8: 890.00 MiB global + 2.50 MiB SWA = 892.50 MiB at N = 1,048,576
@@ -104,7 +105,8 @@ def test_v4_baseline_graph_compares():
     assert sum(1 for op in g.ops if op.name.endswith("kv.quant_write")) == 41
     r4 = gs.compile_plan(v4, gs.Plan(["decode:131072"]), "gb200").report()
     r41 = gs.compile_plan("deepseek-v4.1-flash", gs.Plan(["decode:131072"]), "gb200").report()
-    assert 0.15 < r41.memory["kv_gib"] / r4.memory["kv_gib"] < 0.35
+    # §5: "V4.1 global KV ≈ 1/4 of V4 Flash" (the semantics test pins the exact 890 / 3,850.25 = 0.231)
+    assert 0.20 < r41.memory["kv_gib"] / r4.memory["kv_gib"] < 0.30
 
 
 @pytest.mark.parametrize("model,op", [("deepseek-v4.1-flash", "layers.30.attn.sparse"),
