@@ -163,3 +163,10 @@ def test_roofline_points_under_the_roof(v41, tmp_path):
     assert (r["achieved"] <= roof * (1 + 1e-9)).all()  # SOL ops never beat the roofline
     out = plot_roofline(v41.schedule(), tmp_path / "roof.png")
     assert open(out, "rb").read(4) == b"\x89PNG"
+
+
+def test_collapsed_layer_labels_break_lines_not_backslashes(v41):
+    # DOT escapes: a label line break is `\n` inside the quoted string, never a literal backslash
+    dot = to_dot(v41.graph, collapse_layers=True)
+    assert re.search(r'label="layer 0\\n\d+ ops"', dot)
+    assert "\\\\n" not in dot

@@ -100,7 +100,7 @@ def to_dot(graph: Graph, *, schedule=None, point: int = 0, collapse_layers: bool
                 kinds: dict[str, int] = {}
                 for i in ops:
                     kinds[graph.ops[i].kind] = kinds.get(graph.ops[i].kind, 0) + 1
-                label = f"layer {layer}\\n{len(ops)} ops" + (f"\\n{t * 1e3:.3f} ms" if t is not None else "")
+                label = f"layer {layer}\n{len(ops)} ops" + (f"\n{t * 1e3:.3f} ms" if t is not None else "")
                 tip = f"layer {layer}: " + ", ".join(f"{n} {k}" for k, n in kinds.items())
                 on_path = any(i in crit for i in ops)
                 lines.append(f"    {node_id(ops[0])} [label={_q(label)}, fillcolor=\"#eeeeee\", "
