@@ -51,13 +51,6 @@ class CostProgram:
     def n_ops(self) -> int:
         return len(self.graph.ops)
 
-    def nonzero_columns(self):
-        """(F, NZ) matrix of the nonzero (class, component) columns plus their class and component."""
-        f, c, k = self.coef.shape
-        flat = self.coef.reshape(f, c * k)
-        nz = np.flatnonzero(np.any(flat != 0.0, axis=0))
-        return flat[:, nz], nz // k, nz % k
-
 
 def lower(graph: Graph) -> CostProgram:
     """Lower a graph (already sharded for its mapping) to a CostProgram."""
