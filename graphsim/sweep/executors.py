@@ -1,0 +1,167 @@
+"""Running a whole spec: run(), the local and Ray executors, output parts and progress bars."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+from ..errors import GraphsimError, require
+from .points import structural_tables
+from .results import SweepResult, _counts, _merge, unify
+from .spec import StructuralPoint, SweepSpec
+
+def _done_ids(parts: Path) -> set:
+    return {p.name[: -len(".parquet")] for p in parts.glob("*.parquet")} if parts.is_dir() else set()
+
+
+def run(spec: SweepSpec | Mapping | str | Path, output: str | Path | None = None, *, executor: str = "local",
+        address: str | None = None, progress: bool | Callable[[int, int], None] = False,
+        resume: bool = True) -> SweepResult:
+    """Run a sweep. Without ``output`` the rows come back in memory; with it (``.parquet`` or ``.csv``) each
+    structural point is written to ``<output>.parts/<struct_id>.parquet`` once complete, and the parts of
+    this spec are merged into ``output`` at the end. The parts stay: re-running skips every structural point
+    whose part exists (an interrupted run resumes; a grown spec computes only what is new);
+    ``resume=False`` deletes them and starts over."""
+    import pyarrow.parquet as pq
+
+    if not isinstance(spec, SweepSpec):
+        spec = SweepSpec.from_dict(spec) if isinstance(spec, Mapping) else SweepSpec.load(spec)
+    require(executor in ("local", "ray"), "executor", f"must be local or ray, got {executor!r}")
+    t0 = time.perf_counter()
+    points = spec.structural_points()
+    keys = [sp.key(spec) for sp in points]
+    out = Path(output) if output is not None else None
+    if out is not None:
+        require(out.suffix in (".parquet", ".csv"), "output", f"must end in .parquet or .csv, got {str(out)!r}")
+        parts = out.with_name(out.name + ".parts")
+        if not resume:
+            shutil.rmtree(parts, ignore_errors=True)
+            if out.exists():
+                out.unlink()
+        done = _done_ids(parts)
+        parts.mkdir(parents=True, exist_ok=True)
+    else:
+        parts, done = None, set()
+    todo = [(sp, k) for k, sp in dict(zip(keys, points)).items() if k not in done]  # identical points run once
+    skipped = len(points) - len(todo)
+    total = sum(spec.grid(sp.kinds).size for sp, _ in todo)
+    bar = _progress_bar(progress, total)
+    memory_tables: dict = {}  # key -> tables; assembled in spec order (executors may finish out of order)
+
+    def collect(key: str, tables: Iterable) -> None:
+        if parts is None:
+            memory_tables[key] = list(tables)
+            return
+        tmp = parts / f"{key}.parquet.tmp"
+        writer = None
+        try:
+            for t in tables:
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, t.schema)
+                writer.write_table(t.cast(writer.schema))
+        finally:
+            if writer is not None:
+                writer.close()
+        os.replace(tmp, parts / f"{key}.parquet")  # a part exists only once complete
+
+    try:
+        if executor == "ray":
+            _run_ray(spec, todo, address, collect, bar)
+        else:
+            for sp, key in todo:
+                collect(key, structural_tables(spec, sp, progress=bar))
+    finally:
+        if hasattr(bar, "close"):
+            bar.close()
+    axes = [a.name for a in spec.axes]
+    if parts is None:
+        import pyarrow as pa
+
+        schema, aligned = unify([t for k in keys if k in memory_tables for t in memory_tables[k]], axes)
+        table = pa.concat_tables(aligned) if aligned else pa.table({})
+        counts = _counts([table]) if aligned else (0, 0, 0)
+        return SweepResult(None, table, counts[0], len(points), skipped, counts[1], counts[2], time.perf_counter() - t0)
+    counts = _merge(out, parts, keys, axes)
+    return SweepResult(str(out), None, counts[0], len(points), skipped, counts[1], counts[2], time.perf_counter() - t0)
+
+
+def _run_ray(spec: SweepSpec, todo: list, address: str | None, collect, bar) -> None:
+    """One Ray task per structural point; the driver writes results as tasks finish (same tables as local)."""
+    try:
+        import ray
+    except ImportError:
+        raise GraphsimError("executor", "--executor ray needs ray (pip install 'graphsim[ray]')") from None
+    if not ray.is_initialized():
+        import warnings
+
+        with warnings.catch_warnings():  # Ray starts its processes by fork+exec: JAX's fork warning does not apply
+            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called")
+            if address:
+                ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+            else:
+                ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
+    task = ray.remote(_ray_task)
+    pending = {task.remote(spec, sp): (sp, key) for sp, key in todo}
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        for ref in ready:
+            sp, key = pending.pop(ref)
+            collect(key, ray.get(ref))
+            if bar:
+                bar(spec.grid(sp.kinds).size)
+
+
+def _ray_task(spec: SweepSpec, sp: StructuralPoint) -> list:
+    return list(structural_tables(spec, sp))
+
+
+def _progress_bar(progress, total: int):
+    """A callback advancing by n points: rich on stderr when asked for, a user callable, or nothing."""
+    if callable(progress):
+        done = [0]
+
+        def cb(n):
+            done[0] += n
+            progress(done[0], total)
+
+        return cb
+    if not progress:
+        return None
+    try:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    except ImportError:  # pragma: no cover - rich is a dependency
+        return _PlainBar(total)
+    prog = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                    console=Console(stderr=True), transient=False)
+    prog.start()
+    task = prog.add_task("sweep", total=total)
+
+    class _Rich:
+        def __call__(self, n):
+            prog.advance(task, n)
+
+        def close(self):
+            prog.stop()
+
+    return _Rich()
+
+
+class _PlainBar:
+    def __init__(self, total: int):
+        self.total, self.done = max(total, 1), 0
+
+    def __call__(self, n):
+        import sys
+
+        self.done += n
+        frac = self.done / self.total
+        sys.stderr.write(f"\rsweep [{'#' * int(30 * frac):<30}] {self.done:,}/{self.total:,}")
+        sys.stderr.flush()
+
+    def close(self):
+        import sys
+
+        sys.stderr.write("\n")

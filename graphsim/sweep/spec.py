@@ -1,0 +1,394 @@
+"""Sweep specs: axis constants, value parsing, SweepSpec, Grid and StructuralPoint."""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import attrs
+import numpy as np
+
+from ..errors import GraphsimError, require
+from ..ir import REQUEST_KINDS
+
+#: Fields of a request group per kind, their defaults (None = required) and whether they are integers.
+GROUP_FIELDS = {
+    "prefill": {"count": 1.0, "prompt": None, "cached": 0.0, "image": 0.0, "patches": 0.0, "swa_cached": 1.0},
+    "decode": {"count": 1.0, "context": None, "new": 1.0},
+}
+#: Hardware figures a continuous axis may set: the ones that change rates or capacity, not the graph
+#: (``nvlink_domain`` changes collectives, so it is structural: give another hw file).
+HW_AXES = ("hbm_bw", "nvlink_bw", "scaleout_bw", "c2c_bw", "nvlink_latency_s", "scaleout_latency_s",
+           "hbm_capacity_bytes")
+PROFILE_AXES = ("compute", "hbm", "nvlink", "scaleout", "c2c", "op_overhead_s")
+STRUCT_KEYS = ("model", "hw", "profile", "mapping", "requests", "policies")
+SPEC_KEYS = ("name", "structure", "axes", "zip", "outputs", "chunk")
+EXTRA_OUTPUTS = ("stages", "kinds", "traffic")
+IDENTITY_HEAD = ("struct_id", "sweep", "graphsim_version", "model", "hw", "profile", "mapping")
+TOKEN_COLUMNS = ("prefill_tokens", "decode_tokens", "decode_requests", "ttft_s", "itl_s", "tokens_per_s",
+                 "tokens_per_s_per_gpu", "output_tokens_per_s_per_gpu", "tokens_per_s_per_user")
+MEMORY_COLUMNS = ("weights_gib", "kv_gib", "workspace_gib", "total_gib", "capacity_gib", "headroom_gib", "fits")
+
+
+def _policy_fields() -> dict:
+    from ..pipeline import Policies
+
+    return {a.name: a.default for a in attrs.fields(Policies)}
+
+
+def _mapping_fields() -> tuple:
+    from ..plan import ParallelMapping
+
+    return tuple(a.name for a in attrs.fields(ParallelMapping))
+
+
+def identity_columns() -> tuple:
+    """Identity columns in table order: head, mapping axes, gpus, request structure, every policy."""
+    return (*IDENTITY_HEAD, *_mapping_fields(), "gpus", "requests", *_policy_fields())
+
+
+def _hashable(v):
+    """Spec values as hashable, canonical values (a table such as ``algorithms`` -> sorted pairs)."""
+    if isinstance(v, Mapping):
+        return tuple(sorted((str(k), _hashable(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_hashable(x) for x in v)
+    return v
+
+
+# ---------------------------------------------------------------------------------------------------
+# Spec
+# ---------------------------------------------------------------------------------------------------
+
+@attrs.frozen
+class Axis:
+    """A continuous axis: a name (``decode.context``, ``hw.hbm_bw``…) and its values."""
+
+    name: str
+    values: tuple = attrs.field(converter=tuple)
+
+    @property
+    def scope(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    @property
+    def field(self) -> str:
+        return self.name.split(".", 1)[1]
+
+
+def _values(name: str, v: Any) -> tuple:
+    """A list, a scalar, or a range table {start, stop, num[, scale=lin|log]} / {start, stop, step}."""
+    if isinstance(v, Mapping):
+        keys = set(v)
+        require(keys <= {"start", "stop", "num", "step", "scale"} and {"start", "stop"} <= keys, f"axes.{name}",
+                "a range needs start, stop and num (scale = lin|log) or step")
+        lo, hi = float(v["start"]), float(v["stop"])
+        if "step" in v:
+            step = float(v["step"])
+            require(step > 0, f"axes.{name}.step", f"must be > 0, got {step}")
+            out = np.arange(lo, hi + step / 2, step)
+        else:
+            num = v.get("num")
+            require(isinstance(num, int) and num >= 1, f"axes.{name}.num", f"must be an integer >= 1, got {num!r}")
+            scale = v.get("scale", "lin")
+            require(scale in ("lin", "log"), f"axes.{name}.scale", f"must be lin or log, got {scale!r}")
+            if scale == "log":
+                require(lo > 0 and hi > 0, f"axes.{name}", "a log range needs positive start and stop")
+                out = np.geomspace(lo, hi, num)
+            else:
+                out = np.linspace(lo, hi, num)
+            out = np.round(out) if float(lo).is_integer() and float(hi).is_integer() else out
+        return tuple(float(x) for x in out)
+    seq = v if isinstance(v, (list, tuple)) else [v]
+    require(len(seq) > 0, f"axes.{name}", "needs at least one value")
+    out = []
+    for x in seq:
+        ok = isinstance(x, (int, float, bool)) or (isinstance(x, str) and _is_number(x))
+        require(ok, f"axes.{name}", f"values must be numbers (or true/false), got {x!r}")
+        out.append(float(x))
+    return tuple(out)
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def _listify(v: Any) -> list:
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def _parse_mapping(v: Any) -> tuple:
+    """``{tp=4, ep=4}`` or ``"tp4-ep4"`` -> ((axis, value), ...) for every ParallelMapping axis (unvalidated:
+    a mapping the model cannot take is a structural error row, not a spec error)."""
+    axes = _mapping_fields()
+    if isinstance(v, str):
+        alt = "|".join(axes)
+        parts = re.findall(rf"({alt})(\d+)", v)
+        rest = re.sub(rf"({alt})\d+|[-_,\s]", "", v)
+        require(bool(parts) and not rest, "structure.mapping", f"{v!r} is not like 'tp4-dp2-ep8'")
+        v = {k: int(n) for k, n in parts}
+    require(isinstance(v, Mapping), "structure.mapping", f"a mapping is a table or a string like 'tp4-ep4', got {v!r}")
+    bad = set(v) - set(axes)
+    require(not bad, "structure.mapping", f"unknown keys {sorted(bad)}; allowed {', '.join(axes)}")
+    for k, n in v.items():
+        require(isinstance(n, int) and not isinstance(n, bool), f"structure.mapping.{k}", f"must be an integer, got {n!r}")
+    return tuple((k, v.get(k, 1)) for k in axes)
+
+
+def _typed(default, value):
+    """A policy value as its column type: the default's type (str, int, float), JSON text for structured ones;
+    None where a bad value cannot take that type (the point's error row says why)."""
+    if isinstance(default, str):
+        return str(value)
+    if isinstance(default, bool):
+        return value if isinstance(value, bool) else None
+    if isinstance(default, int):
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if isinstance(default, float):
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return json.dumps(value, default=str)
+
+
+def _parse_structure(v: Any) -> tuple:
+    kinds = tuple(v.split("+")) if isinstance(v, str) else tuple(v)
+    require(len(kinds) > 0, "structure.requests", "a request structure needs at least one group")
+    for k in kinds:
+        require(k in REQUEST_KINDS, "structure.requests", f"unknown request kind {k!r}; allowed {REQUEST_KINDS}")
+    return kinds
+
+
+@attrs.frozen
+class SweepSpec:
+    """A parsed sweep spec; :meth:`load` reads TOML/YAML/JSON, :meth:`from_dict` a dict."""
+
+    name: str
+    models: tuple
+    hws: tuple
+    profiles: tuple
+    mappings: tuple
+    policies: tuple  #: one ((field, value), ...) per policy combination
+    structures: tuple
+    axes: tuple  #: Axis objects
+    zips: tuple = ()
+    outputs: tuple = ("stages",)
+    #: points per vectorized call: bounds memory (the kernel holds a (chunk, classes x 6) slot tensor) and is
+    #: big enough that per-chunk Python work is small next to the evaluation
+    chunk: int = 16384
+
+    @staticmethod
+    def load(path: str | Path) -> "SweepSpec":
+        p = Path(path)
+        require(p.is_file(), "spec", f"no such file {str(p)!r}")
+        text = p.read_text()
+        if p.suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError:
+                raise GraphsimError("spec", "YAML specs need pyyaml (pip install pyyaml); TOML needs nothing") from None
+            data = yaml.safe_load(text)
+        elif p.suffix == ".json":
+            data = json.loads(text)
+        else:
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                import tomli as tomllib
+            try:
+                data = tomllib.loads(text)
+            except tomllib.TOMLDecodeError as e:
+                raise GraphsimError("spec", f"cannot parse {p}: {e}") from None
+        data.setdefault("name", p.stem)
+        return SweepSpec.from_dict(data)
+
+    @staticmethod
+    def from_dict(d: Mapping) -> "SweepSpec":
+        bad = set(d) - set(SPEC_KEYS)
+        require(not bad, "spec", f"unknown keys {sorted(bad)}; allowed {SPEC_KEYS}")
+        s = dict(d.get("structure", {}))
+        bad = set(s) - set(STRUCT_KEYS)
+        require(not bad, "structure", f"unknown keys {sorted(bad)}; allowed {STRUCT_KEYS}")
+        require("model" in s, "structure.model", "name at least one model")
+        pol_fields = _policy_fields()
+        pol = dict(s.get("policies", {}))
+        bad = set(pol) - set(pol_fields)
+        require(not bad, "structure.policies", f"unknown policies {sorted(bad)}; known {sorted(pol_fields)}")
+        names = list(pol)
+        # A list gives alternatives; a table (e.g. algorithms = {all_reduce = "tree"}) is one value.
+        combos = [tuple(zip(names, (_hashable(x) for x in c)))
+                  for c in itertools.product(*(_listify(pol[n]) for n in names))]
+        axes = tuple(Axis(str(k), _values(str(k), v)) for k, v in dict(d.get("axes", {})).items())
+        outputs = tuple(d.get("outputs", ("stages",)))
+        bad = set(outputs) - set(EXTRA_OUTPUTS)
+        require(not bad, "outputs", f"unknown outputs {sorted(bad)}; allowed {EXTRA_OUTPUTS}")
+        chunk = d.get("chunk", 16384)
+        require(isinstance(chunk, int) and chunk >= 1, "chunk", f"must be an integer >= 1, got {chunk!r}")
+        spec = SweepSpec(
+            name=str(d.get("name", "sweep")),
+            models=tuple(str(m) for m in _listify(s["model"])),
+            hws=tuple(str(h) for h in _listify(s.get("hw", "gb200"))),
+            profiles=tuple("SOL" if p is None or str(p).lower() in ("sol", "none") else str(p)
+                           for p in _listify(s.get("profile", "SOL"))),
+            mappings=tuple(_parse_mapping(m) for m in _listify(s.get("mapping", {}))),
+            policies=tuple(combos),
+            structures=tuple(_parse_structure(r) for r in _listify(s.get("requests", "decode"))),
+            axes=axes,
+            zips=tuple(tuple(z) for z in d.get("zip", ())),
+            outputs=outputs,
+            chunk=chunk,
+        )
+        spec._check_axes()
+        return spec
+
+    def _check_axes(self) -> None:
+        names = [a.name for a in self.axes]
+        require(len(set(names)) == len(names), "axes", "axis names must be unique")
+        n_groups = max(len(k) for k in self.structures)
+        for a in self.axes:
+            scope, _, field = a.name.partition(".")
+            if scope == "hw":
+                ok = field in HW_AXES or (field.startswith("peak_flops.") and field.count(".") == 1)
+                require(ok, f"axes.{a.name}", f"hardware axes: {', '.join(HW_AXES)}, peak_flops.<precision>")
+            elif scope == "profile":
+                ok = field in PROFILE_AXES or (field.startswith("compute_overrides.") and field.count(".") == 1)
+                require(ok, f"axes.{a.name}", f"profile axes: {', '.join(PROFILE_AXES)}, compute_overrides.<precision>")
+            elif scope in GROUP_FIELDS:
+                require(field in GROUP_FIELDS[scope], f"axes.{a.name}",
+                        f"{scope} fields: {', '.join(GROUP_FIELDS[scope])}")
+            elif re.fullmatch(r"g\d+", scope):
+                i = int(scope[1:])
+                require(i < n_groups, f"axes.{a.name}", f"no request structure has a group {i}")
+                kinds = {k[i] for k in self.structures if len(k) > i}
+                ok = any(field in GROUP_FIELDS[k] for k in kinds)
+                require(ok, f"axes.{a.name}", f"group {i} is {'/'.join(sorted(kinds))}: fields "
+                        + ", ".join(sorted(set().union(*(GROUP_FIELDS[k] for k in kinds)))))
+            else:
+                require(False, f"axes.{a.name}", "an axis is <kind>.<field>, g<i>.<field>, hw.<field> or profile.<field>")
+        seen: set = set()
+        by_name = {a.name: a for a in self.axes}
+        for z in self.zips:
+            for n in z:
+                require(n in by_name, "zip", f"{n!r} is not an axis")
+                require(n not in seen, "zip", f"{n!r} is in two zip groups")
+                seen.add(n)
+            require(len({len(by_name[n].values) for n in z}) == 1, "zip", f"zipped axes {list(z)} need equal lengths")
+        for kinds in self.structures:
+            for i, k in enumerate(kinds):
+                for f, default in GROUP_FIELDS[k].items():
+                    if default is None:
+                        require(f"g{i}.{f}" in by_name or f"{k}.{f}" in by_name, "axes",
+                                f"request structure {'+'.join(kinds)} needs axis {k}.{f} (or g{i}.{f})")
+
+    # ---- enumeration --------------------------------------------------------------------------------
+    def structural_points(self) -> list["StructuralPoint"]:
+        """Every structural combination; profile varies fastest so consecutive points share a program."""
+        return [StructuralPoint(m, h, mp, pol, kinds, prof)
+                for m, h, mp, pol, kinds, prof in itertools.product(
+                    self.models, self.hws, self.mappings, self.policies, self.structures, self.profiles)]
+
+    def grid(self, kinds: tuple) -> "Grid":
+        """The continuous grid for one request structure (axes that apply to none of its groups drop out)."""
+        relevant = [a for a in self.axes if _applies(a, kinds)]
+        names = {a.name for a in relevant}
+        dims, zipped = [], set()
+        for z in self.zips:
+            members = tuple(a for a in relevant if a.name in z)
+            if members:
+                dims.append(members)
+                zipped |= {a.name for a in members}
+        dims += [(a,) for a in relevant if a.name not in zipped]
+        return Grid(tuple(dims), tuple(sorted(names)))
+
+    def signature(self) -> str:
+        """What the continuous part of the spec asks for (part of every struct_id)."""
+        return json.dumps({"axes": [(a.name, a.values) for a in self.axes], "zip": self.zips,
+                           "outputs": self.outputs}, sort_keys=True)
+
+    def size(self) -> int:
+        return sum(self.grid(sp.kinds).size for sp in self.structural_points())
+
+
+def _applies(axis: Axis, kinds: tuple) -> bool:
+    scope = axis.scope
+    if scope in ("hw", "profile"):
+        return True
+    if scope in GROUP_FIELDS:
+        return scope in kinds
+    i = int(scope[1:])
+    return i < len(kinds) and axis.field in GROUP_FIELDS[kinds[i]]
+
+
+@attrs.frozen
+class Grid:
+    """A cartesian product of dims (a dim is one axis or a zip of equal-length axes)."""
+
+    dims: tuple
+    names: tuple
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(len(d[0].values) for d in self.dims)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.dims else 1
+
+    def take(self, lo: int, hi: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Points [lo, hi): per axis, (value index, value) arrays."""
+        if not self.dims:
+            return {}
+        idx = np.unravel_index(np.arange(lo, hi, dtype=np.int64), self.shape)
+        out = {}
+        for d, ix in zip(self.dims, idx):
+            for a in d:
+                out[a.name] = (ix, np.asarray(a.values, dtype=np.float64)[ix])
+        return out
+
+
+@attrs.frozen
+class StructuralPoint:
+    """One program: model, hw, mapping, policies, request structure (+ the profile it is evaluated under)."""
+
+    model: str
+    hw: str
+    mapping: tuple
+    policies: tuple
+    kinds: tuple
+    profile: str = "SOL"
+
+    def identity(self) -> dict:
+        """Identity columns (policies completed with their defaults)."""
+        from .. import __version__
+
+        from ..pipeline import Policies
+        from ..plan import ParallelMapping
+
+        m = dict(self.mapping)
+        defaults = _policy_fields()
+        raw = {**defaults, **dict(self.policies)}
+        try:  # canonical values where they are valid (e.g. algorithms as sorted pairs)
+            raw = Policies(**dict(self.policies)).identity()
+        except Exception:  # noqa: BLE001 - an invalid policy is reported by the point's error row
+            pass
+        # Keep each policy column one type across points (a bad value is this point's error, not a new type).
+        pol = {k: _typed(defaults[k], raw.get(k)) for k in defaults}
+        try:
+            pm = ParallelMapping(**m)
+            mapping, gpus = str(pm), pm.gpus
+        except Exception:  # noqa: BLE001 - an impossible mapping is this point's error row
+            mapping, gpus = "-".join(f"{k}{v}" for k, v in self.mapping), None
+        out = {"graphsim_version": __version__, "model": self.model, "hw": self.hw, "profile": self.profile,
+               "mapping": mapping, **m, "gpus": gpus, "requests": "+".join(self.kinds)}
+        out.update(pol)
+        return out
+
+    def key(self, spec: SweepSpec) -> str:
+        """struct_id: a hash of the identity, the continuous spec and the graphsim version."""
+        ident = json.dumps([self.identity(), spec.signature()], sort_keys=True, default=str)
+        return hashlib.sha1(ident.encode()).hexdigest()[:16]
