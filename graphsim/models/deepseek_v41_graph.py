@@ -31,19 +31,21 @@ class DeepSeekV41(Model):
     POLICY_SUPPORT = {"decoder_replay": ("off", "sglang", "paper"), "fusion": ("unfused", "two-pass", "single-pass"),
                       "dspark": ("off", "on"), "engram": ("hbm", "host")}
     sem = sem  #: the semantics module (entry sizes, inventory); DeepSeek-V4 swaps in its own
+    config_class = sem.V41Config
+    default_name = "deepseek-v4.1-flash"
 
-    def __init__(self, cfg: dict, name: str = "deepseek-v4.1-flash", fp32_gemm: str = "tf32"):
-        self.name = name
+    def __init__(self, cfg: dict, name: str | None = None, fp32_gemm: str = "tf32"):
+        self.name = name or self.default_name
         self.raw = cfg
         # [reconstructed] fp32-weight GEMMs (mHC `fn`, m>1 compressor) run on TF32 tensor cores; "fp32"
         # charges them at the CUDA-core FP32 peak instead.
         self.fp32_gemm = fp32_gemm
-        self.cfg = sem.V41Config.from_dict(cfg)
-        self.layers = sem.layer_table(self.cfg)
+        self.cfg = self.config_class.from_dict(cfg)
+        self.layers = self.sem.layer_table(self.cfg)
 
     # ---- semantics ---------------------------------------------------------------------------------
     def weights(self) -> tuple[Tensor, ...]:
-        return sem.weight_inventory(self.cfg)
+        return self.sem.weight_inventory(self.cfg)
 
     def kv_capacity(self, context: int, *, dspark: bool = False) -> sem.KVCapacity:
         return sem.kv_capacity(self.cfg, context, dspark=dspark)

@@ -5,7 +5,7 @@ emitters wherever the two models agree; assumptions live in configs/deepseek-v4-
 from __future__ import annotations
 
 from ..builder import GraphBuilder
-from ..ir import CommSpec, Cost, Feature, Tensor
+from ..ir import CommSpec, Cost, Feature
 from . import deepseek_v4 as sem4
 from .base import tokens
 from .deepseek_v41_graph import BF16, DeepSeekV41
@@ -16,17 +16,9 @@ class DeepSeekV4(DeepSeekV41):
     sem = sem4
     POLICY_SUPPORT = {"decoder_replay": ("off",), "fusion": ("unfused", "two-pass", "single-pass"),
                       "dspark": ("off",), "engram": ("hbm",)}
+    config_class = sem4.V4Config
+    default_name = "deepseek-v4-flash"
     validate_plan = None
-
-    def __init__(self, cfg: dict, name: str = "deepseek-v4-flash", fp32_gemm: str = "tf32"):
-        self.name = name
-        self.raw = cfg
-        self.fp32_gemm = fp32_gemm
-        self.cfg = sem4.V4Config.from_dict(cfg)
-        self.layers = sem4.layer_table(self.cfg)
-
-    def weights(self) -> tuple[Tensor, ...]:
-        return sem4.weight_inventory(self.cfg)
 
     def kv_capacity(self, context: int, **_):
         return sem4.kv_capacity(self.cfg, context)
