@@ -30,17 +30,20 @@ def wider(a: str, b: str) -> str:
     return a if _WIDTH[a] >= _WIDTH[b] else b
 
 #: Cost components, in the order of the lowered coefficient tensor's last axis.
-#: ``flops_*`` are divided by the peak of that precision, ``bytes_*`` by a bandwidth, ``hops_*`` are
-#: multiplied by a per-hop latency.  HBM traffic is kept in three parts (weights, KV/index/SWA caches,
+#: ``flops_*`` are divided by the peak of that precision, ``exps`` (softmax exponentials and other
+#: special-function ops) by the SFU rate, ``bytes_*`` by a bandwidth, ``hops_*`` are multiplied by a
+#: per-hop latency.  HBM traffic is kept in three parts (weights, KV/index/SWA caches,
 #: activations and workspace) so reports can show them apart; all three share the HBM bandwidth.
 COMPONENTS = (
     *(f"flops_{p}" for p in PRECISIONS),
+    "exps",
     "bytes_weight",
     "bytes_kv",
     "bytes_act",
     "bytes_nvlink",
     "bytes_scaleout",
     "bytes_c2c",
+    "bytes_disk",
     "hops_nvlink",
     "hops_scaleout",
 )

@@ -119,6 +119,9 @@ class EfficiencyProfile:
     nvlink: float = _fraction()
     scaleout: float = _fraction()
     c2c: float = _fraction()
+    #: softmax exponentials (SFU / MUFU.EX2) and local-disk reads, as fractions of their peaks
+    sfu: float = _fraction()
+    disk: float = _fraction()
     #: fixed time added per op (launch, sync, tail effects)
     op_overhead_s: float = attrs.field(
         default=0.0, converter=_as_float, validator=_number(0.0, lo_open=False, unit="s"))
@@ -156,6 +159,10 @@ class HardwareSpec:
     host_mem_bytes: float = attrs.field(converter=_as_float, validator=_number(0.0, unit="bytes"))
     host_bw: float = _bw()
     c2c_bw: float = _bw()
+    #: exponentials per second of the special-function units (MUFU.EX2): the softmax's roofline term
+    exp_rate: float = attrs.field(converter=_as_float, validator=_number(0.0, unit="exp/s"))
+    #: local NVMe read bandwidth per GPU: where a prefix-cache hit on the disk tier is read from
+    disk_bw: float = _bw()
     nvlink_latency_s: float = attrs.field(converter=_as_float, validator=_number(0.0, 1.0, lo_open=False, unit="s"))
     scaleout_latency_s: float = attrs.field(converter=_as_float, validator=_number(0.0, 1.0, lo_open=False, unit="s"))
     power_w: float = attrs.field(converter=_as_float, validator=_number(0.0, unit="W"))
@@ -183,12 +190,14 @@ class HardwareSpec:
         for p in PRECISIONS:
             # Derate by the fraction of the precision that actually runs (an FP4 GEMM on Hopper is an FP8 GEMM).
             out[f"flops_{p}"] = self.peak(p) * prof.compute_fraction(self.resolve_precision(p))
+        out["exps"] = self.exp_rate * prof.sfu
         hbm = self.hbm_bw * prof.hbm
         out.update(bytes_weight=hbm, bytes_kv=hbm, bytes_act=hbm)
         out.update(
             bytes_nvlink=self.nvlink_bw * prof.nvlink,
             bytes_scaleout=self.scaleout_bw * prof.scaleout,
             bytes_c2c=self.c2c_bw * prof.c2c,
+            bytes_disk=self.disk_bw * prof.disk,
             hops_nvlink=self.nvlink_latency_s,
             hops_scaleout=self.scaleout_latency_s,
         )
@@ -236,7 +245,8 @@ class HardwareSpec:
 
 _UNITS = {
     "hbm_capacity_bytes": "bytes", "hbm_bw": "B/s", "nvlink_bw": "B/s", "nvlink_domain": "GPUs",
-    "scaleout_bw": "B/s", "host_mem_bytes": "bytes", "host_bw": "B/s", "c2c_bw": "B/s",
+    "scaleout_bw": "B/s", "host_mem_bytes": "bytes", "host_bw": "B/s", "c2c_bw": "B/s", "exp_rate": "exp/s",
+    "disk_bw": "B/s",
     "nvlink_latency_s": "s", "scaleout_latency_s": "s", "power_w": "W",
 }
 

@@ -19,7 +19,7 @@ from graphsim.ir import COMPONENT_INDEX, COMPONENTS, Graph
 from graphsim.workload import Workload
 
 from .features import feature_matrix
-from .program import COMPONENT_GROUP, GROUPS, CostProgram
+from .program import COMPONENT_GROUP, GROUPS, LATENCY, CostProgram
 
 try:  # exactness first: costs are float64 end to end
     import jax
@@ -43,8 +43,10 @@ def _durations_from_components(comp, ut, overhead, xp):
     """Roofline per row: comp (..., K) component totals -> seconds."""
     t = comp * ut
     parts = [xp.sum(t[..., COMPONENT_GROUP == g], axis=-1) for g in range(len(GROUPS))]
-    return xp.maximum(xp.maximum(xp.maximum(parts[0], parts[1]), xp.maximum(parts[2], parts[3])), parts[4]) \
-        + parts[5] + overhead
+    roof = parts[0]
+    for p in parts[1:LATENCY]:
+        roof = xp.maximum(roof, p)
+    return roof + parts[LATENCY] + overhead
 
 
 @attrs.frozen(eq=False)
@@ -73,12 +75,14 @@ class Schedule:
         return path[::-1]
 
     def bound(self, point: int = 0) -> list[str]:
-        """Per op, which roofline term bounds it: compute / hbm / nvlink / scaleout / c2c / latency / idle."""
+        """Per op, which roofline term bounds it: compute / sfu / hbm / nvlink / scaleout / c2c / disk / latency
+        / idle."""
         t = self.components[point] * self.unit_time[point]
         out = []
         for row in t:
             parts = [row[COMPONENT_GROUP == g].sum() for g in range(len(GROUPS))]
-            out.append("idle" if max(parts) == 0 else GROUPS[int(np.argmax(parts[:5]))] if max(parts[:5]) > 0 else "latency")
+            roof = parts[:LATENCY]
+            out.append("idle" if max(parts) == 0 else GROUPS[int(np.argmax(roof))] if max(roof) > 0 else "latency")
         return out
 
 
@@ -162,9 +166,9 @@ def build_kernel(program: CostProgram, kinds: tuple, outputs=("forward", "stages
         for k, g, mat in mats:
             parts[g] = parts[g] + (feats @ mat) * ut[:, k : k + 1]
         roof = parts[0]
-        for g in range(1, G - 1):
+        for g in range(1, LATENCY):
             roof = jnp.maximum(roof, parts[g])
-        cls = roof + parts[G - 1] + overhead[:, None]
+        cls = roof + parts[LATENCY] + overhead[:, None]
         seg = cls @ seg_mat if seg_mat is not None else jnp.zeros((P, S)).at[:, ps].add(cls[:, pc] * pn)
         finish = []
         for s in range(S):  # unrolled max-plus over the reduced graph

@@ -1,7 +1,9 @@
 """Graph -> CostProgram: coefficient arrays over deduplicated features, cost classes and a reduced DAG.
 
-An op's duration is a roofline over its components: max(compute, HBM, NVLink, scale-out, C2C) + hops·latency
-(+ an optional per-op overhead from an efficiency profile). Identical cost rows share one *cost class*;
+An op's duration is a roofline over its components: max(tensor/CUDA-core compute, SFU exponentials, HBM,
+NVLink, scale-out, C2C, disk) + hops·latency (+ an optional per-op overhead from an efficiency profile).
+The units run concurrently (an attention kernel's exponentials overlap its matrix products), so an op takes
+as long as its busiest unit. Identical cost rows share one *cost class*;
 runs of ops that form a simple chain in the (transitively reduced) schedule DAG collapse into one
 *segment* whose duration is a count-weighted sum of class durations; only forks and joins need max-plus.
 """
@@ -13,16 +15,18 @@ import numpy as np
 from graphsim.errors import GraphsimError
 from graphsim.ir import COMPONENT_INDEX, COMPONENTS, Graph
 
-#: Roofline groups: components in one group add up; groups take the max; "latency" adds on top.
-GROUPS = ("compute", "hbm", "nvlink", "scaleout", "c2c", "latency")
+#: Roofline groups: components in one group add up; groups take the max; "latency" (last) adds on top.
+GROUPS = ("compute", "sfu", "hbm", "nvlink", "scaleout", "c2c", "disk", "latency")
+LATENCY = len(GROUPS) - 1
 
 
 def component_group(c: str) -> int:
     if c.startswith("flops_"):
         return 0
     if c in ("bytes_weight", "bytes_kv", "bytes_act"):
-        return 1
-    return {"bytes_nvlink": 2, "bytes_scaleout": 3, "bytes_c2c": 4, "hops_nvlink": 5, "hops_scaleout": 5}[c]
+        return GROUPS.index("hbm")
+    return GROUPS.index({"exps": "sfu", "bytes_nvlink": "nvlink", "bytes_scaleout": "scaleout", "bytes_c2c": "c2c",
+                         "bytes_disk": "disk", "hops_nvlink": "latency", "hops_scaleout": "latency"}[c])
 
 
 COMPONENT_GROUP = np.array([component_group(c) for c in COMPONENTS])

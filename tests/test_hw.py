@@ -36,6 +36,8 @@ GOLDEN = {
         host_mem_bytes=480e9 / 2,  # shared/reference/hardware.md: Grace <= 480 GB per 2 GPUs
         host_bw=512e9 / 2,  # shared/reference/hardware.md: Grace <= 512 GB/s per 2 GPUs
         c2c_bw=900e9 / 2 / 2,  # shared/reference/hardware.md: C2C 900 GB/s bidir per Grace, 2 GPUs
+        exp_rate=5 * T,  # shared/reference/hardware.md: SFU EX2, Blackwell 5 T exp/s
+        disk_bw=4 * 32e9 * 128 / 130 / 8,  # 1 E1.S per GPU (NVL72 tray: 4 per 4 GPUs), PCIe Gen5 x4 ceiling
         power_w=1200,  # shared/reference/hardware.md: 1,200 W
     ),
     "gb300": dict(
@@ -49,6 +51,8 @@ GOLDEN = {
         host_mem_bytes=17e12 / 72,  # shared/reference/hardware.md: rack 17 TB LPDDR5X / 72
         host_bw=14e12 / 72,  # shared/reference/hardware.md: rack 14 TB/s / 72
         c2c_bw=900e9 / 2 / 2,  # shared/reference/hardware.md: C2C 900 GB/s bidir per Grace, 2 GPUs
+        exp_rate=10.7 * T,  # shared/reference/hardware.md: SFU EX2 2x Blackwell, 10.7 T exp/s
+        disk_bw=4 * 32e9 * 128 / 130 / 8,  # 1 E1.S per GPU, PCIe Gen5 x4 ceiling
         power_w=1400,  # shared/reference/hardware.md: 1,400 W
     ),
     "b200": dict(
@@ -60,6 +64,8 @@ GOLDEN = {
         nvlink_domain=8,  # shared/reference/hardware.md
         scaleout_bw=50e9,  # shared/reference/hardware.md: CX-7 400 Gb/s
         c2c_bw=64e9,  # shared/reference/hardware.md: x86 host over PCIe Gen5 (128 GB/s bidir)
+        exp_rate=5 * T * 4.5 / 5,  # GB200's die at the clock its FP8 peak implies (4.5 of 5 PF)
+        disk_bw=4 * 32e9 * 128 / 130 / 8,  # 1 NVMe U.2 per GPU (DGX B200), PCIe Gen5 x4 ceiling
         power_w=1000,  # shared/reference/hardware.md: 1,000 W
     ),
     **{
@@ -72,6 +78,8 @@ GOLDEN = {
             nvlink_domain=8,  # shared/reference/hardware.md
             scaleout_bw=50e9,  # shared/reference/hardware.md: CX-7 400 Gb/s
             c2c_bw=64e9,  # shared/reference/hardware.md: PCIe Gen5 128 GB/s bidir
+            exp_rate=132 * 16 * 1.83e9,  # GH100: 132 SMs x 16 MUFU.EX2/clk at the 1.83 GHz of 989 TF BF16
+            disk_bw=4 * 16e9 * 128 / 130 / 8,  # 1 NVMe U.2 per GPU (DGX H100), PCIe Gen4 x4 ceiling
             power_w=700,  # shared/reference/hardware.md: 700 W
         )
         for name, cap, bw, nvl in (("h200", 141, 4.8e12, 450e9), ("h100", 80, 3.35e12, 450e9),
@@ -85,7 +93,8 @@ def _spec(**changes) -> HardwareSpec:
     base = dict(
         name="toy", description="toy", peak_flops={"bf16": 100.0, "tf32": 50.0, "fp32": 10.0},
         hbm_capacity_bytes=1e9, hbm_bw=1e12, nvlink_bw=1e11, nvlink_domain=8, scaleout_bw=1e10,
-        host_mem_bytes=1e11, host_bw=1e11, c2c_bw=6.4e10, nvlink_latency_s=2e-6, scaleout_latency_s=1e-5,
+        host_mem_bytes=1e11, host_bw=1e11, c2c_bw=6.4e10, exp_rate=1e12, disk_bw=1e10, nvlink_latency_s=2e-6,
+        scaleout_latency_s=1e-5,
         power_w=700,
     )
     return HardwareSpec(**{**base, **changes})
@@ -94,6 +103,17 @@ def _spec(**changes) -> HardwareSpec:
 # --------------------------------------------------------------------------------------------------
 # Shipped descriptors
 # --------------------------------------------------------------------------------------------------
+
+def test_exp_rate_blackwell_ultra_doubles_blackwell():
+    """The SFU figure is the one where GB300 doubles GB200 (hardware.md: 10.7 vs 5 T exp/s); every GPU's
+    softmax pays it (it joins the roofline max as its own unit)."""
+    ratio = load_hw("gb300").exp_rate / load_hw("gb200").exp_rate
+    assert 2.0 <= ratio <= 2.2
+    for name in list_hw():
+        hw = load_hw(name)
+        assert hw.rates()["exps"] == hw.exp_rate
+        assert any(row[0] == "exp_rate" and "exp/s" in row[1] for row in hw.describe())
+
 
 def test_list_hw_is_the_six_systems():
     assert list_hw() == ("b200", "gb200", "gb300", "h100", "h200", "h800")
