@@ -160,36 +160,45 @@ class GraphBuilder:
         t = Feature("tokens", token_set)
         touched = Feature("experts_touched", token_set, (experts, top_k))
         # grouped GEMMs with a fused SwiGLU epilogue: read the dispatched tokens, write the quantized SwiGLU
-        # output once and read it back in w2, write the expert outputs
+        # output once and read it back in w2, write the expert outputs; SiLU = one exponential per element
         act = top_k * (fmt(act_in).nbytes(hidden) + 2 * fmt(act_in).nbytes(inter) + fmt(act_out).nbytes(hidden))
         cost = (Cost.of(touched, bytes_weight=sum(x.nbytes for x in tensors) / experts)
-                + Cost.of(t, **{f"flops_{prec}": 2.0 * per_expert * top_k, "bytes_act": act}))
+                + Cost.of(t, **{f"flops_{prec}": 2.0 * per_expert * top_k, "bytes_act": act, "exps": top_k * inter}))
         return self.op(name, "moe_experts", cost, token_set=token_set, precision=prec, reads=names,
                        params={"experts": experts, "top_k": top_k, "hidden": hidden, "inter": inter,
                                "weight_format": f.name, **kw.pop("params", {})},
-                       formula=f"2·3·{hidden}·{inter}·{top_k}·T flops; weights of E(1-(1-k/E)^T) experts", **kw)
+                       formula=f"2·3·{hidden}·{inter}·{top_k}·T flops, {top_k}·{inter}·T SiLU exps; weights of "
+                               "E(1-(1-k/E)^T) experts", **kw)
 
     def elementwise(self, name: str, token_set: str, elems: int, *, bytes_in: float, bytes_out: float,
-                    flops_per_elem: float = 1.0, precision: str = "fp32", kind: str = "elementwise", **kw) -> str:
-        """A memory-bound per-token op over ``elems`` elements per token (norms, activations, quantization)."""
+                    flops_per_elem: float = 1.0, precision: str = "fp32", kind: str = "elementwise",
+                    exps: float = 0.0, **kw) -> str:
+        """A memory-bound per-token op over ``elems`` elements per token (norms, activations, quantization);
+        ``exps`` special-function ops per token (exp in SiLU/sigmoid/softmax, tanh in GELU) go to the SFU."""
         t = Feature("tokens", token_set)
         cost = Cost.of(t, **{f"flops_{precision}": flops_per_elem * elems,
-                             "bytes_act": elems * (bytes_in + bytes_out)})
+                             "bytes_act": elems * (bytes_in + bytes_out), "exps": exps})
         params = {"elems": elems, "bytes_in": bytes_in, "bytes_out": bytes_out, **kw.pop("params", {})}
+        sfu = f"; {exps:g} exps" if exps else ""
         return self.op(name, kind, cost, token_set=token_set, precision=precision, params=params,
-                       formula=f"{elems}·({bytes_in:g}+{bytes_out:g}) B per token", **kw)
+                       formula=f"{elems}·({bytes_in:g}+{bytes_out:g}) B per token{sfu}", **kw)
 
-    def attention(self, name: str, token_set: str, *, pairs: Feature, flops_per_pair: float,
+    def attention(self, name: str, token_set: str, *, pairs: Feature, flops_per_pair: float, heads: int,
                   kv_read: Feature | None = None, kv_bytes_per_entry: float = 0.0, q_bytes_per_token: float = 0.0,
-                  precision: str = "bf16", **kw) -> str:
-        """Attention core: ``flops_per_pair`` per (query, key) pair in ``pairs``; the cache is read as
+                  precision: str = "bf16", sinks: bool = False, **kw) -> str:
+        """Attention core: ``flops_per_pair`` per (query, key) pair in ``pairs`` at ``precision`` (the QK^T and
+        PV matrix products), and the softmax's exponentials: one per score it normalises, i.e. ``heads`` per
+        pair (plus one per query and head for an attention sink's logit), on the SFU; the cache is read as
         ``kv_read`` entries of ``kv_bytes_per_entry`` (once per request, or per selection for sparse reads)."""
-        cost = Cost.of(pairs, **{f"flops_{precision}": flops_per_pair})
-        cost += Cost.of(Feature("tokens", token_set), bytes_act=q_bytes_per_token)
+        t = Feature("tokens", token_set)
+        cost = Cost.of(pairs, **{f"flops_{precision}": flops_per_pair, "exps": float(heads)})
+        cost += Cost.of(t, bytes_act=q_bytes_per_token, exps=float(heads) if sinks else 0.0)
         if kv_read is not None:
             cost += Cost.of(kv_read, bytes_kv=kv_bytes_per_entry)
+        params = {"heads": heads, "precision": precision, **kw.pop("params", {})}
         return self.op(name, kw.pop("kind", "attention"), cost, token_set=token_set, precision=precision,
-                       formula=f"{flops_per_pair:g} flops per pair of {pairs}", **kw)
+                       params=params, formula=f"{flops_per_pair:g} {precision} flops and {heads} exps per pair of "
+                       f"{pairs}" + (f" + {heads} sink exps per query" if sinks else ""), **kw)
 
     def cache_write(self, name: str, token_set: str, tensor: str, bytes_per_token: float, *,
                     per: Feature | None = None, **kw) -> str:

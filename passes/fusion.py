@@ -14,7 +14,7 @@ from graphsim.errors import GraphsimError
 from graphsim.ir import Cost, Edge, Feature, Graph, Op
 
 MHC_PROFILES = ("unfused", "two-pass", "single-pass")
-ROLES_PRE = ("coeff", "premix", "prenorm")
+ROLES_PRE = ("coeff", "sinkhorn", "premix", "prenorm")
 
 
 def _without_act(cost: Cost) -> Cost:

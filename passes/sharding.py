@@ -23,7 +23,7 @@ from graphsim.errors import GraphsimError, require
 from graphsim.ir import ONE, CommSpec, Cost, Edge, Graph, Op
 from graphsim.plan import ParallelMapping
 
-WORK = ("flops", "bytes_kv", "bytes_act")
+WORK = ("flops", "exps", "bytes_kv", "bytes_act")
 #: Op kinds that stay whole on every TP rank whatever their ``split`` says.
 TP_REPLICATED_KINDS = ("indexer",)
 #: Features that grow with the query positions a rank processes: context parallelism divides them. The

@@ -103,7 +103,7 @@ def _divisor(op, comp, feat, m):
     split = op.split - ({"tp"} if op.kind == "indexer" else set())
     if comp == "bytes_weight":
         return (m.tp if "tp" in split else 1) * (m.world if "ep" in split else 1)
-    if not comp.startswith(("flops", "bytes_kv", "bytes_act")):
+    if not comp.startswith(("flops", "exps", "bytes_kv", "bytes_act")):
         return 1
     tp = m.tp if "tp" in split else 1
     kvh = dict(op.params).get("kv_heads")

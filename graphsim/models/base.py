@@ -72,7 +72,7 @@ def swiglu_mlp(b: GraphBuilder, prefix: str, ts: str, hidden: int, inter: int, *
     up, down = weights
     b.gemm(f"{prefix}gate_up", ts, hidden, 2 * inter, weight=up, act_in=act_in, split=("tp", "dp"))
     b.elementwise(f"{prefix}swiglu", ts, inter, bytes_in=4.0, bytes_out=2.0, flops_per_elem=4.0,
-                  kind="activation", split=("tp", "dp"))
+                  kind="activation", split=("tp", "dp"), exps=inter)  # SiLU: one exp per element
     return b.gemm(f"{prefix}down", ts, inter, hidden, weight=down, act_in=act_in, split=("tp", "dp"),
                   comm=(all_reduce_tp(ts, hidden, note="row-parallel down", merge=merge),))
 

@@ -157,7 +157,7 @@ class DeepSeekV3(Model):
              formula=f"2·{c.kv_lora}·{up} flops per visible position",
              params={"k": c.kv_lora, "n": up, "kv_heads": 1})  # every TP rank reads the whole latent
         b.attention("attn_prefill", "pf", pairs=Feature("causal_pairs", "pf"),
-                    flops_per_pair=2.0 * (c.qk_dim + c.v_dim) * c.heads,
+                    flops_per_pair=2.0 * (c.qk_dim + c.v_dim) * c.heads, heads=c.heads,
                     kv_read=kv_len, kv_bytes_per_entry=2.0 * (c.heads * (c.nope + c.v_dim) + c.rope),
                     q_bytes_per_token=2.0 * c.heads * (c.qk_dim + c.v_dim), split=("tp", "dp"))
 
@@ -167,7 +167,7 @@ class DeepSeekV3(Model):
         b.gemm("q_absorb", "dec", c.nope, c.kv_lora, weight=p + "attn.wkv_b", copies=c.heads, precision="bf16",
                split=("tp", "dp"))
         b.attention("attn_decode", "dec", pairs=Feature("causal_pairs", "dec"),
-                    flops_per_pair=2.0 * (c.latent + c.kv_lora) * c.heads,
+                    flops_per_pair=2.0 * (c.latent + c.kv_lora) * c.heads, heads=c.heads,
                     kv_read=Feature("kv_len", "dec"), kv_bytes_per_entry=kvb,
                     q_bytes_per_token=2.0 * c.heads * (c.latent + c.kv_lora), split=("tp", "dp"),
                     reads=(p + "kv",), params={"kv_heads": 1})  # one latent: replicated across TP
@@ -178,7 +178,7 @@ class DeepSeekV3(Model):
         c = self.cfg
         b.gemm("router", "all", c.hidden, c.experts, weight=p + "moe.router", act_out="fp32", split=("dp",))
         b.elementwise("topk", "all", c.experts, bytes_in=4.0, bytes_out=0.0, flops_per_elem=2.0, kind="router",
-                      split=("dp",))
+                      split=("dp",), exps=c.experts)  # sigmoid scores: one exp per expert
         t = tokens("all")
         dispatch = CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=c.top_k * c.hidden * 1.0), "before",
                             note="dispatch (FP8)")

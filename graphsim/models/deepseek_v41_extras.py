@@ -82,6 +82,7 @@ def vision_stage(model, b, kinds, policies, requests) -> None:
                 b.elementwise("attn.rope2d", P, 2 * h, bytes_in=BF16, bytes_out=BF16, flops_per_elem=4, split=tp)
                 # bidirectional within the image: QK and PV over all heads = 4h flops per (query, key) pair
                 b.attention("attn.core", P, pairs=Feature("full_pairs", P), flops_per_pair=4.0 * h,
+                            heads=v.num_attention_heads,
                             q_bytes_per_token=(3 * h + h) * BF16, split=tp)
                 b.gemm("attn.wo", P, h, h, weight=f"{p}.attn.wo", split=tp, comm=(all_reduce_tp(P, h, note="ViT wo"),))
                 _residual(b, "attn.residual", P, h)
@@ -89,7 +90,7 @@ def vision_stage(model, b, kinds, policies, requests) -> None:
                 b.gemm("mlp.w1", P, h, f, weight=f"{p}.mlp.w1", split=tp)
                 b.gemm("mlp.w3", P, h, f, weight=f"{p}.mlp.w3", split=tp)
                 b.elementwise("mlp.swiglu", P, f, bytes_in=2 * BF16, bytes_out=BF16, flops_per_elem=4,
-                              kind="activation", split=tp)
+                              kind="activation", split=tp, exps=f)
                 b.gemm("mlp.w2", P, f, h, weight=f"{p}.mlp.w2", split=tp, comm=(all_reduce_tp(P, h, note="ViT w2"),))
                 _residual(b, "mlp.residual", P, h)
         rmsnorm(b, "vision.norm", P, h, reads=("vision.norm",))
@@ -99,7 +100,7 @@ def vision_stage(model, b, kinds, policies, requests) -> None:
                       kind="data_movement", split=("dp",))
         b.gemm("vision.aligner.fc1", I, v.aligner_in, d, weight="vision.aligner.fc1", split=tp)
         b.elementwise("vision.aligner.gelu", I, d, bytes_in=BF16, bytes_out=BF16, flops_per_elem=8,
-                      kind="activation", split=tp)
+                      kind="activation", split=tp, exps=d)  # one tanh (SFU) per element
         last = b.gemm("vision.aligner.fc2", I, d, d, weight="vision.aligner.fc2", split=tp,
                       comm=(all_reduce_tp(I, d, note="aligner fc2"),))
     # The trunk's embedding writes the image features into the image positions of the residual streams.
@@ -138,7 +139,7 @@ def _commit(model, b) -> None:
     V = DS_VERIFY
     # Rejection sampling reads every verified position's fp32 logits (gathered over TP by the head).
     b.elementwise("commit.accept", V, c.vocab_size, bytes_in=4.0, bytes_out=0.0, flops_per_elem=4,
-                  kind="sampling", split=("dp",))
+                  kind="sampling", split=("dp",), exps=c.vocab_size)  # softmax over the vocabulary
     swa = sem.swa_entry_bytes(c)
     L = c.num_hidden_layers
     b.op("commit.swa", "cache_write", Cost.of(tokens(V), bytes_kv=2 * L * swa), token_set=V, split=("dp",),
@@ -179,7 +180,7 @@ def _draft(model, b) -> None:
                comm=(CommSpec("all_gather", "tp", Cost.of(tokens(T), bytes_act=c.vocab_size * 4.0),
                               note="draft logits"),))
         b.elementwise("sample", T, c.vocab_size, bytes_in=4.0, bytes_out=0.0, flops_per_elem=2, kind="sampling",
-                      split=("dp",))
+                      split=("dp",), exps=c.vocab_size)  # softmax over the vocabulary
         # a_j = P(draft j accepted | earlier accepted), from the hidden state and the Markov feature (§9).
         b.gemm("confidence", T, d + R, 1, weight="dspark.confidence.proj", act_in="bf16", act_out="fp32",
                split=("dp",))

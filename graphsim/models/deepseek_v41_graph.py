@@ -24,6 +24,11 @@ from .base import MOE_OUT, Model, all_reduce_tp, divides, tokens
 BF16 = 2.0
 
 
+def attention_precision(b) -> str:
+    """The precision the attention math of the graph being built runs at (set by ``Model.build``)."""
+    return b.meta.get("attention_precision", "bf16")
+
+
 class DeepSeekV41(Model):
     """DeepSeek-V4.1-Flash. ``engram`` residency does not change the graph's work, only where tables live."""
 
@@ -205,16 +210,22 @@ class DeepSeekV41(Model):
         c = self.cfg
         d, n = c.hidden_size, c.hc_mult
         p = f"layers.{layer}.{sub}"
-        # coefficients: fn [(2+n)n, n·d] over the n streams + Sinkhorn on an n×n matrix; the (2+n)n outputs
-        # stay on chip (not charged as traffic)
+        # coefficients: the fn [(2+n)n, n·d] projection of the n streams (a GEMM), then Sinkhorn on an n×n
+        # matrix; the (2+n)n outputs stay on chip (not charged as traffic)
         fn = b._tensors[f"{p}.fn"]
-        sink = c.hc_sinkhorn_iters * 4 * n * n
+        k, rows = n * d, c.hc_mix_rows
         b.op(f"{sub}.coeff", "mhc", Cost.of(ONE, bytes_weight=fn.nbytes)
-             + Cost.of(tokens(ts), **{f"flops_{self.fp32_gemm}": 2.0 * n * d * c.hc_mix_rows, "flops_fp32": sink,
-                                      "bytes_act": n * d * BF16}),
+             + Cost.of(tokens(ts), **{f"flops_{self.fp32_gemm}": 2.0 * k * rows, "bytes_act": n * d * BF16}),
              token_set=ts, precision=self.fp32_gemm, split=("dp",), reads=(fn.name,),
-             params={"mhc_elems": n * d, "sinkhorn_iters": c.hc_sinkhorn_iters, "role": "coeff"},
-             formula=f"2·{n * d}·{c.hc_mix_rows} flops + Sinkhorn x{c.hc_sinkhorn_iters} per token")
+             params={"k": k, "n": rows, "mhc_elems": n * d, "role": "coeff"},
+             formula=f"2·{k}·{rows} flops per token; fn read once")
+        # exp of the n×n mixing logits, sigmoid of the n pre and n post weights, then row/column scaling
+        b.op(f"{sub}.sinkhorn", "mhc", Cost.of(tokens(ts), flops_fp32=c.hc_sinkhorn_iters * 4 * n * n,
+                                                 exps=n * n + 2 * n),
+             token_set=ts, precision="fp32", split=("dp",),
+             params={"mhc_elems": 0, "sinkhorn_iters": c.hc_sinkhorn_iters, "role": "sinkhorn"},
+             formula=f"Sinkhorn x{c.hc_sinkhorn_iters} on {n}x{n}: {c.hc_sinkhorn_iters * 4 * n * n} flops, "
+                     f"{n * n + 2 * n} exps per token")
         b.elementwise(f"{sub}.premix", ts, d, bytes_in=n * BF16, bytes_out=BF16, flops_per_elem=2 * n, kind="mhc",
                       split=("dp",), params={"mhc_elems": (n + 1) * d, "role": "premix"})
         # the sub-layer's input RMSNorm, writing FP8 for the GEMMs that follow
@@ -246,7 +257,8 @@ class DeepSeekV41(Model):
         b.gemm("engram.proj", ts, c.engram_lookup_dim, c.engram_proj_out, weight=f"{p}.wkv", act_in="fp8",
                split=("dp",), kind="engram")
         b.elementwise("engram.gate", ts, n * d, bytes_in=BF16 + BF16 * (n + 1) / n, bytes_out=BF16,
-                      flops_per_elem=8, kind="engram", split=("dp",), reads=(f"{p}.gate_norm",))
+                      flops_per_elem=8, kind="engram", split=("dp",), reads=(f"{p}.gate_norm",),
+                      exps=n)  # one sigmoid gate per stream copy
 
     # ---- attention ------------------------------------------------------------------------------------
     def _q_path(self, b: GraphBuilder, p: str, ts: str) -> None:
@@ -286,7 +298,8 @@ class DeepSeekV41(Model):
                        act_out="fp32", precision=self.fp32_gemm, split=("dp",), kind="compressor")
             state = self.sem.compressor_state_row_bytes(c)
             b.op("compressor.pool", "compressor",
-                 Cost.of(t, flops_fp32=4.0 * c.head_dim, bytes_act=2 * 4.0 * c.head_dim)
+                 # softmax over each group's positions per channel: one exp per position and channel
+                 Cost.of(t, flops_fp32=4.0 * c.head_dim, bytes_act=2 * 4.0 * c.head_dim, exps=c.head_dim)
                  + Cost.of(entries, bytes_act=4.0 * c.head_dim)
                  + Cost.of(Feature("requests", "kv"), bytes_act=2 * state),
                  token_set="kv", split=("dp",), precision="fp32",
@@ -362,19 +375,23 @@ class DeepSeekV41(Model):
         W, K = c.sliding_window, c.index_topk
         H, D = c.num_attention_heads, c.head_dim
         per_pair = 2.0 * H * 2 * D  # QK and PV over the one shared latent, all heads
-        cost = (Cost.of(Feature("window_pairs", ts, (W,)), flops_bf16=per_pair)
+        prec = attention_precision(b)
+        # one exponential per score (H per pair) plus each head's sink logit per query (§12)
+        cost = (Cost.of(Feature("window_pairs", ts, (W,)), **{f"flops_{prec}": per_pair, "exps": float(H)})
                 + Cost.of(Feature("window_read", ts, (W,)), bytes_kv=self.sem.swa_entry_bytes(c))
-                + Cost.of(tokens(ts), bytes_act=2 * H * D * BF16))
+                + Cost.of(tokens(ts), bytes_act=2 * H * D * BF16, exps=float(H)))
         reads = [f"layers.{li.layer}.swa"]
         if li.kv_owner is not None:
             m = self.layers[li.kv_owner].ratio
-            cost += Cost.of(Feature("topk_pairs", ts, (m, K)), flops_bf16=per_pair, bytes_act=4.0)
+            cost += Cost.of(Feature("topk_pairs", ts, (m, K)), **{f"flops_{prec}": per_pair, "exps": float(H),
+                                                                  "bytes_act": 4.0})
             cost += Cost.of(Feature("sparse_read", ts, (m, K)), bytes_kv=self.sem.main_kv_entry_bytes(c))
             reads += [f"layers.{li.kv_owner}.kv", f"layers.{li.topk_producer}.topk"]
-        return b.op("attn.sparse", "attention", cost, token_set=ts, precision="bf16", split=("tp", "dp"),
+        return b.op("attn.sparse", "attention", cost, token_set=ts, precision=prec, split=("tp", "dp"),
                     reads=tuple(reads), params={"kv_owner": li.kv_owner, "topk_producer": li.topk_producer,
-                                                "kv_heads": c.num_key_value_heads},
-                    formula=f"{per_pair:g} flops per (query, key) pair; <= {W} SWA + <= min({K}, visible/m) selected")
+                                                "kv_heads": c.num_key_value_heads, "heads": H, "precision": prec},
+                    formula=f"{per_pair:g} {prec} flops and {H} exps per (query, key) pair, + {H} sink exps per "
+                            f"query; <= {W} SWA + <= min({K}, visible/m) selected")
 
     def _attention_out(self, b: GraphBuilder, layer: int, ts: str) -> None:
         c = self.cfg
@@ -388,7 +405,8 @@ class DeepSeekV41(Model):
         """Score (sqrt-softplus + correction bias) and pick top-k experts per token."""
         c = self.cfg
         b.elementwise("ffn.route", ts, c.n_routed_experts, bytes_in=4.0, bytes_out=0.0, flops_per_elem=6.0,
-                      kind="router", split=("dp",), reads=(f"layers.{layer}.ffn.gate.bias",))
+                      kind="router", split=("dp",), reads=(f"layers.{layer}.ffn.gate.bias",),
+                      exps=c.n_routed_experts)  # softplus = log(1 + exp): one exp per expert
 
     def _moe(self, b: GraphBuilder, layer: int, ts: str) -> None:
         c = self.cfg
@@ -411,7 +429,7 @@ class DeepSeekV41(Model):
         b.gemm("ffn.shared.w1", ts, d, fs, weight=f"{s}.w1", act_in="fp8", split=("tp", "dp"))
         b.gemm("ffn.shared.w3", ts, d, fs, weight=f"{s}.w3", act_in="fp8", split=("tp", "dp"))
         b.elementwise("ffn.shared.swiglu", ts, fs, bytes_in=2 * BF16, bytes_out=1.0 + 1 / 32, flops_per_elem=4,
-                      kind="activation", split=("tp", "dp"))
+                      kind="activation", split=("tp", "dp"), exps=fs)
         b.gemm("ffn.shared.w2", ts, fs, d, weight=f"{s}.w2", act_in="fp8", split=("tp", "dp"),
                comm=(all_reduce_tp(ts, d, note="row-parallel shared expert", merge=MOE_OUT),))
 

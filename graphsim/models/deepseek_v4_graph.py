@@ -8,7 +8,7 @@ from ..builder import GraphBuilder
 from ..ir import CommSpec, Cost, Feature
 from . import deepseek_v4 as sem4
 from .base import tokens
-from .deepseek_v41_graph import BF16, DeepSeekV41
+from .deepseek_v41_graph import BF16, DeepSeekV41, attention_precision
 
 
 class DeepSeekV4(DeepSeekV41):
@@ -79,7 +79,8 @@ class DeepSeekV4(DeepSeekV41):
                    act_in="bf16", act_out="fp32", split=("dp",), kind="compressor")
         entries = Feature("new_groups", "kv", (m,))
         b.op(f"{prefix}.pool", "compressor",
-             Cost.of(tokens("kv"), flops_fp32=4.0 * coff * width, bytes_act=2 * 4.0 * coff * width)
+             Cost.of(tokens("kv"), flops_fp32=4.0 * coff * width, bytes_act=2 * 4.0 * coff * width,
+                     exps=coff * width)  # gate softmax over each window's positions: one exp per plane
              + Cost.of(entries, bytes_act=4.0 * width),
              token_set="kv", split=("dp",), precision="fp32",
              formula=f"gated pooling over {'overlapping ' if coff == 2 else ''}windows of {m} (+ absolute position term)")
@@ -110,14 +111,18 @@ class DeepSeekV4(DeepSeekV41):
         W, H, D = c.sliding_window, c.num_attention_heads, c.head_dim
         per_pair = 2.0 * H * 2 * D
         m = li.ratio
-        cost = (Cost.of(Feature("window_pairs", ts, (W,)), flops_bf16=per_pair)
+        prec = attention_precision(b)
+        math = {f"flops_{prec}": per_pair, "exps": float(H)}  # one exponential per score
+        cost = (Cost.of(Feature("window_pairs", ts, (W,)), **math)
                 + Cost.of(Feature("window_read", ts, (W,)), bytes_kv=sem4.swa_entry_bytes(c))
-                + Cost.of(Feature("compressed_pairs", ts, (m,)), flops_bf16=per_pair)
+                + Cost.of(Feature("compressed_pairs", ts, (m,)), **math)
                 + Cost.of(Feature("compressed", ts, (m,)), bytes_kv=sem4.main_kv_entry_bytes(c))
-                + Cost.of(tokens(ts), bytes_act=2 * H * D * BF16))
-        return b.op("attn.sparse", "attention", cost, token_set=ts, precision="bf16", split=("tp", "dp"),
-                    reads=(f"layers.{li.layer}.swa", f"layers.{li.layer}.kv"), params={"kv_heads": c.num_key_value_heads},
-                    formula=f"HCA: <= {W} SWA + every compressed entry (m={m}), {per_pair:g} flops per pair")
+                + Cost.of(tokens(ts), bytes_act=2 * H * D * BF16, exps=float(H)))  # + each head's sink
+        return b.op("attn.sparse", "attention", cost, token_set=ts, precision=prec, split=("tp", "dp"),
+                    reads=(f"layers.{li.layer}.swa", f"layers.{li.layer}.kv"),
+                    params={"kv_heads": c.num_key_value_heads, "heads": H, "precision": prec},
+                    formula=f"HCA: <= {W} SWA + every compressed entry (m={m}), {per_pair:g} {prec} flops and "
+                            f"{H} exps per pair, + {H} sink exps per query")
 
     def _route(self, b: GraphBuilder, layer: int, ts: str) -> None:
         li = self.layers[layer]

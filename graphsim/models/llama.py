@@ -92,7 +92,7 @@ class LlamaModel(Model):
                     b.gemm("wqkv", "all", c.hidden, q + 2 * kv, weight=p + "attn.wqkv", split=("tp", "dp"))
                     b.cache_write("kv_write", "all", p + "kv", kvb, split=("tp", "dp"))
                     b.attention("attn", "all", pairs=Feature("causal_pairs", "all"),
-                                flops_per_pair=4.0 * c.head_dim * c.heads,
+                                flops_per_pair=4.0 * c.head_dim * c.heads, heads=c.heads,
                                 kv_read=Feature("kv_len", "all"), kv_bytes_per_entry=kvb,
                                 q_bytes_per_token=2.0 * 2 * q, split=("tp", "dp"), reads=(p + "kv",),
                                 params={"kv_heads": c.kv_heads})
