@@ -126,7 +126,10 @@ class GraphBuilder:
              precision: str | None = None, group: str = "trunk", **kw) -> str:
         """Y[T, n] = X[T, k] · W[k, n]: 2kn FLOPs per token, weights read once, activations in and out.
 
-        A new weight tensor is declared (``copies`` × k × n elements) unless ``weight`` names an existing one.
+        ``copies`` > 1 is a block-diagonal or per-head GEMM: ``copies`` independent k×n products per token
+        (each on its own slice of the input), so FLOPs, weights and activations are all ``copies`` times one
+        product's. A new weight tensor is declared (``copies`` × k × n elements) unless ``weight`` names an
+        existing one.
         """
         if weight is None:
             require(weight_format is not None, f"gemm[{name}]", "give weight_format or an existing weight")
@@ -135,11 +138,14 @@ class GraphBuilder:
         prec = precision or wider(fmt(act_in).compute, wt.format.compute)
         t = Feature("tokens", token_set)
         cost = (Cost.of(ONE, bytes_weight=wt.format.nbytes(k * n * copies))
-                + Cost.of(t, **{f"flops_{prec}": 2.0 * k * n,
-                                "bytes_act": fmt(act_in).nbytes(k) + fmt(act_out).nbytes(n)}))
+                + Cost.of(t, **{f"flops_{prec}": 2.0 * k * n * copies,
+                                "bytes_act": copies * (fmt(act_in).nbytes(k) + fmt(act_out).nbytes(n))}))
+        times = f"{copies}·" if copies > 1 else ""
+        shape = f"{copies} x {k}x{n}" if copies > 1 else f"{k}x{n}"
         return self.op(name, kw.pop("kind", "gemm"), cost, token_set=token_set, precision=prec, reads=(weight,),
-                       params={"k": k, "n": n, "weight_format": wt.format.name, **kw.pop("params", {})},
-                       formula=f"2·{k}·{n}·T flops; W {k}x{n} {wt.format.name} read once", **kw)
+                       params={"k": k, "n": n, "copies": copies, "weight_format": wt.format.name,
+                               **kw.pop("params", {})},
+                       formula=f"2·{times}{k}·{n}·T flops; W {shape} {wt.format.name} read once", **kw)
 
     def moe_experts(self, name: str, token_set: str, *, experts: int, top_k: int, hidden: int, inter: int,
                     weight_format: str | StorageFormat | None = None, weight: str | tuple | None = None,

@@ -320,7 +320,8 @@ class DeepSeekV41(Model):
                     + Cost.of(entries, flops_bf16=2.0 * c.head_dim * c.index_head_dim,
                               bytes_act=in_bytes * c.kv_dim, bytes_kv=self.sem.index_k_entry_bytes(c)),
                     token_set="kv", split=("dp",), reads=(wk.name,), writes=(idx,),
-                    formula=f"wk {c.head_dim}->{c.index_head_dim} + norm, MXFP4 {self.sem.index_k_entry_bytes(c):g} B/entry")
+                    params={"k": c.head_dim, "n": c.index_head_dim},
+                    formula=f"wk {c.head_dim}->{c.index_head_dim} + norm per emitted entry, MXFP4 {self.sem.index_k_entry_bytes(c):g} B/entry")
 
     def _indexer(self, b: GraphBuilder, li: sem.LayerInfo, ts: str) -> str:
         """Index queries, scoring (full visible range, or the candidate pool in Decoder Reindex layers),
