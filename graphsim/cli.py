@@ -21,6 +21,9 @@ def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
     p.add_argument("--decoder-replay", default="off", choices=("off", "sglang", "paper"))
     p.add_argument("--encoder-replay", default="on", choices=("on", "off"))
     p.add_argument("--fusion", default="unfused", choices=("unfused", "two-pass", "single-pass"))
+    p.add_argument("--attention-precision", default="auto", choices=("auto", "bf16", "fp8", "fp4"),
+                   help="attention math precision (QK^T, PV); auto = from the KV cache format. An explicit "
+                        "narrower one keeps the KV cache at it (FP8 attention reads an FP8 cache)")
     p.add_argument("--overlap", default="none", choices=("none", "two-batch"))
     p.add_argument("--engram", default="hbm", choices=("hbm", "host"))
     p.add_argument("--prefetch-distance", type=int, default=1)
@@ -50,7 +53,7 @@ def _compile(a):
         algos[k.strip()] = v.strip()
     policies = Policies(a.decoder_replay, a.encoder_replay, a.fusion, a.overlap, a.engram, a.prefetch_distance,
                         a.dspark, ep_imbalance=a.ep_imbalance, pp_micro_batches=a.pp_micro_batches,
-                        algorithms=algos, acceptance=acc)
+                        algorithms=algos, acceptance=acc, attention_precision=a.attention_precision)
     if a.verify < 0:
         raise GraphsimError("verify", f"must be >= 0, got {a.verify}")
     reqs = [r if isinstance(r, Request) else Request.parse(r) for r in a.request]

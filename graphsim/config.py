@@ -52,3 +52,38 @@ def need(cfg: Mapping, key: str, kind: type = int, *, where: str = "config") -> 
     if not ok:
         raise GraphsimError(f"{where}.{key}", f"must be {kind.__name__}, got {v!r}")
     return v
+
+
+#: KV-cache dtypes as checkpoints and runtimes name them -> graphsim storage formats.
+_KV_DTYPES = {"fp8": "fp8", "fp8_e4m3": "fp8", "float8_e4m3fn": "fp8", "fp8_e5m2": "fp8", "int8": "int8",
+              "nvfp4": "fp4_e2m1_e4m3_16", "fp4": "fp4_e2m1_e4m3_16", "bf16": "bf16", "bfloat16": "bf16",
+              "fp16": "fp16", "float16": "fp16", "auto": "bf16"}
+
+
+def kv_cache_format(cfg: Mapping, default: str = "bf16") -> str:
+    """The KV-cache storage format a checkpoint declares: ``quantization_config.kv_cache_quant_algo``
+    (ModelOpt, as in ``hf_quant_config.json``), ``quantization_config.kv_cache_scheme`` (compressed-tensors:
+    ``{"num_bits": 8, "type": "float"}``) or a top-level ``kv_cache_dtype``; ``default`` when none does."""
+    t = text_config(cfg)
+    q = t.get("quantization_config") or cfg.get("quantization_config") or {}
+    if not isinstance(q, Mapping):
+        raise GraphsimError("quantization_config", f"must be an object, got {type(q).__name__}")
+    for field, value in (("quantization_config.kv_cache_quant_algo", q.get("kv_cache_quant_algo")),
+                         ("kv_cache_dtype", t.get("kv_cache_dtype", cfg.get("kv_cache_dtype")))):
+        if value is None:
+            continue
+        key = str(value).lower()
+        if key not in _KV_DTYPES:
+            raise GraphsimError(field, f"unknown KV-cache dtype {value!r}; known: {', '.join(sorted(_KV_DTYPES))}")
+        return _KV_DTYPES[key]
+    scheme = q.get("kv_cache_scheme")
+    if scheme:
+        if not isinstance(scheme, Mapping) or not isinstance(scheme.get("num_bits"), int):
+            raise GraphsimError("quantization_config.kv_cache_scheme", f"expected {{num_bits, type}}, got {scheme!r}")
+        bits, kind = scheme["num_bits"], str(scheme.get("type", "float")).lower()
+        fmts = {(8, "float"): "fp8", (8, "int"): "int8", (4, "float"): "fp4_e2m1_e4m3_16"}
+        if (bits, kind) not in fmts:
+            raise GraphsimError("quantization_config.kv_cache_scheme", f"{bits}-bit {kind} KV is not modelled; "
+                                f"known: {sorted(fmts)}")
+        return fmts[(bits, kind)]
+    return default

@@ -33,7 +33,7 @@ def kv_request_bytes(model, context, policies=None) -> float:
     """KV bytes one request holds at ``context`` tokens under ``policies`` (DSpark adds its SWA blocks)."""
     if policies is not None and getattr(policies, "dspark", "off") == "on" and hasattr(model, "kv_capacity"):
         return model.kv_capacity(int(context), dspark=True).total
-    return model.kv_bytes(context)
+    return model.kv_bytes(context, policies)
 
 
 def _trunk_layers(model) -> int:

@@ -27,6 +27,13 @@ def _at_least(lo, field, integer=False):
     return check
 
 
+def _one_of(allowed: tuple):
+    """attrs validator: one of ``allowed``, else a one-line GraphsimError naming ``policies.<field>``."""
+    def check(_inst, attr, v):
+        require(v in allowed, f"policies.{attr.name}", f"must be one of {', '.join(allowed)}, got {v!r}")
+    return check
+
+
 def _algorithms(value) -> tuple:
     from .passes.sharding import check_algorithms
 
@@ -37,14 +44,14 @@ def _algorithms(value) -> tuple:
 class Policies:
     """Runtime strategies a result is computed under (recorded in every report)."""
 
-    decoder_replay: str = attrs.field(default="off", validator=attrs.validators.in_(("off", "sglang", "paper")))
-    encoder_replay: str = attrs.field(default="on", validator=attrs.validators.in_(("on", "off")))
-    fusion: str = attrs.field(default="unfused", validator=attrs.validators.in_(("unfused", "two-pass", "single-pass")))
-    overlap: str = attrs.field(default="none", validator=attrs.validators.in_(("none", "two-batch")))
-    engram: str = attrs.field(default="hbm", validator=attrs.validators.in_(("hbm", "host")))
+    decoder_replay: str = attrs.field(default="off", validator=_one_of(("off", "sglang", "paper")))
+    encoder_replay: str = attrs.field(default="on", validator=_one_of(("on", "off")))
+    fusion: str = attrs.field(default="unfused", validator=_one_of(("unfused", "two-pass", "single-pass")))
+    overlap: str = attrs.field(default="none", validator=_one_of(("none", "two-batch")))
+    engram: str = attrs.field(default="hbm", validator=_one_of(("hbm", "host")))
     #: Engram host residency: blocks ahead the row copy may start
     prefetch_distance: int = attrs.field(default=1, validator=_at_least(0, "policies.prefetch_distance", True))
-    dspark: str = attrs.field(default="off", validator=attrs.validators.in_(("off", "on")))
+    dspark: str = attrs.field(default="off", validator=_one_of(("off", "on")))
     #: W of both bounded replays (the SWA window of DeepSeek-V4.1)
     replay_window: int = attrs.field(default=128, validator=_at_least(1, "policies.replay_window", True))
     #: hottest EP rank's routed work / the mean (>= 1); scales its expert work and its dispatch/combine bytes
@@ -55,6 +62,10 @@ class Policies:
     algorithms: tuple = attrs.field(default=(), converter=_algorithms)
     #: DSpark per-position conditional acceptance a_1..a_D: turns verified positions into E[emitted]
     acceptance: tuple = attrs.field(default=(), converter=lambda v: tuple(float(x) for x in v))
+    #: the attention math's precision (QK^T, PV): "auto" = from the KV cache formats; an explicit narrower
+    #: one also narrows a wider KV cache to what the kernel reads (FP8 attention keeps an FP8 cache)
+    attention_precision: str = attrs.field(default="auto",
+                                           validator=_one_of(("auto", "bf16", "fp8", "fp4")))
 
     @acceptance.validator
     def _acc(self, _, v):
@@ -141,6 +152,16 @@ def check_policies(model, plan: Plan) -> None:
         hook(plan)
 
 
+def check_hardware(plan: Plan, hw: HardwareSpec) -> None:
+    """Reject what the chip cannot run: an explicit attention precision needs its own tensor rate (the
+    model's derived precisions may fall back, an explicit choice may not)."""
+    p = plan.policies.attention_precision
+    if p != "auto":
+        have = [q for q, _ in hw.peak_flops if q in ("fp4", "fp8", "bf16")]
+        require(p in have, "policies.attention_precision",
+                f"{hw.name} has no {p} tensor rate; allowed on it: {', '.join(['auto', *have])}")
+
+
 def default_passes(model, policies: Policies) -> list[tuple[str, Callable[[Graph], Graph]]]:
     """The model's policy passes (replay, fusion, overlap…), in order; models add theirs via ``passes``."""
     hook = getattr(model, "passes", None)
@@ -158,6 +179,7 @@ def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyP
         model = load_model(model)
     model.validate_mapping(plan.mapping)
     check_policies(model, plan)
+    check_hardware(plan, hw)
     logical = model.build(plan.kinds, policies=plan.policies, requests=plan.requests)
     pipeline = PassPipeline([*default_passes(model, plan.policies), *extra_passes])
     rewritten = pipeline.run(logical)

@@ -42,8 +42,9 @@ def _indexer_pairs(v41, ctx):
     out = {}
     for i, op in enumerate(c.graph.ops):
         if op.name.endswith("indexer.score"):
-            # §12: score = Σ_h relu(q_h·k)·w_h over 32 heads x 128 dims -> 2·32·128 + 3·32 flops per entry
-            out[op.layer] = s.components[0, i, COMPONENTS.index("flops_fp8")] / (2 * 32 * 128 + 3 * 32)
+            # §12: score = Σ_h relu(q_h·k)·w_h over 32 heads x 128 dims -> 2·32·128 + 3·32 flops per entry,
+            # at the FP4 rate: index Q/K are MXFP4 (§8)
+            out[op.layer] = s.components[0, i, COMPONENTS.index("flops_fp4")] / (2 * 32 * 128 + 3 * 32)
     return out
 
 

@@ -5,8 +5,14 @@ from typing import Sequence
 
 from ..builder import GraphBuilder
 from ..errors import GraphsimError
-from ..ir import ONE, CommSpec, Cost, Feature, Graph, Tensor
+from ..ir import ONE, CommSpec, Cost, Feature, Graph, Tensor, fmt, wider
 from ..plan import ParallelMapping
+
+#: Precisions the attention math (QK^T, PV) may run at; "auto" derives it from the KV cache formats.
+ATTENTION_PRECISIONS = ("auto", "bf16", "fp8", "fp4")
+#: The cache an attention kernel at this precision reads (FP8 attention reads FP8 Q/K/V and an FP8 cache;
+#: FP4 attention an E2M1 cache with E4M3 scales per 16), where the checkpoint's cache is wider.
+KV_FORMAT_AT = {"fp8": "fp8", "fp4": "fp4_e2m1_e4m3_16"}
 
 
 class Model:
@@ -19,9 +25,36 @@ class Model:
         """Resident inventory by physical module (never depends on the workload)."""
         raise NotImplementedError
 
-    def kv_bytes(self, context: int) -> float:
-        """KV-cache bytes one request holds at ``context`` tokens (all layers, whole model)."""
+    def kv_bytes(self, context: int, policies=None) -> float:
+        """KV-cache bytes one request holds at ``context`` tokens (all layers, whole model) under ``policies``
+        (an FP8 attention reads, so stores, an FP8 cache)."""
         raise NotImplementedError
+
+    #: the checkpoint's KV-cache storage format(s) the attention reads (models set it from the config)
+    kv_format = "bf16"
+
+    def kv_formats(self) -> tuple[str, ...]:
+        return (self.kv_format,)
+
+    def attention_precision(self, policies=None) -> str:
+        """The precision the attention math runs at: the plan's ``attention_precision``, or ("auto") the
+        widest compute precision of the caches it reads (a BF16 cache -> BF16, an FP8 cache -> FP8; a
+        storage-only FP4 cache such as V4.1's main KV is dequantized first -> BF16)."""
+        p = getattr(policies, "attention_precision", "auto") if policies is not None else "auto"
+        if p != "auto":
+            return p
+        out = "fp4"
+        for f in self.kv_formats():
+            out = wider(out, fmt(f).compute)
+        return out
+
+    def kv_cache_format(self, policies=None) -> str:
+        """The KV cache as stored under ``policies``: the checkpoint's, narrowed to what an explicitly lower
+        attention precision reads (FP8 attention keeps an FP8 cache)."""
+        p = self.attention_precision(policies)
+        if p in KV_FORMAT_AT and fmt(KV_FORMAT_AT[p]).bytes_per_elem < fmt(self.kv_format).bytes_per_elem:
+            return KV_FORMAT_AT[p]
+        return self.kv_format
 
     def validate_mapping(self, mapping: ParallelMapping) -> None:
         """Raise GraphsimError for mappings that cannot exist for this model."""
@@ -31,7 +64,8 @@ class Model:
         kinds = tuple(kinds)
         if not kinds:
             raise GraphsimError("requests", "give at least one request")
-        b = GraphBuilder(self.name, meta={"model": self.name, "kinds": ",".join(kinds)})
+        b = GraphBuilder(self.name, meta={"model": self.name, "kinds": ",".join(kinds),
+                                          "attention_precision": self.attention_precision(options.get("policies"))})
         for t in self.weights():
             b.tensor(t.name, t.role, t.format, elems=t.elems, module=t.module, group=t.group)
         self._build(b, kinds, **options)
@@ -91,5 +125,11 @@ def lm_head(b: GraphBuilder, ts: str, hidden: int, vocab: int, weight: str) -> s
                   comm=(CommSpec("all_gather", "tp", Cost.of(tokens(ts), bytes_act=vocab * 4.0), note="logits"),))
 
 
-__all__ = ["Model", "divides", "tokens", "rmsnorm", "all_reduce_tp", "swiglu_mlp", "embedding", "lm_head", "ONE",
+def attention_act_bytes(precision: str) -> float:
+    """Bytes per element of the Q/K/V an attention kernel at ``precision`` reads and writes (FP8 attention
+    runs on FP8 operands; BF16 on BF16)."""
+    return fmt(KV_FORMAT_AT.get(precision, precision)).bytes_per_elem
+
+
+__all__ = ["Model", "divides", "attention_act_bytes", "ATTENTION_PRECISIONS", "tokens", "rmsnorm", "all_reduce_tp", "swiglu_mlp", "embedding", "lm_head", "ONE",
            "MOE_OUT"]

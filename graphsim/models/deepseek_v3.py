@@ -6,10 +6,21 @@ from __future__ import annotations
 import attrs
 
 from ..builder import GraphBuilder
-from ..config import need, text_config
+from ..config import kv_cache_format, need, text_config
 from ..ir import CommSpec, Cost, Feature, Tensor, fmt
 from ..plan import ParallelMapping
-from .base import MOE_OUT, Model, all_reduce_tp, divides, embedding, lm_head, rmsnorm, swiglu_mlp, tokens
+from .base import (
+    MOE_OUT,
+    Model,
+    all_reduce_tp,
+    attention_act_bytes,
+    divides,
+    embedding,
+    lm_head,
+    rmsnorm,
+    swiglu_mlp,
+    tokens,
+)
 
 
 @attrs.frozen
@@ -56,10 +67,11 @@ class V3Config:
 class DeepSeekV3(Model):
     family = "deepseek_v3"
 
-    def __init__(self, cfg: dict, name: str = "deepseek-v3", kv_format: str = "bf16"):
+    def __init__(self, cfg: dict, name: str = "deepseek-v3", kv_format: str | None = None):
         self.name = name
         self.cfg = V3Config.from_dict(cfg)
-        self.kv_format = kv_format
+        # the checkpoint's KV cache (quantization_config / kv_cache_dtype), BF16 when it declares none
+        self.kv_format = kv_format or kv_cache_format(cfg)
         b = self.cfg.weight_block
         # FP8 e4m3 weights with one fp32 scale per block (V41_FACTS §13: FP8 128x128 blocks).
         self.wfmt = "fp8_b128x128" if tuple(b) == (128, 128) else "fp8"
@@ -100,17 +112,19 @@ class DeepSeekV3(Model):
         routed = (c.layers - c.dense_layers) * c.experts * 3 * c.hidden * c.moe_inter
         return total - routed + (c.layers - c.dense_layers) * c.top_k * 3 * c.hidden * c.moe_inter + c.hidden
 
-    def kv_bytes(self, context: int) -> float:
-        return context * self.cfg.layers * self.cfg.latent * fmt(self.kv_format).bytes_per_elem
+    def kv_bytes(self, context: int, policies=None) -> float:
+        return context * self.cfg.layers * self.cfg.latent * fmt(self.kv_cache_format(policies)).bytes_per_elem
 
     def validate_mapping(self, m: ParallelMapping) -> None:
         divides("mapping.tp", m.tp, self.cfg.heads, "attention heads")
         divides("mapping.ep", m.ep, self.cfg.experts, "routed experts")
 
     # ---- graph ------------------------------------------------------------------------------------
-    def _build(self, b: GraphBuilder, kinds: tuple, **_) -> None:
+    def _build(self, b: GraphBuilder, kinds: tuple, policies=None, **_) -> None:
         c = self.cfg
-        kvb = c.latent * fmt(self.kv_format).bytes_per_elem
+        kv_fmt = self.kv_cache_format(policies)
+        prec = self.attention_precision(policies)
+        kvb = c.latent * fmt(kv_fmt).bytes_per_elem
         b.token_set("all")
         b.token_set("pf", prefill="all", decode="none")  # MLA prefill path (K/V up-projected)
         b.token_set("dec", prefill="none", decode="all")  # MLA absorbed path over the latent cache
@@ -122,7 +136,7 @@ class DeepSeekV3(Model):
             for i in range(c.layers):
                 p = f"layers.{i}."
                 with b.layer(i):
-                    b.tensor(p + "kv", "kv_cache", self.kv_format, elems_per_token=c.latent, module=p + "attn")
+                    b.tensor(p + "kv", "kv_cache", kv_fmt, elems_per_token=c.latent, module=p + "attn")
                     rmsnorm(b, "attn_norm", "all", c.hidden)
                     b.gemm("wq_a", "all", c.hidden, c.q_lora, weight=p + "attn.wq_a", act_in="fp8", split=("dp",))
                     rmsnorm(b, "q_norm", "all", c.q_lora, out_bytes=1.0)
@@ -131,9 +145,9 @@ class DeepSeekV3(Model):
                     rmsnorm(b, "kv_norm", "all", c.kv_lora)
                     b.cache_write("kv_write", "all", p + "kv", kvb, split=("dp",))
                     if "prefill" in kinds:
-                        self._mla_prefill(b, p, kvb)
+                        self._mla_prefill(b, p, kvb, prec)
                     if "decode" in kinds:
-                        self._mla_decode(b, p, kvb)
+                        self._mla_decode(b, p, kvb, prec)
                     b.gemm("wo", "all", c.heads * c.v_dim, c.hidden, weight=p + "attn.wo", act_in="fp8", split=tp_dp,
                            comm=(all_reduce_tp("all", c.hidden, note="row-parallel wo"),))
                     rmsnorm(b, "mlp_norm", "all", c.hidden)
@@ -145,31 +159,33 @@ class DeepSeekV3(Model):
         with b.stage("head"):
             lm_head(b, "last", c.hidden, c.vocab, "head")
 
-    def _mla_prefill(self, b: GraphBuilder, p: str, kvb: float) -> None:
-        """Prefill: up-project every visible latent to per-head K_nope and V, then causal attention."""
+    def _mla_prefill(self, b: GraphBuilder, p: str, kvb: float, prec: str) -> None:
+        """Prefill: up-project every visible latent to per-head K_nope and V (written at the attention's
+        operand precision), then causal attention at ``prec``."""
         c = self.cfg
         kv_len = Feature("kv_len", "pf")
         up = c.heads * (c.nope + c.v_dim)
         w = b._tensors[p + "attn.wkv_b"]
+        ab = attention_act_bytes(prec)
         cost = (Cost.of(Feature("one"), bytes_weight=w.nbytes)
-                + Cost.of(kv_len, flops_fp8=2.0 * c.kv_lora * up, bytes_kv=kvb, bytes_act=2.0 * up))
+                + Cost.of(kv_len, flops_fp8=2.0 * c.kv_lora * up, bytes_kv=kvb, bytes_act=ab * up))
         b.op("wkv_b", "gemm", cost, token_set="pf", precision="fp8", split=("tp", "dp"), reads=(p + "attn.wkv_b", p + "kv"),
              formula=f"2·{c.kv_lora}·{up} flops per visible position",
              params={"k": c.kv_lora, "n": up, "kv_heads": 1})  # every TP rank reads the whole latent
         b.attention("attn_prefill", "pf", pairs=Feature("causal_pairs", "pf"),
-                    flops_per_pair=2.0 * (c.qk_dim + c.v_dim) * c.heads, heads=c.heads,
-                    kv_read=kv_len, kv_bytes_per_entry=2.0 * (c.heads * (c.nope + c.v_dim) + c.rope),
-                    q_bytes_per_token=2.0 * c.heads * (c.qk_dim + c.v_dim), split=("tp", "dp"))
+                    flops_per_pair=2.0 * (c.qk_dim + c.v_dim) * c.heads, heads=c.heads, precision=prec,
+                    kv_read=kv_len, kv_bytes_per_entry=ab * (c.heads * (c.nope + c.v_dim) + c.rope),
+                    q_bytes_per_token=ab * c.heads * (c.qk_dim + c.v_dim), split=("tp", "dp"))
 
-    def _mla_decode(self, b: GraphBuilder, p: str, kvb: float) -> None:
+    def _mla_decode(self, b: GraphBuilder, p: str, kvb: float, prec: str) -> None:
         """Decode: absorb W_UK into the query and W_UV into the output; attend over the 576-wide latent."""
         c = self.cfg
         b.gemm("q_absorb", "dec", c.nope, c.kv_lora, weight=p + "attn.wkv_b", copies=c.heads, precision="bf16",
                split=("tp", "dp"))
         b.attention("attn_decode", "dec", pairs=Feature("causal_pairs", "dec"),
-                    flops_per_pair=2.0 * (c.latent + c.kv_lora) * c.heads, heads=c.heads,
+                    flops_per_pair=2.0 * (c.latent + c.kv_lora) * c.heads, heads=c.heads, precision=prec,
                     kv_read=Feature("kv_len", "dec"), kv_bytes_per_entry=kvb,
-                    q_bytes_per_token=2.0 * c.heads * (c.latent + c.kv_lora), split=("tp", "dp"),
+                    q_bytes_per_token=attention_act_bytes(prec) * c.heads * (c.latent + c.kv_lora), split=("tp", "dp"),
                     reads=(p + "kv",), params={"kv_heads": 1})  # one latent: replicated across TP
         b.gemm("o_absorb", "dec", c.kv_lora, c.v_dim, weight=p + "attn.wkv_b", copies=c.heads, precision="bf16",
                split=("tp", "dp"))

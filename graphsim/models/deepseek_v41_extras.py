@@ -50,7 +50,7 @@ from ..errors import require
 from ..ir import CommSpec, Cost, Feature
 from . import deepseek_v41 as sem
 from .base import all_reduce_tp, rmsnorm, tokens
-from .deepseek_v41_graph import BF16
+from .deepseek_v41_graph import BF16, attention_precision
 
 #: token sets (see the module docstring)
 VIS_PATCHES, VIS_IMAGE = "vis_patches", "vis_image"
@@ -82,7 +82,7 @@ def vision_stage(model, b, kinds, policies, requests) -> None:
                 b.elementwise("attn.rope2d", P, 2 * h, bytes_in=BF16, bytes_out=BF16, flops_per_elem=4, split=tp)
                 # bidirectional within the image: QK and PV over all heads = 4h flops per (query, key) pair
                 b.attention("attn.core", P, pairs=Feature("full_pairs", P), flops_per_pair=4.0 * h,
-                            heads=v.num_attention_heads,
+                            heads=v.num_attention_heads, precision=attention_precision(b),
                             q_bytes_per_token=(3 * h + h) * BF16, split=tp)
                 b.gemm("attn.wo", P, h, h, weight=f"{p}.attn.wo", split=tp, comm=(all_reduce_tp(P, h, note="ViT wo"),))
                 _residual(b, "attn.residual", P, h)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..builder import GraphBuilder
 from ..config import load_config
 from ..errors import GraphsimError
-from ..ir import ONE, CommSpec, Cost, Feature, Tensor
+from ..ir import ONE, CommSpec, Cost, Feature, Tensor, fmt
 from ..plan import ParallelMapping
 from . import deepseek_v41 as sem
 from .base import MOE_OUT, Model, all_reduce_tp, divides, tokens
@@ -55,8 +55,13 @@ class DeepSeekV41(Model):
     def kv_capacity(self, context: int, *, dspark: bool = False) -> sem.KVCapacity:
         return sem.kv_capacity(self.cfg, context, dspark=dspark)
 
-    def kv_bytes(self, context: int) -> float:
+    def kv_bytes(self, context: int, policies=None) -> float:
+        """The checkpoint's cache layout (V41_FACTS §8) whatever the attention precision: FP4 main KV and
+        FP8 SWA are what the model stores."""
         return self.kv_capacity(int(context)).total
+
+    def kv_formats(self) -> tuple[str, ...]:
+        return (self.cfg.main_kv_format, self.cfg.swa_kv_format)
 
     def resident_groups(self, policies) -> tuple[str, ...]:
         """Inventory groups this deployment loads: DSpark only when it runs (where Engram *tables* live is
@@ -335,7 +340,10 @@ class DeepSeekV41(Model):
         b.gemm("indexer.wq_b", ts, c.q_lora_rank, H * D, weight=f"{p}.wq_b", act_in="fp8", split=("dp",), kind="indexer")
         b.gemm("indexer.weights_proj", ts, c.hidden_size, H, weight=f"{p}.weights_proj", act_in="bf16",
                act_out="fp32", split=("dp",), kind="indexer")
-        per_pair = 2.0 * H * D + 3.0 * H  # q·k per head, relu, weight, sum
+        per_pair = 2.0 * H * D + 3.0 * H  # q·k per head, relu, weight, sum: no exponential (ReLU scoring)
+        # index Q and K are stored in the index-K format (MXFP4 in V4.1): the scoring GEMM runs at that
+        # format's tensor rate (FP4 where the chip has one; the descriptor falls back to FP8 on Hopper)
+        prec = fmt(c.index_k_format).compute
         if getattr(li, "candidate_limited", False):
             pairs = Feature("topk_pairs", ts, (m, pool))
             reads = Feature("sparse_read", ts, (m, pool))
@@ -347,10 +355,10 @@ class DeepSeekV41(Model):
             extra = Cost()
             what = "whole visible compressed range"
         b.op("indexer.score", "indexer",
-             Cost.of(pairs, flops_fp8=per_pair) + Cost.of(reads, bytes_kv=self.sem.index_k_entry_bytes(c))
-             + Cost.of(tokens(ts), bytes_act=H * D * 1.0 + H * 4.0) + extra,
-             token_set=ts, precision="fp8", split=("dp",), reads=(f"layers.{owner.layer}.index_k",),
-             formula=f"{per_pair:g} flops per scored entry over the {what}")
+             Cost.of(pairs, **{f"flops_{prec}": per_pair}) + Cost.of(reads, bytes_kv=self.sem.index_k_entry_bytes(c))
+             + Cost.of(tokens(ts), bytes_act=fmt(c.index_k_format).nbytes(H * D) + H * 4.0) + extra,
+             token_set=ts, precision=prec, split=("dp",), reads=(f"layers.{owner.layer}.index_k",),
+             formula=f"{per_pair:g} {prec} flops per scored entry over the {what}; ReLU scores, no exps")
         if getattr(li, "candidate_source", False):
             blocks = c.candidate_topk_blocks
             b.op("indexer.block_max", "indexer", Cost.of(pairs, flops_fp32=1.0, bytes_act=4.0 / c.candidate_block_size),

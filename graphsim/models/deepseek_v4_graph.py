@@ -23,6 +23,9 @@ class DeepSeekV4(DeepSeekV41):
     def kv_capacity(self, context: int, **_):
         return sem4.kv_capacity(self.cfg, context)
 
+    def kv_formats(self) -> tuple[str, ...]:
+        return (self.cfg.kv_nope_format, self.cfg.kv_rope_format)
+
     def resident_groups(self, policies) -> tuple[str, ...]:
         return ("embed", "trunk")
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 import attrs
 
 from ..builder import GraphBuilder
-from ..config import need, text_config
+from ..config import kv_cache_format, need, text_config
 from ..errors import GraphsimError
 from ..ir import Feature, Tensor, fmt
 from ..plan import ParallelMapping
-from .base import Model, all_reduce_tp, divides, embedding, lm_head, rmsnorm, swiglu_mlp
+from .base import Model, all_reduce_tp, attention_act_bytes, divides, embedding, lm_head, rmsnorm, swiglu_mlp
 
 
 @attrs.frozen
@@ -34,15 +34,16 @@ class LlamaConfig:
 
 
 class LlamaModel(Model):
-    """GQA attention + SwiGLU; weights in ``weight_format`` (bf16 by default), KV cache in ``kv_format``."""
+    """GQA attention + SwiGLU; weights in ``weight_format`` (bf16 by default), KV cache in ``kv_format``
+    (the checkpoint's, see :func:`graphsim.config.kv_cache_format`, unless given)."""
 
     family = "llama"
 
-    def __init__(self, cfg: dict, name: str = "llama", weight_format: str = "bf16", kv_format: str = "bf16"):
+    def __init__(self, cfg: dict, name: str = "llama", weight_format: str = "bf16", kv_format: str | None = None):
         self.name = name
         self.cfg = LlamaConfig.from_dict(cfg)
         self.weight_format = weight_format
-        self.kv_format = kv_format
+        self.kv_format = kv_format or kv_cache_format(cfg)
 
     def weights(self) -> tuple[Tensor, ...]:
         c, wf = self.cfg, self.weight_format
@@ -62,9 +63,9 @@ class LlamaModel(Model):
             out.append(Tensor("head", "weight", "bf16", c.hidden * c.vocab, module="head", group="embed"))
         return tuple(out)
 
-    def kv_bytes(self, context: int) -> float:
+    def kv_bytes(self, context: int, policies=None) -> float:
         c = self.cfg
-        return context * c.layers * 2 * c.kv_heads * c.head_dim * fmt(self.kv_format).bytes_per_elem
+        return context * c.layers * 2 * c.kv_heads * c.head_dim * fmt(self.kv_cache_format(policies)).bytes_per_elem
 
     def kv_split(self, m: ParallelMapping) -> int:
         """GQA: TP ranks split the KV heads (replicated once tp exceeds them); DP splits requests."""
@@ -75,26 +76,29 @@ class LlamaModel(Model):
         if m.ep > 1:
             raise GraphsimError("mapping.ep", "a dense model has no experts: ep must be 1")
 
-    def _build(self, b: GraphBuilder, kinds: tuple, **_) -> None:
+    def _build(self, b: GraphBuilder, kinds: tuple, policies=None, **_) -> None:
         c = self.cfg
         q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
         b.token_set("all")
         b.token_set("last", prefill="one", decode="all")
-        kvb = 2 * kv * fmt(self.kv_format).bytes_per_elem
+        kv_fmt = self.kv_cache_format(policies)
+        prec = self.attention_precision(policies)
+        kvb = 2 * kv * fmt(kv_fmt).bytes_per_elem
         with b.stage("embed"):
             embedding(b, "all", c.hidden, "embed")
         with b.stage("trunk"):
             for i in range(c.layers):
                 with b.layer(i):
                     p = f"layers.{i}."
-                    b.tensor(p + "kv", "kv_cache", self.kv_format, elems_per_token=2 * kv, module=p + "attn")
+                    b.tensor(p + "kv", "kv_cache", kv_fmt, elems_per_token=2 * kv, module=p + "attn")
                     rmsnorm(b, "attn_norm", "all", c.hidden)
                     b.gemm("wqkv", "all", c.hidden, q + 2 * kv, weight=p + "attn.wqkv", split=("tp", "dp"))
                     b.cache_write("kv_write", "all", p + "kv", kvb, split=("tp", "dp"))
                     b.attention("attn", "all", pairs=Feature("causal_pairs", "all"),
                                 flops_per_pair=4.0 * c.head_dim * c.heads, heads=c.heads,
                                 kv_read=Feature("kv_len", "all"), kv_bytes_per_entry=kvb,
-                                q_bytes_per_token=2.0 * 2 * q, split=("tp", "dp"), reads=(p + "kv",),
+                                q_bytes_per_token=2 * q * attention_act_bytes(prec), precision=prec,
+                                split=("tp", "dp"), reads=(p + "kv",),
                                 params={"kv_heads": c.kv_heads})
                     b.gemm("wo", "all", q, c.hidden, weight=p + "attn.wo", split=("tp", "dp"),
                            comm=(all_reduce_tp("all", c.hidden, note="row-parallel wo"),))
