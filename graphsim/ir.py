@@ -152,12 +152,20 @@ class Tensor:
 #: positions of a request whose SWA cache is restored (none when they are replayed); ``ahead:N`` = the N
 #: positions right after the new ones (a speculative draft block). A ``replay+`` prefix applies the rule to
 #: the replayed positions and the new ones together (a restore recomputes the last cached tokens with the suffix).
+#: An ``@TIER`` suffix (``cached@host``) keeps the positions only of requests whose cached prefix lives in
+#: that tier (workload field ``tier``): what a restore copies from host memory or disk.
 RULE_KINDS = ("all", "none", "tail", "dtail", "replay", "text", "image", "patches", "one", "cached", "cached_swa", "ahead")
 REQUEST_KINDS = ("prefill", "decode")
 
 
+#: Where a cached prefix lives: already in HBM, in host memory, on local disk.
+CACHE_TIERS = ("hbm", "host", "disk")
+
+
 def _check_rule(rule: str) -> str:
     base = rule[len("replay+"):] if rule.startswith("replay+") else rule
+    base, at, tier = base.partition("@")
+    require(not at or tier in CACHE_TIERS, "token_set.rule", f"{rule!r}: tier after @ must be one of {CACHE_TIERS}")
     head, _, arg = base.partition(":")
     require(head in RULE_KINDS, "token_set.rule", f"unknown rule {rule!r}; allowed: {RULE_KINDS} (optionally 'replay+' before)")
     if head in ("tail", "dtail", "cached_swa", "ahead"):

@@ -19,8 +19,9 @@ from .plan import Request
 
 def chunk_prefill(req: Request, chunk: int) -> list[Request]:
     """Split a prefill into forward steps of at most ``chunk`` new tokens; step i has the earlier chunks
-    (and any cached prefix) cached, with their SWA state present. Image tokens lead the prompt and spread
-    over the first chunks; the vision encoder runs in the first."""
+    (and any cached prefix) cached, with their SWA state present, in HBM: the first step copies a host or
+    disk prefix hit in, later steps read it and the earlier chunks' KV where it already is. Image tokens
+    lead the prompt and spread over the first chunks; the vision encoder runs in the first."""
     positive_int(chunk, "chunk")
     if req.kind != "prefill" or req.new_tokens <= chunk:
         return [req]
@@ -31,6 +32,7 @@ def chunk_prefill(req: Request, chunk: int) -> list[Request]:
         end = min(done + chunk, req.length)
         img = min(images, end - done)
         out.append(attrs.evolve(req, length=end, cached=done, swa_cached=req.swa_cached if first else True,
+                                tier=req.tier if first else "hbm",
                                 image_tokens=img, image_patches=req.image_patches if first else 0))
         done, first, images = end, False, images - img
     return out
@@ -80,7 +82,7 @@ def layer_token_sets(graph: Graph) -> dict:
     """The token set each (stage, layer) runs on: its attention's, else its KV writer's, else the most common."""
     sets: dict = {}
     for op in graph.ops:
-        if op.token_set:
+        if op.token_set and op.stream == "compute":  # copies and collectives are not a layer's work
             sets.setdefault((op.stage, op.layer), Counter())[op.token_set] += 1
     out = {}
     caches = {t.name for t in graph.tensors if t.role == "kv_cache"}

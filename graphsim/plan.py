@@ -8,7 +8,7 @@ import attrs
 import numpy as np
 
 from .errors import GraphsimError, positive_int, require
-from .workload import Workload
+from .workload import TIERS, Workload
 
 _REQ = re.compile(r"^(?P<kind>[a-z]+):(?P<len>[^x@+v]+)(?:x(?P<count>[^@+v]+))?(?:v(?P<verify>[^@+]+))?"
                   r"(?:@(?P<cached>[^+/]+)(?P<noswa>/noswa)?)?(?P<rest>(\+.*)?)$")
@@ -27,7 +27,9 @@ def _int_field(text: str, field: str, spec: str) -> int:
 @attrs.frozen
 class Request:
     """``count`` identical requests. Prefill: ``length`` prompt tokens of which ``cached`` are a prefix-cache
-    hit (``swa_cached`` says whether that hit includes the SWA cache); ``image_tokens`` of the uncached
+    hit (``swa_cached`` says whether that hit includes the SWA cache) read from ``tier``: ``hbm`` (already
+    resident, nothing to copy), ``host`` (copied over C2C/PCIe; the default) or ``disk`` (read from local
+    NVMe, then over the host link); ``image_tokens`` of the uncached
     positions are image tokens (Σ over the request's images, ``image_patches`` the ViT patches that make
     them). Decode: a step at context ``length`` emitting ``new`` positions (1, or 1 + verify length with
     speculative decoding); its images were encoded at prefill and are part of the context."""
@@ -40,6 +42,7 @@ class Request:
     new: int = 1
     image_tokens: int = 0
     image_patches: int = 0
+    tier: str = "host"
 
     @length.validator
     def _len(self, _, v):
@@ -51,6 +54,7 @@ class Request:
         positive_int(self.new, "request.new")
         positive_int(self.image_tokens, "request.image_tokens", allow_zero=True)
         positive_int(self.image_patches, "request.image_patches", allow_zero=True)
+        require(self.tier in TIERS, "request.tier", f"a prefix hit lives in one of {', '.join(TIERS)}, got {self.tier!r}")
         # patches make image tokens; image tokens without patches were encoded by an earlier chunk
         require(self.image_patches == 0 or self.image_tokens > 0, "request.image_patches",
                 "ViT patches produce image tokens: give image_tokens > 0 with them")
@@ -76,8 +80,9 @@ class Request:
 
     @staticmethod
     def parse(spec: str) -> "Request":
-        """``KIND:LEN[xCOUNT][vK][@CACHED[/noswa]][+img:WxH...]``, e.g. ``decode:4096x64``, ``decode:4096x64v3``
-        (DSpark: verify 3 drafts), ``prefill:2048@1024``;
+        """``KIND:LEN[xCOUNT][vK][@CACHED[:TIER][/noswa]][+img:WxH...]``, e.g. ``decode:4096x64``,
+        ``decode:4096x64v3`` (DSpark: verify 3 drafts), ``prefill:2048@1024`` (a 1,024-token hit in host
+        memory), ``prefill:2048@1024:hbm`` (still in HBM: nothing to copy), ``prefill:2048@1024:disk``;
         ``/noswa``: the prefix hit has its global KV but not its SWA cache (a restore). LEN counts text
         tokens; each ``+img:WxH`` adds its image tokens on top (``prefill:2000+img:1024x768`` has
         2000 + 475 new positions), so ``length`` includes them."""
@@ -86,8 +91,12 @@ class Request:
             raise GraphsimError("request", f"{spec!r} is not KIND:LEN[xCOUNT][@CACHED] with KIND prefill|decode")
         n = _int_field(m.group("len"), "request.length", spec)
         c = _int_field(m.group("count"), "request.count", spec) if m.group("count") else 1
-        cached = _int_field(m.group("cached"), "request.cached", spec) if m.group("cached") else 0
         extra = {}
+        cached_text, _, tier = (m.group("cached") or "").partition(":")
+        cached = _int_field(cached_text, "request.cached", spec) if cached_text else 0
+        if tier:
+            require(tier in TIERS, "request.tier", f"{tier!r} in request {spec!r}; allowed: {', '.join(TIERS)}")
+            extra["tier"] = tier
         if m.group("verify"):  # decode:LENxCOUNTvK: a speculative step verifying K draft positions
             if m.group("kind") != "decode":
                 raise GraphsimError("request.verify", f"only decode requests verify drafts ({spec!r})")
@@ -96,7 +105,7 @@ class Request:
         if rest:
             from .vision import parse_image_suffix  # vision rules live in their own module
 
-            extra = parse_image_suffix(rest, spec)
+            extra.update(parse_image_suffix(rest, spec))
             n += extra["image_tokens"]  # LEN is text; image tokens come on top
         if m.group("noswa"):
             extra["swa_cached"] = False
@@ -106,7 +115,8 @@ class Request:
         s = f"{self.kind}:{self.length - self.image_tokens}"  # LEN is text tokens, as parse() reads it
         s += f"x{self.count}" if self.count != 1 else ""
         s += f"v{self.new - 1}" if self.kind == "decode" and self.new > 1 else ""
-        s += (f"@{self.cached}" if self.cached else "") + ("/noswa" if self.cached and not self.swa_cached else "")
+        s += (f"@{self.cached}" if self.cached else "") + (f":{self.tier}" if self.cached and self.tier != "host" else "")
+        s += "/noswa" if self.cached and not self.swa_cached else ""
         return s + (f"+img:{self.image_tokens}tok/{self.image_patches}patches" if self.image_tokens else "")
 
 
@@ -132,7 +142,7 @@ def workload_of(requests: Sequence[Request], *, replay_window: int = 128, encode
         if r.kind == "prefill":
             new, past, replay = (float(x) for x in prefill_positions(
                 r.length, r.cached, r.swa_cached, replay_window=replay_window, encoder_replay=encoder_replay))
-        rows.append((r.count, new, past, r.image_tokens, r.image_patches, replay))
+        rows.append((r.count, new, past, r.image_tokens, r.image_patches, replay, TIERS.index(r.tier)))
     cols = list(zip(*rows))
     return Workload(tuple(r.kind for r in requests), *([list(c)] for c in cols))
 

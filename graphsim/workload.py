@@ -13,9 +13,12 @@ import attrs
 import numpy as np
 
 from .errors import GraphsimError, require
-from .ir import REQUEST_KINDS
+from .ir import CACHE_TIERS, REQUEST_KINDS
 
-FIELDS = ("count", "new", "past", "image", "patches", "replay")
+FIELDS = ("count", "new", "past", "image", "patches", "replay", "tier")
+#: Where a group's cached prefix is read from (``tier`` holds the index): already in HBM, host memory, disk.
+TIERS = CACHE_TIERS
+HOST = float(TIERS.index("host"))
 
 
 def _arr(x) -> np.ndarray:
@@ -30,7 +33,8 @@ class Workload:
     ``new``: positions processed this forward (prompt/chunk tokens, or 1 + verify length in decode);
     ``past``: positions already in the cache before it; ``count``: requests in the group;
     ``image``: how many of the ``new`` positions are image tokens; ``patches``: ViT patches per request;
-    ``replay``: cached positions recomputed with the new ones (prefix restore with the SWA cache missing).
+    ``replay``: cached positions recomputed with the new ones (prefix restore with the SWA cache missing);
+    ``tier``: where the cached prefix is read from, an index into :data:`TIERS` (default host).
     """
 
     kinds: tuple = attrs.field(converter=tuple)
@@ -40,15 +44,18 @@ class Workload:
     image: np.ndarray = attrs.field(default=None)
     patches: np.ndarray = attrs.field(default=None)
     replay: np.ndarray = attrs.field(default=None)
+    tier: np.ndarray = attrs.field(default=None)
 
     def __attrs_post_init__(self):
         for k in self.kinds:
             require(k in REQUEST_KINDS, "workload.kinds", f"unknown request kind {k!r}; allowed {REQUEST_KINDS}")
         shape = np.broadcast_shapes(self.count.shape, self.new.shape, self.past.shape)
         require(shape[-1] == len(self.kinds), "workload", f"arrays have {shape[-1]} groups, kinds has {len(self.kinds)}")
-        for name in ("image", "patches", "replay"):
+        for name in ("image", "patches", "replay", "tier"):
             v = getattr(self, name)
-            object.__setattr__(self, name, np.zeros(shape) if v is None else np.broadcast_to(_arr(v), shape).copy())
+            if v is None:
+                v = np.full(shape, HOST) if name == "tier" else np.zeros(shape)
+            object.__setattr__(self, name, np.broadcast_to(_arr(v), shape).copy())
         for name in ("count", "new", "past"):
             object.__setattr__(self, name, np.broadcast_to(getattr(self, name), shape).copy())
         self.check()
@@ -69,6 +76,11 @@ class Workload:
         if bad.any():
             p, g = np.argwhere(bad)[0]
             raise GraphsimError("workload.replay", f"replayed positions exceed cached ones at point {p}, group {g}")
+        bad = ~np.isin(self.tier, np.arange(len(TIERS), dtype=np.float64))
+        if bad.any():
+            p, g = np.argwhere(bad)[0]
+            raise GraphsimError("workload.tier", f"must be a tier index {dict(enumerate(TIERS))}; point {p}, group {g} "
+                                f"has {self.tier[p, g]!r}")
         return self.count
 
     @property

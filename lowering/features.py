@@ -10,10 +10,16 @@ from typing import Sequence
 
 from graphsim.errors import GraphsimError
 from graphsim.ir import Feature, TokenSet
+from graphsim.workload import TIERS
 
 
 def interval(rule: str, a: dict, g: int, xp):
     """Positions [lo, hi) that ``rule`` selects in group ``g`` (columns of the workload arrays)."""
+    rule, at, tier = rule.partition("@")
+    if at:  # only requests whose cached prefix lives in this tier
+        lo, hi = interval(rule, a, g, xp)
+        keep = a["tier"][:, g] == float(TIERS.index(tier))
+        return lo, xp.where(keep, hi, lo)
     new, past = a["new"][:, g], a["past"][:, g]
     replay = a["replay"][:, g]
     if rule.startswith("replay+"):  # the rule over the replayed cached positions and the new ones together

@@ -82,7 +82,7 @@ def prefetch_engram(graph: Graph, distance: int) -> Graph:
     ops = list(graph.ops)
     first_of_layer: dict[int, int] = {}
     for i, op in enumerate(ops):
-        if op.layer is not None:
+        if op.layer is not None and op.stream == "compute":  # a block starts with its compute
             first_of_layer.setdefault(op.layer, i)
     preds: dict[str, list[str]] = {}
     for e in graph.edges:

@@ -61,16 +61,22 @@ def stage_sizes(layers: int, pp: int) -> tuple[int, ...]:
 
 
 def stage_of_ops(graph: Graph, sizes: tuple[int, ...]) -> np.ndarray:
-    """Pipeline stage of every op: by its layer; layer-less ops follow the op before them (embedding ops
-    land on stage 0, the head on the last); layers past the trunk (draft blocks) on the last stage."""
+    """Pipeline stage of every op: by its layer; layer-less ops follow the compute op before them (embedding
+    ops land on stage 0, the head on the last); layers past the trunk (draft blocks) on the last stage.
+    Copies and collectives with a layer (prefix restores issued up front) go to their layer's stage
+    wherever they sit in program order; the compute stream must run in layer order."""
     bounds = np.cumsum(sizes)
     out = np.zeros(len(graph.ops), dtype=np.int64)
     cur = 0
+    compute = []
     for i, op in enumerate(graph.ops):
-        if op.layer is not None:
-            cur = min(int(np.searchsorted(bounds, op.layer, side="right")), len(sizes) - 1)
-        out[i] = cur
-    require(bool(np.all(np.diff(out) >= 0)), "mapping.pp", "ops are not in layer order: cannot cut pipeline stages")
+        s = cur if op.layer is None else min(int(np.searchsorted(bounds, op.layer, side="right")), len(sizes) - 1)
+        if op.stream == "compute":
+            cur = s
+            compute.append(i)
+        out[i] = s
+    require(bool(np.all(np.diff(out[compute]) >= 0)), "mapping.pp",
+            "ops are not in layer order: cannot cut pipeline stages")
     return out
 
 

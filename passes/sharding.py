@@ -23,7 +23,9 @@ from graphsim.errors import GraphsimError, require
 from graphsim.ir import ONE, CommSpec, Cost, Edge, Graph, Op
 from graphsim.plan import ParallelMapping
 
-WORK = ("flops", "exps", "bytes_kv", "bytes_act")
+WORK = ("flops", "exps", "bytes_kv", "bytes_act", "bytes_c2c", "bytes_disk")
+#: Cache traffic: a cache with fewer KV heads than TP ranks is read (and restored) whole on every rank.
+CACHE_TRAFFIC = ("bytes_kv", "bytes_c2c", "bytes_disk")
 #: Op kinds that stay whole on every TP rank whatever their ``split`` says.
 TP_REPLICATED_KINDS = ("indexer",)
 #: Features that grow with the query positions a rank processes: context parallelism divides them. The
@@ -99,7 +101,7 @@ def shard_cost(op: Op, m: ParallelMapping, ep_imbalance: float = 1.0) -> Cost:
         if c == "bytes_weight":
             return v / weight
         if c.startswith(WORK):
-            div = kv_work if c == "bytes_kv" else work
+            div = kv_work if c in CACHE_TRAFFIC else work
             return v / (div * (cp if f.kind in QUERY_FEATURES else 1))
         return v
 

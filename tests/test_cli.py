@@ -81,7 +81,7 @@ def test_estimate_chunked_prefill(capsys):
                "--chunk", "256", "--decoder-replay", "sglang", "--json"])
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and len(d["steps"]) == 4
-    assert d["steps"][3]["requests"] == ["prefill:1000@768", "decode:4096x8"]
+    assert d["steps"][3]["requests"] == ["prefill:1000@768:hbm", "decode:4096x8"]  # earlier chunks stay in HBM
     assert abs(d["ttft_s"] - sum(s["forward_s"] for s in d["steps"])) < 1e-12
 
 

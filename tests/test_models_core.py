@@ -80,8 +80,8 @@ def test_shards_sum_to_whole(mapping):
         kvh = dict(op.params).get("kv_heads")
         for (c, f, v), (c2, f2, v2) in zip(op.cost.terms, sharded.cost.terms):
             ranks = weight if c == "bytes_weight" else work
-            if c == "bytes_kv" and kvh and "tp" in op.split:
-                ranks = work / mapping.tp * min(mapping.tp, kvh)  # a replicated latent is read whole per rank
+            if c in ("bytes_kv", "bytes_c2c", "bytes_disk") and kvh and "tp" in op.split:
+                ranks = work / mapping.tp * min(mapping.tp, kvh)  # a replicated latent is read (and restored) whole per rank
             assert (c, f) == (c2, f2) and abs(v2 * ranks - v) <= 1e-9 * abs(v)
 
 

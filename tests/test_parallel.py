@@ -103,11 +103,11 @@ def _divisor(op, comp, feat, m):
     split = op.split - ({"tp"} if op.kind == "indexer" else set())
     if comp == "bytes_weight":
         return (m.tp if "tp" in split else 1) * (m.world if "ep" in split else 1)
-    if not comp.startswith(("flops", "exps", "bytes_kv", "bytes_act")):
+    if not comp.startswith(("flops", "exps", "bytes_kv", "bytes_act", "bytes_c2c", "bytes_disk")):
         return 1
     tp = m.tp if "tp" in split else 1
     kvh = dict(op.params).get("kv_heads")
-    if comp == "bytes_kv" and kvh and "tp" in split:
+    if comp in ("bytes_kv", "bytes_c2c", "bytes_disk") and kvh and "tp" in split:
         tp = min(m.tp, kvh)  # a cache with fewer KV heads than TP ranks is read whole per rank
     d = tp * (m.dp if "dp" in split else 1) * (m.world if "ep" in split else 1)
     if "dp" in split and "ep" not in split and feat.kind in QUERY_FEATURES:

@@ -125,11 +125,40 @@ def lm_head(b: GraphBuilder, ts: str, hidden: int, vocab: int, weight: str) -> s
                   comm=(CommSpec("all_gather", "tp", Cost.of(tokens(ts), bytes_act=vocab * 4.0), note="logits"),))
 
 
+#: Where a prefix-cache hit is copied from, and the links its bytes cross: host memory over C2C/PCIe; local
+#: NVMe, then the same host link (a GPUDirect read crosses the same PCIe/C2C port). HBM hits copy nothing.
+RESTORE_LINKS = {"host": ("bytes_c2c",), "disk": ("bytes_disk", "bytes_c2c")}
+
+
+def restore_sets(b: GraphBuilder, swa_window: int = 0) -> None:
+    """Token sets of a prefix restore, per tier: the cached positions (``cached_<tier>``) and, for a model
+    with an SWA cache, the kept window (``cached_swa_<tier>``; none when the window is replayed). Declares the
+    ``restore`` stage first, so reports list it before the trunk."""
+    with b.stage("restore"):
+        pass
+    for tier in RESTORE_LINKS:
+        b.token_set(f"cached_{tier}", prefill=f"cached@{tier}", decode="none")
+        if swa_window:
+            b.token_set(f"cached_swa_{tier}", prefill=f"cached_swa:{swa_window}@{tier}", decode="none")
+
+
+def restore_copy(b: GraphBuilder, bytes_of, *, split=("dp",), params: dict | None = None) -> str:
+    """One layer's prefix restore on the host-copy stream: ``bytes_of(tier)`` -> [(feature, bytes)] for the
+    ``cached_<tier>`` sets of :func:`restore_sets`. Models issue every layer's copy up front, in layer order,
+    with no data dependency (the hits are known before the forward), so later layers' copies overlap
+    earlier layers' compute; the caller makes the layer's first reader of the cache wait for it."""
+    terms = [(link, f, v) for tier, links in RESTORE_LINKS.items() for f, v in bytes_of(tier) for link in links]
+    with b.stage("restore"):
+        return b.op("restore", "host_copy", Cost(tuple(terms)), stream="host_copy", token_set="cached_host",
+                    split=split, deps=(), params=params,
+                    formula="cached KV of this layer: host hits over C2C/PCIe, disk hits from NVMe then C2C/PCIe")
+
+
 def attention_act_bytes(precision: str) -> float:
     """Bytes per element of the Q/K/V an attention kernel at ``precision`` reads and writes (FP8 attention
     runs on FP8 operands; BF16 on BF16)."""
     return fmt(KV_FORMAT_AT.get(precision, precision)).bytes_per_elem
 
 
-__all__ = ["Model", "divides", "attention_act_bytes", "ATTENTION_PRECISIONS", "tokens", "rmsnorm", "all_reduce_tp", "swiglu_mlp", "embedding", "lm_head", "ONE",
+__all__ = ["Model", "divides", "attention_act_bytes", "ATTENTION_PRECISIONS", "restore_sets", "restore_copy", "tokens", "rmsnorm", "all_reduce_tp", "swiglu_mlp", "embedding", "lm_head", "ONE",
            "MOE_OUT"]

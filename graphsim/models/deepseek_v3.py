@@ -17,6 +17,8 @@ from .base import (
     divides,
     embedding,
     lm_head,
+    restore_copy,
+    restore_sets,
     rmsnorm,
     swiglu_mlp,
     tokens,
@@ -130,6 +132,13 @@ class DeepSeekV3(Model):
         b.token_set("dec", prefill="none", decode="all")  # MLA absorbed path over the latent cache
         b.token_set("last", prefill="one", decode="all")
         tp_dp = ("tp", "dp")
+        copies = {}
+        if "prefill" in kinds:  # prefix hits copy each layer's latent cache in (whole on every TP rank)
+            restore_sets(b)
+            for i in range(c.layers):
+                with b.layer(i):
+                    copies[i] = restore_copy(b, lambda tier: [(tokens(f"cached_{tier}"), kvb)], split=tp_dp,
+                                             params={"kv_heads": 1})
         with b.stage("embed"):
             embedding(b, "all", c.hidden, "embed")
         with b.stage("trunk"):
@@ -137,6 +146,7 @@ class DeepSeekV3(Model):
                 p = f"layers.{i}."
                 with b.layer(i):
                     b.tensor(p + "kv", "kv_cache", kv_fmt, elems_per_token=c.latent, module=p + "attn")
+                    copy = copies.get(i)
                     rmsnorm(b, "attn_norm", "all", c.hidden)
                     b.gemm("wq_a", "all", c.hidden, c.q_lora, weight=p + "attn.wq_a", act_in="fp8", split=("dp",))
                     rmsnorm(b, "q_norm", "all", c.q_lora, out_bytes=1.0)
@@ -144,10 +154,14 @@ class DeepSeekV3(Model):
                     b.gemm("wkv_a", "all", c.hidden, c.latent, weight=p + "attn.wkv_a", act_in="fp8", split=("dp",))
                     rmsnorm(b, "kv_norm", "all", c.kv_lora)
                     b.cache_write("kv_write", "all", p + "kv", kvb, split=("dp",))
+                    readers = []
                     if "prefill" in kinds:
-                        self._mla_prefill(b, p, kvb, prec)
+                        readers.append(self._mla_prefill(b, p, kvb, prec))
                     if "decode" in kinds:
-                        self._mla_decode(b, p, kvb, prec)
+                        readers.append(self._mla_decode(b, p, kvb, prec))
+                    if copy:
+                        for r in readers:  # the layer's cache readers wait for its restored prefix
+                            b.depends(copy, r, "cache_read")
                     b.gemm("wo", "all", c.heads * c.v_dim, c.hidden, weight=p + "attn.wo", act_in="fp8", split=tp_dp,
                            comm=(all_reduce_tp("all", c.hidden, note="row-parallel wo"),))
                     rmsnorm(b, "mlp_norm", "all", c.hidden)
@@ -159,7 +173,7 @@ class DeepSeekV3(Model):
         with b.stage("head"):
             lm_head(b, "last", c.hidden, c.vocab, "head")
 
-    def _mla_prefill(self, b: GraphBuilder, p: str, kvb: float, prec: str) -> None:
+    def _mla_prefill(self, b: GraphBuilder, p: str, kvb: float, prec: str) -> str:
         """Prefill: up-project every visible latent to per-head K_nope and V (written at the attention's
         operand precision), then causal attention at ``prec``."""
         c = self.cfg
@@ -169,26 +183,29 @@ class DeepSeekV3(Model):
         ab = attention_act_bytes(prec)
         cost = (Cost.of(Feature("one"), bytes_weight=w.nbytes)
                 + Cost.of(kv_len, flops_fp8=2.0 * c.kv_lora * up, bytes_kv=kvb, bytes_act=ab * up))
-        b.op("wkv_b", "gemm", cost, token_set="pf", precision="fp8", split=("tp", "dp"), reads=(p + "attn.wkv_b", p + "kv"),
-             formula=f"2·{c.kv_lora}·{up} flops per visible position",
-             params={"k": c.kv_lora, "n": up, "kv_heads": 1})  # every TP rank reads the whole latent
+        reader = b.op("wkv_b", "gemm", cost, token_set="pf", precision="fp8", split=("tp", "dp"),
+                      reads=(p + "attn.wkv_b", p + "kv"), formula=f"2·{c.kv_lora}·{up} flops per visible position",
+                      params={"k": c.kv_lora, "n": up, "kv_heads": 1})  # every TP rank reads the whole latent
         b.attention("attn_prefill", "pf", pairs=Feature("causal_pairs", "pf"),
                     flops_per_pair=2.0 * (c.qk_dim + c.v_dim) * c.heads, heads=c.heads, precision=prec,
                     kv_read=kv_len, kv_bytes_per_entry=ab * (c.heads * (c.nope + c.v_dim) + c.rope),
                     q_bytes_per_token=ab * c.heads * (c.qk_dim + c.v_dim), split=("tp", "dp"))
+        return reader
 
-    def _mla_decode(self, b: GraphBuilder, p: str, kvb: float, prec: str) -> None:
+    def _mla_decode(self, b: GraphBuilder, p: str, kvb: float, prec: str) -> str:
         """Decode: absorb W_UK into the query and W_UV into the output; attend over the 576-wide latent."""
         c = self.cfg
         b.gemm("q_absorb", "dec", c.nope, c.kv_lora, weight=p + "attn.wkv_b", copies=c.heads, precision="bf16",
                split=("tp", "dp"))
-        b.attention("attn_decode", "dec", pairs=Feature("causal_pairs", "dec"),
-                    flops_per_pair=2.0 * (c.latent + c.kv_lora) * c.heads, heads=c.heads, precision=prec,
-                    kv_read=Feature("kv_len", "dec"), kv_bytes_per_entry=kvb,
-                    q_bytes_per_token=attention_act_bytes(prec) * c.heads * (c.latent + c.kv_lora), split=("tp", "dp"),
-                    reads=(p + "kv",), params={"kv_heads": 1})  # one latent: replicated across TP
+        reader = b.attention("attn_decode", "dec", pairs=Feature("causal_pairs", "dec"),
+                             flops_per_pair=2.0 * (c.latent + c.kv_lora) * c.heads, heads=c.heads, precision=prec,
+                             kv_read=Feature("kv_len", "dec"), kv_bytes_per_entry=kvb,
+                             q_bytes_per_token=attention_act_bytes(prec) * c.heads * (c.latent + c.kv_lora),
+                             split=("tp", "dp"), reads=(p + "kv",),
+                             params={"kv_heads": 1})  # one latent: replicated across TP
         b.gemm("o_absorb", "dec", c.kv_lora, c.v_dim, weight=p + "attn.wkv_b", copies=c.heads, precision="bf16",
                split=("tp", "dp"))
+        return reader
 
     def _moe(self, b: GraphBuilder, p: str) -> None:
         c = self.cfg

@@ -19,7 +19,7 @@ from ..errors import GraphsimError
 from ..ir import ONE, CommSpec, Cost, Feature, Tensor, fmt
 from ..plan import ParallelMapping
 from . import deepseek_v41 as sem
-from .base import MOE_OUT, Model, all_reduce_tp, divides, tokens
+from .base import MOE_OUT, Model, all_reduce_tp, divides, restore_copy, restore_sets, tokens
 
 BF16 = 2.0
 
@@ -139,7 +139,10 @@ class DeepSeekV41(Model):
         d, n = c.hidden_size, c.hc_mult
         owners_write: dict[int, str] = {}
         topk_op: dict[int, str] = {}
-        restore = self._restore(b) if "prefill" in kinds else None
+        copies: dict[int, str] = {}
+        if "prefill" in kinds:  # prefix hits copy their cached KV in, one copy per layer, issued up front
+            restore_sets(b, c.sliding_window)
+            copies = {li.layer: self._restore(b, li) for li in self.layers}
         with b.stage("encoder"):
             b.op("embed", "embedding", Cost.of(tokens("q_enc"), bytes_act=d * BF16 * 2 + n * d * BF16),
                  token_set="q_enc", reads=("embed.weight",), split=("dp",), deps=(),
@@ -147,12 +150,15 @@ class DeepSeekV41(Model):
         for li in self.layers:
             ts = self._query_set(li)
             stage = li.stage
+            copy = copies.get(li.layer)
             if li.kv_source and li.stage == "decoder":
                 with b.stage("global_kv"), b.layer(li.layer):
                     # the Decoder KV source's input: every position that needs its KV *and* every replayed
                     # position its queries need (kv_in = kv, widened by encoder replay)
                     self._mhc_pre(b, li.layer, "hc_attn", "kv_in", norm_weight=f"layers.{li.layer}.attn_norm")
                     owners_write[li.layer] = self._kv_producer(b, li)
+                    if copy:  # the compressor continues the restored partial group
+                        b.depends(copy, owners_write[li.layer], "cache_read")
             with b.stage(stage), b.layer(li.layer):
                 if li.engram:
                     self._engram(b, li.layer, f"eng_{ts}")
@@ -161,11 +167,13 @@ class DeepSeekV41(Model):
                 self._attention_in(b, li, ts)
                 if li.kv_source and li.stage == "encoder":
                     owners_write[li.layer] = self._kv_producer(b, li)
+                    if copy:
+                        b.depends(copy, owners_write[li.layer], "cache_read")
                 if li.index_source:
                     topk_op[li.layer] = self._indexer(b, li, ts)
                 attn = self._sparse_attention(b, li, ts)
-                if restore is not None and li.layer == self.layers[0].layer:
-                    b.depends(restore, attn, "cache_read")  # cached global KV and SWA must be resident
+                if copy:  # this layer's cached SWA window (and its own global KV) must be resident
+                    b.depends(copy, attn, "cache_read")
                 if li.kv_owner is not None:
                     b.depends(owners_write[li.kv_owner], attn, "cache_read")
                 if li.topk_producer is not None and li.topk_producer != li.layer:
@@ -185,25 +193,27 @@ class DeepSeekV41(Model):
                                   note="logits"),))
         extras.dspark_stages(self, b, kinds, policies, requests)
 
-    def _restore(self, b: GraphBuilder) -> str:
-        """Prefix restore: copy each hit's cached global KV (every owner, main + index K) and, when the SWA
-        cache was kept, its last-W SWA entries from the host pool over C2C/PCIe (host-copy stream)."""
+    def _restore(self, b: GraphBuilder, li: sem.LayerInfo) -> str:
+        """Prefix restore of one layer (host-copy stream): its kept last-W SWA entries and, on a KV owner,
+        the cached global KV (main + index K per completed group, plus the pending group's compressor
+        state), from wherever each hit lives (host or disk; HBM hits copy nothing). Each owner's KV is
+        copied once, by its own layer; later readers find it resident."""
         c = self.cfg
-        W = c.sliding_window
-        b.token_set("cached", prefill="cached", decode="none")
-        b.token_set("cached_swa", prefill=f"cached_swa:{W}", decode="none")
         per_entry = self.sem.main_kv_entry_bytes(c) + self.sem.index_k_entry_bytes(c)
-        cost = Cost.of(tokens("cached_swa"), bytes_c2c=len(self.layers) * self.sem.swa_entry_bytes(c))
+        swa = self.sem.swa_entry_bytes(c)
         state = self.sem.compressor_state_row_bytes(c)
-        for li in self.layers:
+
+        def bytes_of(tier: str) -> list:
+            out = [(tokens(f"cached_swa_{tier}"), swa)]
             if li.kv_source:
-                done = Feature("new_groups", "cached", (li.ratio,))
-                cost += Cost.of(done, bytes_c2c=per_entry)
+                done = Feature("new_groups", f"cached_{tier}", (li.ratio,))
+                out.append((done, per_entry))
                 if c.pooled(li.ratio):  # an unfinished group's pending state: (cached mod m) rows
-                    cost += Cost.of(tokens("cached"), bytes_c2c=state) + Cost.of(done, bytes_c2c=-li.ratio * state)
-        with b.stage("restore"):
-            return b.op("restore.prefix", "host_copy", cost, stream="host_copy", token_set="cached", split=("dp",),
-                        deps=(), formula=f"cached global KV ({per_entry:g} B per owner entry) + kept SWA window")
+                    out += [(tokens(f"cached_{tier}"), state), (done, -li.ratio * state)]
+            return out
+
+        with b.layer(li.layer):
+            return restore_copy(b, bytes_of, params={"owner": li.kv_source})
 
     def _query_set(self, li: sem.LayerInfo) -> str:
         if li.stage == "encoder":

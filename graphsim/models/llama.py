@@ -8,7 +8,19 @@ from ..config import kv_cache_format, need, text_config
 from ..errors import GraphsimError
 from ..ir import Feature, Tensor, fmt
 from ..plan import ParallelMapping
-from .base import Model, all_reduce_tp, attention_act_bytes, divides, embedding, lm_head, rmsnorm, swiglu_mlp
+from .base import (
+    Model,
+    all_reduce_tp,
+    attention_act_bytes,
+    divides,
+    embedding,
+    lm_head,
+    restore_copy,
+    restore_sets,
+    rmsnorm,
+    swiglu_mlp,
+    tokens,
+)
 
 
 @attrs.frozen
@@ -84,6 +96,13 @@ class LlamaModel(Model):
         kv_fmt = self.kv_cache_format(policies)
         prec = self.attention_precision(policies)
         kvb = 2 * kv * fmt(kv_fmt).bytes_per_elem
+        copies = {}
+        if "prefill" in kinds:  # prefix hits copy each layer's KV in (TP ranks hold their KV heads)
+            restore_sets(b)
+            for i in range(c.layers):
+                with b.layer(i):
+                    copies[i] = restore_copy(b, lambda tier: [(tokens(f"cached_{tier}"), kvb)], split=("tp", "dp"),
+                                             params={"kv_heads": c.kv_heads})
         with b.stage("embed"):
             embedding(b, "all", c.hidden, "embed")
         with b.stage("trunk"):
@@ -91,15 +110,18 @@ class LlamaModel(Model):
                 with b.layer(i):
                     p = f"layers.{i}."
                     b.tensor(p + "kv", "kv_cache", kv_fmt, elems_per_token=2 * kv, module=p + "attn")
+                    copy = copies.get(i)
                     rmsnorm(b, "attn_norm", "all", c.hidden)
                     b.gemm("wqkv", "all", c.hidden, q + 2 * kv, weight=p + "attn.wqkv", split=("tp", "dp"))
                     b.cache_write("kv_write", "all", p + "kv", kvb, split=("tp", "dp"))
-                    b.attention("attn", "all", pairs=Feature("causal_pairs", "all"),
+                    attn = b.attention("attn", "all", pairs=Feature("causal_pairs", "all"),
                                 flops_per_pair=4.0 * c.head_dim * c.heads, heads=c.heads,
                                 kv_read=Feature("kv_len", "all"), kv_bytes_per_entry=kvb,
                                 q_bytes_per_token=2 * q * attention_act_bytes(prec), precision=prec,
                                 split=("tp", "dp"), reads=(p + "kv",),
                                 params={"kv_heads": c.kv_heads})
+                    if copy:
+                        b.depends(copy, attn, "cache_read")
                     b.gemm("wo", "all", q, c.hidden, weight=p + "attn.wo", split=("tp", "dp"),
                            comm=(all_reduce_tp("all", c.hidden, note="row-parallel wo"),))
                     rmsnorm(b, "mlp_norm", "all", c.hidden)

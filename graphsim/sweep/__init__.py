@@ -26,7 +26,8 @@ A spec (TOML, YAML or a dict)::
     "profile.hbm" = [0.8, 1.0]                     # EfficiencyProfile fields
 
 Group axes are ``<kind>.<field>`` (every group of that kind) or ``g<i>.<field>`` (group i, which wins).
-Prefill fields: count, prompt, cached, image, patches, swa_cached; decode: count, context, new.
+Prefill fields: count, prompt, cached, image, patches, swa_cached, tier (where the cached prefix is read from:
+0 = HBM, 1 = host, 2 = disk); decode: count, context, new.
 
 A bad point never stops a sweep: a structural error (TP not dividing heads, an unknown model) gives one row
 with ``error``; a bad continuous value (negative length, HBM bandwidth <= 0) gives an error row for that

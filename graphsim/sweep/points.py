@@ -176,6 +176,8 @@ def _check_groups(groups: list[dict], n: int, speculative: bool = False) -> tupl
                 flag(~finite | (v < 1) | (v != np.floor(v)), name, "must be an integer >= 1")
             elif f == "swa_cached":
                 flag(~np.isin(v, (0.0, 1.0)), name, "must be true/false (1/0)")
+            elif f == "tier":
+                flag(~np.isin(v, (0.0, 1.0, 2.0)), name, "must be 0 (hbm), 1 (host) or 2 (disk)")
             else:
                 lo = 1.0 if f in ("prompt", "context", "new") else 0.0
                 flag(~finite | (v < lo) | (v != np.floor(v)), name, f"must be an integer >= {lo:g}")
@@ -191,7 +193,7 @@ def _check_groups(groups: list[dict], n: int, speculative: bool = False) -> tupl
 def _workload_arrays(kinds: tuple, groups: list[dict], policies: Mapping) -> dict[str, np.ndarray]:
     """(n, G) workload fields, with ``Plan.workload`` semantics (both use plan.prefill_positions)."""
     from ..plan import prefill_positions
-    from ..workload import FIELDS
+    from ..workload import FIELDS, HOST
 
     cols: dict[str, list] = {f: [] for f in FIELDS}
     for k, g in zip(kinds, groups):
@@ -202,10 +204,10 @@ def _workload_arrays(kinds: tuple, groups: list[dict], policies: Mapping) -> dic
                 v["prompt"], v["cached"], v["swa_cached"] != 0, replay_window=int(policies.get("replay_window", 128)),
                 encoder_replay=policies.get("encoder_replay", "on") == "on")
             parts = {"count": v["count"], "new": new, "past": past, "image": v["image"], "patches": v["patches"],
-                     "replay": replay}
+                     "replay": replay, "tier": v["tier"]}
         else:
             parts = {"count": v["count"], "new": v["new"], "past": v["context"], "image": zero, "patches": zero,
-                     "replay": zero}
+                     "replay": zero, "tier": zero + HOST}
         for f in FIELDS:
             cols[f].append(parts[f])
     return {f: np.stack(c, axis=1) for f, c in cols.items()}

@@ -16,7 +16,8 @@ from ..ir import REQUEST_KINDS
 
 #: Fields of a request group per kind, their defaults (None = required) and whether they are integers.
 GROUP_FIELDS = {
-    "prefill": {"count": 1.0, "prompt": None, "cached": 0.0, "image": 0.0, "patches": 0.0, "swa_cached": 1.0},
+    "prefill": {"count": 1.0, "prompt": None, "cached": 0.0, "image": 0.0, "patches": 0.0, "swa_cached": 1.0,
+                "tier": 1.0},  # tier: where the cached prefix lives, 0 = hbm, 1 = host, 2 = disk
     "decode": {"count": 1.0, "context": None, "new": 1.0},
 }
 #: Hardware figures a continuous axis may set: the ones that change rates or capacity, not the graph
