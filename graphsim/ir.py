@@ -210,17 +210,21 @@ FEATURE_KINDS = (
 @attrs.frozen
 class Feature:
     """A workload feature: ``kind`` over ``token_set`` with ``params``; ``frac`` scales request counts
-    (micro-batch splitting) before any nonlinearity."""
+    (micro-batch splitting by requests) before any nonlinearity; ``chunk`` = (j, m) evaluates it on causal
+    chunk j of m of every prefill request's new positions (micro-batch splitting of long prompts: chunk j
+    covers new positions [⌊j·n/m⌋, ⌊(j+1)·n/m⌋) with everything before it cached in HBM)."""
 
     kind: str = attrs.field(validator=attrs.validators.in_(FEATURE_KINDS))
     token_set: str = ""
     params: tuple = ()
     frac: float = 1.0
+    chunk: tuple = ()
 
     def __str__(self) -> str:
         p = ",".join(str(x) for x in self.params)
         s = f"{self.kind}({self.token_set}{';' if p and self.token_set else ''}{p})"
-        return s if self.frac == 1.0 else f"{s}*{self.frac:g}"
+        s = s if self.frac == 1.0 else f"{s}*{self.frac:g}"
+        return s if not self.chunk else f"{s}[chunk {self.chunk[0]}/{self.chunk[1]}]"
 
 
 ONE = Feature("one")
@@ -330,6 +334,9 @@ class Op:
     comm: tuple = attrs.field(default=(), converter=tuple)
     params: tuple = attrs.field(default=(), converter=_frozen_params)
     formula: str = ""
+    #: which device of the representative timeline runs it (pipeline stages are different GPUs): ops of
+    #: one stream issue in program order per device
+    device: int = 0
 
     def __attrs_post_init__(self):
         require(bool(self.name), "op.name", "must be a non-empty string")
@@ -412,14 +419,16 @@ class Graph:
         return g
 
     def schedule_edges(self) -> list[tuple[int, int]]:
-        """Dependency edges plus stream-order edges (consecutive ops of one stream), as op indices."""
+        """Dependency edges plus stream-order edges (consecutive ops of one stream of one device), as op
+        indices."""
         idx = self.op_index
         out = {(idx[e.src], idx[e.dst]) for e in self.edges}
-        last: dict[str, int] = {}
+        last: dict[tuple, int] = {}
         for i, op in enumerate(self.ops):
-            if op.stream in last:
-                out.add((last[op.stream], i))
-            last[op.stream] = i
+            key = (op.device, op.stream)
+            if key in last:
+                out.add((last[key], i))
+            last[key] = i
         return sorted(out)
 
     # ---- validation --------------------------------------------------------------------------------

@@ -40,8 +40,8 @@ def interval(rule: str, a: dict, g: int, xp):
         return end - a["image"][:, g], end
     if head == "patches":
         return 0.0 * past, a["patches"][:, g]
-    if head == "one":
-        return end - xp.minimum(new, 1.0), end
+    if head == "one":  # (not on the leading chunks of a prompt split into causal chunks)
+        return end - xp.minimum(new, a.get("logits", 1.0)), end
     if head == "cached":
         return 0.0 * past, past
     if head == "cached_swa":  # restored SWA window; nothing when the window is replayed instead
@@ -110,8 +110,31 @@ def per_request(kind: str, params: tuple, lo, hi, xp):
     raise GraphsimError("feature.kind", f"no closed form for {kind!r}")
 
 
+def chunk_arrays(a: dict, kinds: Sequence[str], chunk: tuple, xp) -> dict:
+    """The workload of causal chunk j of m of every prefill request: new positions [s, e) with
+    s = ⌊j·n/m⌋, e = ⌊(j+1)·n/m⌋, everything before them cached — earlier chunks in HBM, so only chunk 0
+    restores a prefix hit, replays, encodes images and its patches; only the last chunk needs logits.
+    Decode groups are never chunked."""
+    j, m = float(chunk[0]), float(chunk[1])
+    new, past = a["new"], a["past"]
+    s, e = xp.floor(j * new / m), xp.floor((j + 1.0) * new / m)
+    pre = xp.asarray([[k == "prefill" for k in kinds]])
+    first = 1.0 if j == 0 else 0.0
+    out = dict(a)
+    out["new"] = xp.where(pre, e - s, new)
+    out["past"] = xp.where(pre, past + s, past)
+    out["image"] = xp.where(pre, xp.clip(a["image"] - s, 0.0, e - s), a["image"])  # images lead the prompt
+    for k in ("replay", "patches"):
+        out[k] = xp.where(pre, a[k] * first, a[k])
+    out["tier"] = xp.where(pre & (j > 0), 0.0, a["tier"])  # later chunks find every earlier position in HBM
+    out["logits"] = 1.0 if j == m - 1 else 0.0
+    return out
+
+
 def feature_column(f: Feature, token_sets: dict, kinds: Sequence[str], a: dict, xp):
     """One feature over all points: shape (P,)."""
+    if f.chunk:
+        a = chunk_arrays(a, kinds, f.chunk, xp)
     count = a["count"]
     if f.kind == "one":
         return xp.ones(count.shape[0])

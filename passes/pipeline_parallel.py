@@ -15,7 +15,14 @@ comm stream between consecutive stages (NVLink when both stages share an NVLink 
 and (m-1) replicas of s*, each followed by its own send so sends overlap the next replica.
 
 s* is chosen by evaluating the stages at the plan's own workload (SOL rates); a sweep far from that point
-keeps this choice. Cross-stage cache reads (a KV owner in an earlier stage than its consumer, as CSA2
+keeps this choice.
+
+A batch with fewer requests than micro-batches (one long prompt, say) cannot be split by requests: it is
+split into ``m`` causal chunks of every prompt (``Feature.chunk``), and chunk j attends to everything before
+it, so later chunks cost more. The micro-batches then differ and the pipeline is built in full: every stage
+runs every chunk on its own device (``Op.device``), chunk j enters stage s after chunk j-1 left it (the
+device's stream order) and after stage s-1 sent it on — the fill-drain grid whose longest path is the
+time to first token. Cross-stage cache reads (a KV owner in an earlier stage than its consumer, as CSA2
 sharing allows) ride the same sends: the writer's new cache entries are added to every send they cross, and
 the reading stage keeps its own copy of that cache (memory per device counts the KV as split evenly by pp).
 """
@@ -97,7 +104,21 @@ def micro_batches(plan) -> int:
     total = sum(r.count for r in plan.requests)
     require(decode == 0 or m <= total, "policies.pp_micro_batches",
             f"{m} micro-batches for a batch of {total} requests: a decode request cannot be split")
+    if chunked(plan, m):
+        shortest = min(r.new_tokens for r in plan.requests)
+        require(m <= shortest, "policies.pp_micro_batches",
+                f"{m} causal chunks of a {shortest}-token prompt: give at most {shortest} micro-batches")
     return m
+
+
+def chunked(plan, m: int) -> bool:
+    """Whether the micro-batches are causal chunks of the prompts (fewer requests than micro-batches)."""
+    return m > 1 and sum(r.count for r in plan.requests) < m and all(r.kind == "prefill" for r in plan.requests)
+
+
+def chunk_batch(cost: Cost, j: int, m: int) -> Cost:
+    """The cost of causal chunk j of m of every prompt; per-forward terms (weights, hops) paid per chunk."""
+    return cost.map_features(lambda f: f if f.kind == "one" else attrs.evolve(f, chunk=(j, m)))
 
 
 def pipeline_parallel(graph: Graph, plan, hw, model) -> Graph:
@@ -108,10 +129,14 @@ def pipeline_parallel(graph: Graph, plan, hw, model) -> Graph:
     sizes = stage_sizes(trunk_layers(model, graph), plan.mapping.pp)
     m = micro_batches(plan)
     stage = stage_of_ops(graph, sizes)
-    scaled = graph.evolve(ops=tuple(attrs.evolve(op, cost=scale_batch(op.cost, 1.0 / m)) for op in graph.ops))
-    sends = _sends(graph, stage, plan.mapping, hw.nvlink_domain, residual_bytes_per_token(model), m)
-    chain = _assemble(scaled, stage, sends, None, m)
+    sends = _sends(graph, stage, plan.mapping, hw.nvlink_domain, residual_bytes_per_token(model))
     info = {"pp_stages": "+".join(map(str, sizes)), "pp_micro_batches": m}
+    if chunked(plan, m):
+        return _with_meta(_grid(graph, stage, sends, m), "pipeline-parallel", pp_split="causal-chunks", **info)
+    scaled = graph.evolve(ops=tuple(attrs.evolve(op, cost=scale_batch(op.cost, 1.0 / m)) for op in graph.ops))
+    sends = [attrs.evolve(s, cost=scale_batch(s.cost, 1.0 / m)) for s in sends]
+    chain = _assemble(scaled, stage, sends, None, m)
+    info["pp_split"] = "requests"
     if m == 1:
         return _with_meta(chain, "pipeline-parallel", **info)
     sched = evaluate_reference(lower(chain), plan.workload(), unit_time(hw.rates()))
@@ -120,7 +145,7 @@ def pipeline_parallel(graph: Graph, plan, hw, model) -> Graph:
                       pp_bottleneck_stage=bottleneck, **info)
 
 
-def _sends(graph: Graph, stage: np.ndarray, mapping, domain: int, act_bytes: float, mb: int) -> list[Op]:
+def _sends(graph: Graph, stage: np.ndarray, mapping, domain: int, act_bytes: float) -> list[Op]:
     """One p2p op per stage boundary (``graph`` is already one rank's): the residual of the tokens entering
     the next stage (each rank sends its 1/world share; the receiving TP group re-gathers it over NVLink,
     neglected), plus the cache entries written before the boundary and read after it."""
@@ -128,7 +153,8 @@ def _sends(graph: Graph, stage: np.ndarray, mapping, domain: int, act_bytes: flo
     writer = {t: i for i, op in enumerate(graph.ops) for t in op.writes if t in caches}
     out = []
     for s in range(mapping.pp - 1):
-        first = next((op for op, st in zip(graph.ops, stage) if st == s + 1 and op.token_set), None)
+        first = next((op for op, st in zip(graph.ops, stage)
+                      if st == s + 1 and op.token_set and op.stream == "compute"), None)
         ts = first.token_set if first is not None else ""
         # the batch's residual, 1/world of it per rank
         payload = Cost.of(Feature("tokens", ts), bytes_act=act_bytes / mapping.world) if ts else Cost()
@@ -139,7 +165,6 @@ def _sends(graph: Graph, stage: np.ndarray, mapping, domain: int, act_bytes: flo
         for w in carried:
             payload += Cost(tuple(("bytes_act", f, v / mapping.tp) for c, f, v in graph.ops[w].cost.terms
                                   if c == "bytes_kv"))
-        payload = scale_batch(payload, 1.0 / mb)
         # rank r of stage s sends to rank r + world: same NVLink domain or across the NIC
         crossing = mapping.world >= domain or (s * mapping.world) // domain != ((s + 1) * mapping.world) // domain
         cost, how = link_cost("p2p", 2, 1 if crossing else 2, payload)
@@ -185,6 +210,39 @@ def _assemble(graph: Graph, stage: np.ndarray, sends: list[Op], bottleneck: int 
                 incoming = send.name
             prev = names
     return graph.evolve(ops=tuple(out), edges=tuple(dict.fromkeys(edges)))
+
+
+def _grid(graph: Graph, stage: np.ndarray, sends: list[Op], m: int) -> Graph:
+    """Every stage runs every causal chunk on its own device: ops of (stage s, chunk j) are stage s's ops
+    with chunk-j costs (``.mb{j}`` names for j > 0), in chunk-major program order; edges inside a stage copy
+    keep the graph's, edges across stages go through the chunk's send; stream order per device makes chunk
+    j wait for chunk j-1 on the same stage."""
+    idx = graph.op_index
+    pp = len(sends) + 1
+    inner = [e for e in graph.edges if stage[idx[e.src]] == stage[idx[e.dst]]]
+    has_succ = {idx[e.src] for e in inner}
+    fed = {idx[e.dst] for e in graph.edges if stage[idx[e.src]] != stage[idx[e.dst]]}
+    members = [[i for i in range(len(graph.ops)) if stage[i] == s] for s in range(pp)]
+    ops: list[Op] = []
+    edges: list[Edge] = []
+    for j in range(m):
+        suffix = "" if j == 0 else f".mb{j}"
+        incoming = ""
+        for s in range(pp):
+            names = {i: graph.ops[i].name + suffix for i in members[s]}
+            ops += [attrs.evolve(graph.ops[i], name=names[i], cost=chunk_batch(graph.ops[i].cost, j, m), device=s,
+                                 params=graph.ops[i].params + ((("micro_batch", j),) if j else ()))
+                    for i in members[s]]
+            edges += [Edge(names[idx[e.src]], names[idx[e.dst]], e.kind) for e in inner if stage[idx[e.src]] == s]
+            if incoming:
+                edges += [Edge(incoming, names[i], "data") for i in members[s] if i in fed]
+            if s < pp - 1:
+                send = attrs.evolve(sends[s], name=sends[s].name + suffix, cost=chunk_batch(sends[s].cost, j, m),
+                                    device=s, params=sends[s].params + ((("micro_batch", j),) if j else ()))
+                ops.append(send)
+                edges += [Edge(names[i], send.name, "data") for i in members[s] if i not in has_succ]
+                incoming = send.name
+    return graph.evolve(ops=tuple(ops), edges=tuple(dict.fromkeys(edges)))
 
 
 def _stage_periods(chain: Graph, sched, pp: int) -> np.ndarray:

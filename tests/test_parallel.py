@@ -2,6 +2,7 @@
 imbalance, link placement (NVLink vs scale-out), CP, PP stages and bubbles, and mappings that cannot exist."""
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 import graphsim as gs
@@ -287,10 +288,10 @@ def _layers_graph(costs):
 @pytest.mark.parametrize("pp,m", [(4, 4), (4, 8), (2, 1), (8, 3)])
 def test_pipeline_bubble_formula(gb200, pp, m):
     L, T = 16, 1000
-    per_layer = 2.5e15 / T  # 1 s per layer for the whole batch at the BF16 peak
+    per_layer = 2.5e15 / (T * m)  # 1 s per layer for the whole batch (m prompts of T) at the BF16 peak
     g = _layers_graph([per_layer] * L)
     model = SimpleNamespace(cfg=SimpleNamespace(layers=L, hidden=1), name="toy")
-    plan = gs.Plan([f"prefill:{T}"], gs.ParallelMapping(pp=pp), gs.Policies(pp_micro_batches=m))
+    plan = gs.Plan([f"prefill:{T}x{m}"], gs.ParallelMapping(pp=pp), gs.Policies(pp_micro_batches=m))
     out = pipeline_parallel(g, plan, gb200, model)
     t = evaluate_reference(lower(out), plan.workload(), unit_time(gb200.rates())).forward[0]
     stage = L / pp / m  # one micro-batch through one stage; sends add ~2 us of latency each
@@ -300,9 +301,9 @@ def test_pipeline_bubble_formula(gb200, pp, m):
 
 def test_pipeline_uneven_stages_take_the_bottleneck(gb200):
     T = 1000
-    costs = [2.5e15 / T] * 7 + [3 * 2.5e15 / T]  # last layer 3 s: stage 1 (layers 4-7) takes 6 s, stage 0 4 s
+    costs = [2.5e15 / T / 4] * 7 + [3 * 2.5e15 / T / 4]  # last layer 3 s: stage 1 (layers 4-7) takes 6 s, stage 0 4 s
     model = SimpleNamespace(cfg=SimpleNamespace(layers=8, hidden=1), name="toy")
-    plan = gs.Plan([f"prefill:{T}"], gs.ParallelMapping(pp=2), gs.Policies(pp_micro_batches=4))
+    plan = gs.Plan([f"prefill:{T}x4"], gs.ParallelMapping(pp=2), gs.Policies(pp_micro_batches=4))
     out = pipeline_parallel(_layers_graph(costs), plan, gb200, model)
     t = evaluate_reference(lower(out), plan.workload(), unit_time(gb200.rates())).forward[0]
     t0, t1 = 4 / 4, 6 / 4
@@ -373,3 +374,55 @@ def test_expert_tp_reduce_payload(ep, share):
         moe = g.op("layers.3.moe.shared.down.all_reduce")
     n = 8 // ep
     assert comps(moe.cost)["bytes_nvlink"] == pytest.approx(wo / (2 * 7 / 8) * share * 2 * (n - 1) / n)
+
+
+@pytest.mark.parametrize("pp,m", [(4, 4), (8, 3), (2, 5)])
+def test_one_prompt_splits_into_causal_chunks(gb200, pp, m):
+    """One prompt of T tokens cannot be split by requests: its m chunks c_j = ⌊(j+1)T/m⌋ - ⌊jT/m⌋ flow through
+    the pp stages; with a per-token cost τ per stage the fill-drain grid's longest path is
+    τ·(Σ c_j + (pp - 1)·max c_j) (plus send latencies)."""
+    L, T = 16, 1000
+    per_layer = 2.5e15 / T  # 1 s per layer for the whole prompt
+    g = _layers_graph([per_layer] * L)
+    model = SimpleNamespace(cfg=SimpleNamespace(layers=L, hidden=1), name="toy")
+    plan = gs.Plan([f"prefill:{T}"], gs.ParallelMapping(pp=pp), gs.Policies(pp_micro_batches=m))
+    out = pipeline_parallel(g, plan, gb200, model)
+    assert out.meta_dict["pp_split"] == "causal-chunks" and {op.device for op in out.ops} == set(range(pp))
+    t = evaluate_reference(lower(out), plan.workload(), unit_time(gb200.rates())).forward[0]
+    c = [(j + 1) * T // m - j * T // m for j in range(m)]
+    tau = L / pp / T  # seconds per token per stage
+    assert t == pytest.approx(tau * (T + (pp - 1) * max(c)), abs=(m + pp) * 3e-6)
+
+
+def test_long_prompt_pipeline_chunks_attend_to_more(gb200):
+    """DeepSeek-V3, one 32K prompt over pp=4: chunk j's attention covers its own and every earlier chunk's
+    positions (causal pairs grow with j), and the time to first token is the longest path of the grid in
+    which stage s runs chunk j after chunk j-1 and after stage s-1 sent chunk j (rebuilt here by hand)."""
+    plan = gs.Plan(["prefill:32768"], gs.ParallelMapping(pp=4))
+    c = gs.compile_plan("deepseek-v3", plan, "gb200")
+    s = c.schedule()
+    g = c.graph
+    att = [s.duration[0, g.op_index["layers.5.attn_prefill" + ("" if j == 0 else f".mb{j}")]] for j in range(4)]
+    assert att[0] < att[1] < att[2] < att[3]
+    # causal pairs of chunk j: Σ_{i=8192j}^{8192(j+1)-1} (i+1)
+    pairs = [sum(range(8192 * j + 1, 8192 * (j + 1) + 1)) for j in range(4)]
+    assert [a / att[0] for a in att] == pytest.approx([p / pairs[0] for p in pairs], rel=0.02)
+    busy = np.zeros((4, 4))
+    send = np.zeros((4, 4))
+    for i, op in enumerate(g.ops):
+        j = dict(op.params).get("micro_batch", 0)
+        if op.name.startswith("pp.send"):
+            send[op.device, j] += s.duration[0, i]
+        elif op.stream == "compute":
+            busy[op.device, j] += s.duration[0, i]
+    fin = np.zeros((4, 4))
+    sent = np.zeros((4, 4))
+    for j in range(4):
+        for st in range(4):
+            ready = max(fin[st, j - 1] if j else 0.0, sent[st - 1, j] if st else 0.0)
+            fin[st, j] = ready + busy[st, j]
+            sent[st, j] = max(fin[st, j], sent[st, j - 1] if j else 0.0) + send[st, j]
+    assert s.forward[0] == pytest.approx(fin[3, 3], rel=1e-9)
+    # pipelining one prompt beats running it on one stage, but cannot beat a perfect 4-way split
+    flat = gs.compile_plan("deepseek-v3", gs.Plan(["prefill:32768"]), "gb200").schedule().forward[0]
+    assert flat / 4 < s.forward[0] < flat

@@ -3,7 +3,8 @@
 One process per representative rank; one thread (track) per stream (compute, comm, host_copy) plus a
 ``critical path`` track repeating the ops that set the forward time and a ``stages`` track with one slice
 per stage. Ops are complete ('X') events, times in microseconds, with args: FLOPs per precision, bytes per
-kind, what bounds the op (compute / hbm / nvlink / scaleout / c2c / latency), formula, stage, layer.
+kind, what bounds the op (compute / sfu / hbm / nvlink / scaleout / c2c / disk / latency), formula, stage,
+layer. With pipeline parallelism over one long prompt each stage's GPU is a process of its own.
 """
 from __future__ import annotations
 
@@ -19,16 +20,25 @@ def _us(seconds: float) -> float:
     return round(float(seconds) * 1e6, 6)
 
 
+def _pid(pid: int, device: int) -> int:
+    """Process id of a rank's pipeline-stage device (device 0 keeps the rank's own id)."""
+    return pid if device == 0 else 1000 * (pid + 1) + device
+
+
 def rank_events(schedule, pid: int, label: str, point: int = 0) -> list[dict]:
     """Trace events of one rank (one process)."""
     g = schedule.graph
     bounds = schedule.bound(point)
     path = set(schedule.critical_path(point))
-    ev: list[dict] = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}},
-                      {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}}]
-    for tid, track in enumerate(TRACKS):
-        ev.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": track}})
-        ev.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+    ev: list[dict] = []
+    for d in sorted({op.device for op in g.ops}):  # pipeline stages run on their own GPUs: one process each
+        p = _pid(pid, d)
+        name = label if d == 0 else f"{label}: pipeline stage {d}"
+        ev += [{"name": "process_name", "ph": "M", "pid": p, "tid": 0, "args": {"name": name}},
+               {"name": "process_sort_index", "ph": "M", "pid": p, "tid": 0, "args": {"sort_index": p}}]
+        for tid, track in enumerate(TRACKS):
+            ev.append({"name": "thread_name", "ph": "M", "pid": p, "tid": tid, "args": {"name": track}})
+            ev.append({"name": "thread_sort_index", "ph": "M", "pid": p, "tid": tid, "args": {"sort_index": tid}})
     stages: dict[str, list] = {}
     for i, op in enumerate(g.ops):
         comp = schedule.components[point, i]
@@ -40,7 +50,7 @@ def rank_events(schedule, pid: int, label: str, point: int = 0) -> list[dict]:
             "bound": bounds[i], "formula": op.formula, "stage": op.stage, "layer": op.layer,
             "token_set": op.token_set, "precision": op.precision, "critical": i in path,
         }
-        x = {"name": op.name, "cat": op.kind, "ph": "X", "ts": _us(start), "dur": _us(dur), "pid": pid,
+        x = {"name": op.name, "cat": op.kind, "ph": "X", "ts": _us(start), "dur": _us(dur), "pid": _pid(pid, op.device),
              "tid": STREAMS.index(op.stream), "args": args}
         ev.append(x)
         if i in path:
