@@ -25,6 +25,12 @@ def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
                    help="attention math precision (QK^T, PV); auto = from the KV cache format. An explicit "
                         "narrower one keeps the KV cache at it (FP8 attention reads an FP8 cache)")
     p.add_argument("--overlap", default="none", choices=("none", "two-batch"))
+    p.add_argument("--sp", default="off", choices=("off", "on"),
+                   help="sequence parallelism: norms/mHC/elementwise shard their tokens over TP (RS in, AG out)")
+    p.add_argument("--engram-shard", default="tp", choices=("tp", "world"),
+                   help="Engram table rows over the TP group, or over every rank of the stage (TP x EP)")
+    p.add_argument("--engram-proj", default="replicated", choices=("replicated", "tp"),
+                   help="Engram 6144->25600 projection replicated, or column-split over TP (+ all-gather)")
     p.add_argument("--engram", default="hbm", choices=("hbm", "host"))
     p.add_argument("--prefetch-distance", type=int, default=1)
     p.add_argument("--dspark", default="off", choices=("off", "on"))
@@ -53,7 +59,8 @@ def _compile(a):
         algos[k.strip()] = v.strip()
     policies = Policies(a.decoder_replay, a.encoder_replay, a.fusion, a.overlap, a.engram, a.prefetch_distance,
                         a.dspark, ep_imbalance=a.ep_imbalance, pp_micro_batches=a.pp_micro_batches,
-                        algorithms=algos, acceptance=acc, attention_precision=a.attention_precision)
+                        algorithms=algos, acceptance=acc, attention_precision=a.attention_precision, sp=a.sp,
+                        engram_shard=a.engram_shard, engram_proj=a.engram_proj)
     if a.verify < 0:
         raise GraphsimError("verify", f"must be >= 0, got {a.verify}")
     reqs = [r if isinstance(r, Request) else Request.parse(r) for r in a.request]

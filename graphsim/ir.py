@@ -285,8 +285,13 @@ class Cost:
 # --------------------------------------------------------------------------------------------------
 
 STREAMS = ("compute", "comm", "host_copy")
-EDGE_KINDS = ("data", "cache_read", "topk_reuse", "order")
-SPLIT_AXES = ("tp", "dp", "ep")
+#: data = activations; cache_read = a KV owner's cache read by another op; topk_reuse = another layer's Top-K
+#: selection; candidates = the hierarchical indexer's shared candidate pool; order = ordering without data
+EDGE_KINDS = ("data", "cache_read", "topk_reuse", "candidates", "order")
+#: tp: heads/columns (work and weights); dp: requests (work); ep: routed experts over every rank of the stage
+#: (work and weights, the hottest rank carrying any EP imbalance); world: any other table or work spread
+#: evenly over every rank of the stage (work and weights, e.g. Engram rows sharded TP x EP)
+SPLIT_AXES = ("tp", "dp", "ep", "world")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
 

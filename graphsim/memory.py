@@ -85,14 +85,22 @@ def kv_per_device(model, context, mapping: ParallelMapping, policies=None) -> fl
 
 
 @functools.lru_cache(maxsize=32)
-def _reference_splits(model, mapping: ParallelMapping) -> dict[str, float]:
-    """tensor -> weight divisor, from the model's reference graph (all of its stages)."""
-    from .passes.sharding import split_factors
+def _reference_splits(model, mapping: ParallelMapping, policies=None, hw=None) -> dict[str, float]:
+    """tensor -> weight divisor, from the model's reference graph (all of its stages) under the policies'
+    sharding options, with the token layouts the sharding pass picks (a scattered MoE block holds its shared
+    expert whole on every TP rank)."""
+    from .passes.sharding import layout_of, split_factors
 
-    graph = model.reference_graph() if hasattr(model, "reference_graph") else model.build(("prefill", "decode"))
+    if hasattr(model, "reference_graph"):
+        graph = model.reference_graph(policies)
+    else:
+        graph = model.build(("prefill", "decode"), policies=policies)
+    layout = layout_of(graph, mapping, hw.nvlink_domain if hw is not None else 1 << 30, policies, hw)
     div: dict[str, float] = {}
     for op in graph.ops:
         _, w = split_factors(op, mapping)
+        if layout.of(op.name).replicate_weights and "tp" in op.split:
+            w /= mapping.tp
         for t in op.reads:
             div[t] = max(div.get(t, 1.0), w)
     return div
@@ -128,7 +136,7 @@ def device_weights(compiled) -> DeviceWeights:
     """Resident bytes on the most loaded device of a compiled plan."""
     model, plan = compiled.model, compiled.plan
     m, policies = plan.mapping, plan.policies
-    div = _reference_splits(model, attrs.evolve(m, pp=1))
+    div = _reference_splits(model, attrs.evolve(m, pp=1), policies, compiled.hw)
     groups = model.resident_groups(policies) if hasattr(model, "resident_groups") else None
     host_tables = getattr(policies, "engram", "hbm") == "host"
     tensors = {t.name: t for t in compiled.logical.weights()}

@@ -66,6 +66,14 @@ class Policies:
     #: one also narrows a wider KV cache to what the kernel reads (FP8 attention keeps an FP8 cache)
     attention_precision: str = attrs.field(default="auto",
                                            validator=_one_of(("auto", "bf16", "fp8", "fp4")))
+    #: sequence parallelism: norm / mHC / elementwise runs after a TP all-reduce shard their tokens over TP
+    #: (reduce-scatter in, all-gather out)
+    sp: str = attrs.field(default="off", validator=_one_of(("off", "on")))
+    #: Engram table rows sharded over the TP group ("tp") or over every rank of the stage ("world", TP x EP:
+    #: each rank holds 1/world of the rows; lookups become an all-to-all)
+    engram_shard: str = attrs.field(default="tp", validator=_one_of(("tp", "world")))
+    #: the Engram projection 6144 -> 25600 replicated on every rank or column-split over TP (+ all-gather)
+    engram_proj: str = attrs.field(default="replicated", validator=_one_of(("replicated", "tp")))
 
     @acceptance.validator
     def _acc(self, _, v):
@@ -183,7 +191,7 @@ def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyP
     logical = model.build(plan.kinds, policies=plan.policies, requests=plan.requests)
     pipeline = PassPipeline([*default_passes(model, plan.policies), *extra_passes])
     rewritten = pipeline.run(logical)
-    graph = apply_mapping(rewritten, plan.mapping, hw.nvlink_domain, policies=plan.policies)
+    graph = apply_mapping(rewritten, plan.mapping, hw.nvlink_domain, policies=plan.policies, hw=hw)
     graph = apply_runtime_passes(graph, plan, hw, model=model)
     meta = dict(graph.meta)
     meta.update(hw=hw.name, policies=str(plan.policies.identity()))

@@ -90,7 +90,8 @@ def stage_of_ops(graph: Graph, sizes: tuple[int, ...]) -> np.ndarray:
 def residual_bytes_per_token(model) -> float:
     """Activation one token carries between stages: the residual stream(s) in BF16 (mHC keeps hc_mult)."""
     if hasattr(model, "residual_bytes_per_token"):
-        return float(model.residual_bytes_per_token)
+        got = model.residual_bytes_per_token
+        return float(got() if callable(got) else got)
     cfg = getattr(model, "cfg", None)
     hidden = getattr(cfg, "hidden", None) or getattr(cfg, "hidden_size", None)
     require(hidden is not None, "mapping.pp",

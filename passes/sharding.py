@@ -23,6 +23,8 @@ from graphsim.errors import GraphsimError, require
 from graphsim.ir import ONE, CommSpec, Cost, Edge, Graph, Op
 from graphsim.plan import ParallelMapping
 
+from .layout import OpLayout, plan_layout
+
 WORK = ("flops", "exps", "bytes_kv", "bytes_act", "bytes_c2c", "bytes_disk")
 #: Cache traffic: a cache with fewer KV heads than TP ranks is read (and restored) whole on every rank.
 CACHE_TRAFFIC = ("bytes_kv", "bytes_c2c", "bytes_disk")
@@ -80,18 +82,22 @@ def split_factors(op: Op, m: ParallelMapping) -> tuple[float, float]:
         weight *= m.tp
     if "dp" in split:
         work *= m.dp
-    if "ep" in split:
+    if "ep" in split or "world" in split:
         work *= m.world
         weight *= m.world
     return work, weight
 
 
-def shard_cost(op: Op, m: ParallelMapping, ep_imbalance: float = 1.0) -> Cost:
+def shard_cost(op: Op, m: ParallelMapping, ep_imbalance: float = 1.0, layout: OpLayout = OpLayout()) -> Cost:
     """One rank's share of ``op.cost``: weights by the weight divisor, work by the work divisor (times cp
-    for query features of token-parallel ops); the hottest EP rank carries ``ep_imbalance`` × the mean."""
+    for query features of token-parallel ops, and times the layout's token divisor where the op runs on
+    1/tp of the tokens); the hottest EP rank carries ``ep_imbalance`` × the mean. An op whose layout
+    replicates its TP-split weights reads them whole (its tokens are split instead of its columns)."""
     work, weight = split_factors(op, m)
     split = effective_split(op)
-    cp = m.cp if "dp" in split and "ep" not in split else 1
+    if layout.replicate_weights and "tp" in split:
+        weight /= m.tp
+    cp = (m.cp if "dp" in split and "ep" not in split else 1) * layout.token_div
     # A cache with fewer KV heads than TP ranks is replicated: each rank reads all the heads it holds
     # (one shared latent for MLA / V4.1 -> every rank reads the whole cache).
     kv_heads = dict(op.params).get("kv_heads")
@@ -144,7 +150,9 @@ def link_cost(collective: str, n: int, in_domain: int, payload: Cost, algorithm:
     (N-1)/N·S/g; trees: 2(g-1)/g·S (or (g-1)/g·S) and 2S/g (or S/g), with log2 step counts.
     All-to-all direct: (g-1)/n·S over NVLink and (n-g)/n·S over the NIC, in parallel; hierarchical (needs
     ``top_k``): each token crosses once per remote domain it is routed to, (N-1)·(1-(1-1/N)^k)·S/k over
-    the NIC, and is forwarded inside the domain, (g-1)/g·S over NVLink.
+    the NIC, and is forwarded inside the domain, (g-1)/g·S over NVLink; inside one domain it is sent once
+    to each distinct remote rank holding one of its k experts, (n-1)·(1-(1-1/n)^k)·S/k (DeepEP's
+    per-rank deduplication; the combine returns one locally reduced row per token and rank).
     """
     algo = DEFAULT_ALGORITHM[collective] if algorithm == "auto" else algorithm
     require(algo in ALGORITHMS[collective], f"collective[{collective}].algorithm",
@@ -168,6 +176,8 @@ def link_cost(collective: str, n: int, in_domain: int, payload: Cost, algorithm:
     elif collective == "all_to_all":
         if algo == "hierarchical" and crossing and top_k:
             nv, so = (g - 1) / g, (N - 1) * (1 - (1 - 1 / N) ** top_k) / top_k
+        elif algo == "hierarchical" and top_k:  # one domain: a token goes once to each distinct remote rank
+            nv, so = (n - 1) * (1 - (1 - 1 / n) ** top_k) / top_k, 0.0
         else:
             nv, so = (g - 1) / n, (n - g) / n
             algo = "direct"
@@ -211,29 +221,45 @@ def check_mapping(graph: Graph, m: ParallelMapping) -> None:
     tensors = graph.tensor_map
     for op in graph.ops:
         if any(tensors[t].role == "table" for t in op.reads):
+            if "world" in op.split:
+                require(any(s.collective == "all_to_all" and s.group == "world" for s in op.comm),
+                        f"op[{op.name}].comm", "table rows sharded over every rank: the lookup needs an all-to-all")
+                continue
             require("tp" in op.split, f"op[{op.name}].split",
-                    "an op reading table rows must be TP-split (rows sharded)")
+                    "an op reading table rows must be TP- or world-split (rows sharded)")
             require(any(s.collective == "all_reduce" and s.group == "tp" for s in op.comm), f"op[{op.name}].comm",
                     "table rows are sharded across TP: the lookup needs a TP all-reduce")
 
 
-def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *, policies=None) -> Graph:
+def layout_of(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, policies=None, hw=None):
+    """The token layouts (:mod:`graphsim.passes.layout`) ``apply_mapping`` uses for this graph; ``hw`` (optional)
+    weighs scale-out bytes against NVLink bytes when two layouts are compared."""
+    return plan_layout(graph, mapping, nvlink_domain, sp=getattr(policies, "sp", "off") == "on",
+                       residual_bytes=float(graph.meta_dict.get("residual_bytes", 0.0)),
+                       scaleout_cost=hw.nvlink_bw / hw.scaleout_bw if hw is not None else 1.0)
+
+
+def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *, policies=None, hw=None) -> Graph:
     """Shard op costs over ``mapping`` and materialize collectives for groups with more than one rank.
-    ``policies`` (optional) supplies ``algorithms`` overrides and ``ep_imbalance``."""
+    ``policies`` (optional) supplies ``algorithms`` overrides, ``ep_imbalance`` and ``sp``; ``hw`` (optional)
+    the link rates that pick a MoE block's token layout."""
     check_mapping(graph, mapping)
     algos = dict(getattr(policies, "algorithms", ()) or ())
     imb = float(getattr(policies, "ep_imbalance", 1.0))
+    layout = layout_of(graph, mapping, nvlink_domain, policies, hw)
     tensors = graph.tensor_map
     ops: list[Op] = []
     edges = list(graph.edges)
     merged: dict[tuple, int] = {}  # (layer, merge key, collective, ranks, stride) -> index of the pending one
     for op in graph.ops:
-        base = attrs.evolve(op, cost=shard_cost(op, mapping, imb), comm=())
+        lay = layout.of(op.name)
+        base = attrs.evolve(op, cost=shard_cost(op, mapping, imb, lay), comm=())
         if op.kind in TP_REPLICATED_KINDS and "tp" in op.split and mapping.tp > 1:
             base = attrs.evolve(base, formula=f"{op.formula} [replicated across TP]".strip())
         top_k = int(op.param_dict.get("top_k", 0))
         hot = imb if "ep" in op.split else 1.0
-        needs = [(s.group, s) for s in op.comm]
+        specs = (*(op.comm if lay.comm is None else lay.comm), *lay.before, *lay.after)
+        needs = [(s.group, s) for s in specs]
         if mapping.cp > 1 and any(tensors[t].role in CP_GATHERED_ROLES for t in op.writes):
             # the new KV this op writes, gathered over the cp group (a group only the mapping knows)
             kv = Cost(tuple(("bytes_act", f, v) for c, f, v in op.cost.terms
@@ -273,6 +299,8 @@ def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *,
         ops.extend(after)
     meta = dict(graph.meta)
     meta["mapping"] = str(mapping)
+    if layout.moe:
+        meta["moe_layout"] = ",".join(sorted(set(layout.moe.values())))
     return graph.evolve(ops=tuple(ops), edges=tuple(edges), meta=tuple(meta.items()))
 
 

@@ -72,14 +72,20 @@ def test_shards_sum_to_whole(mapping):
     m = gs.load_model("deepseek-v3")
     g = m.build(("decode", "prefill"))
     s = apply_mapping(g, mapping, 72)
-    from graphsim.passes.sharding import split_factors
+    from graphsim.passes.sharding import QUERY_FEATURES, layout_of, split_factors
 
+    layout = layout_of(g, mapping, 72)
     for op in g.ops:
         work, weight = split_factors(op, mapping)
+        lay = layout.of(op.name)
+        if lay.replicate_weights:  # the scattered MoE block's shared expert: its weights whole on every TP rank
+            weight /= mapping.tp
         sharded = s.op(op.name)
         kvh = dict(op.params).get("kv_heads")
         for (c, f, v), (c2, f2, v2) in zip(op.cost.terms, sharded.cost.terms):
             ranks = weight if c == "bytes_weight" else work
+            if c != "bytes_weight" and f.kind in QUERY_FEATURES:
+                ranks *= lay.token_div  # TP ranks of a scattered layout split the tokens too
             if c in ("bytes_kv", "bytes_c2c", "bytes_disk") and kvh and "tp" in op.split:
                 ranks = work / mapping.tp * min(mapping.tp, kvh)  # a replicated latent is read (and restored) whole per rank
             assert (c, f) == (c2, f2) and abs(v2 * ranks - v) <= 1e-9 * abs(v)

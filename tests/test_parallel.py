@@ -12,7 +12,7 @@ from graphsim.ir import COMPONENTS, ONE, Cost, Feature, fmt
 from graphsim.lowering.evaluate import evaluate_reference, unit_time
 from graphsim.lowering.program import lower
 from graphsim.passes.pipeline_parallel import pipeline_parallel, stage_sizes
-from graphsim.passes.sharding import QUERY_FEATURES, apply_mapping, link_cost, members_in_domain
+from graphsim.passes.sharding import QUERY_FEATURES, apply_mapping, layout_of, link_cost, members_in_domain
 
 S = 1000.0  # payload bytes per rank
 PAY = Cost.of(ONE, bytes_act=S)
@@ -99,11 +99,13 @@ def test_algorithm_choice_on_the_plan(gb200):
 
 # ---- sharding: shards sum to the whole ---------------------------------------------------------------
 
-def _divisor(op, comp, feat, m):
-    """What the test expects: tp/dp/ep shards, and cp for query features of token-parallel ops."""
+def _divisor(op, comp, feat, m, lay):
+    """What the test expects: tp/dp/ep shards, cp for query features of token-parallel ops, and the token
+    layout's extra TP split of tokens (a scattered MoE block)."""
     split = op.split - ({"tp"} if op.kind == "indexer" else set())
     if comp == "bytes_weight":
-        return (m.tp if "tp" in split else 1) * (m.world if "ep" in split else 1)
+        tp = m.tp if "tp" in split and not lay.replicate_weights else 1
+        return tp * (m.world if "ep" in split else 1)
     if not comp.startswith(("flops", "exps", "bytes_kv", "bytes_act", "bytes_c2c", "bytes_disk")):
         return 1
     tp = m.tp if "tp" in split else 1
@@ -113,6 +115,8 @@ def _divisor(op, comp, feat, m):
     d = tp * (m.dp if "dp" in split else 1) * (m.world if "ep" in split else 1)
     if "dp" in split and "ep" not in split and feat.kind in QUERY_FEATURES:
         d *= m.cp
+    if feat.kind in QUERY_FEATURES:
+        d *= lay.token_div
     return d
 
 
@@ -126,10 +130,11 @@ def _divisor(op, comp, feat, m):
 def test_shards_over_ranks_sum_to_the_whole(name, kinds, mapping):
     g = gs.load_model(name).build(kinds)
     s = apply_mapping(g, mapping, 72)
+    layout = layout_of(g, mapping, 72)
     for op in g.ops:
         sharded = dict(((c, f), v) for c, f, v in s.op(op.name).cost.terms)
         for c, f, v in op.cost.terms:
-            d = _divisor(op, c, f, mapping)
+            d = _divisor(op, c, f, mapping, layout.of(op.name))
             assert mapping.world % d == 0 or c == "bytes_weight", (op.name, c, d)
             assert sharded[(c, f)] * d == pytest.approx(v, rel=1e-12), (op.name, c, str(f))
 
@@ -174,11 +179,14 @@ def test_ep_dispatch_bytes_scale_with_topk_and_precision():
     g4 = apply_mapping(_v3(num_experts_per_tok=4).build(("decode",)), m, 72)
     d8, c8 = _a2a(g8)
     d4, c4 = _a2a(g4)
-    # per token per rank: k · hidden · bytes / world ranks, (n-1)/n of it leaves over NVLink
+    # per token per rank (1/world of the tokens): sent once to each distinct remote rank among its k experts'
+    # ranks, (n-1)(1-(1-1/n)^k) of them in expectation, hidden · bytes each (DeepEP per-rank dedup)
     coef = lambda g: next(v for c, f, v in g.op("layers.3.moe.experts.all_to_all.0").cost.terms if c == "bytes_nvlink")
-    assert coef(g8) == pytest.approx(8 * 7168 * 1.0 / 8 * 7 / 8)  # FP8 dispatch
+    assert coef(g8) == pytest.approx(7 * (1 - (7 / 8) ** 8) * 7168 * 1.0 / 8)  # FP8 dispatch
     assert c8 == pytest.approx(2 * d8)  # BF16 combine
-    assert d8 == pytest.approx(2 * d4)  # top-8 vs top-4
+    assert d8 / d4 == pytest.approx((1 - (7 / 8) ** 8) / (1 - (7 / 8) ** 4))  # top-8 vs top-4 distinct ranks
+    direct = apply_mapping(_v3().build(("decode",)), m, 72, policies=gs.Policies(algorithms={"all_to_all": "direct"}))
+    assert _a2a(direct)[0] == pytest.approx(8 * 7168 * 1.0 / 8 * 7 / 8)  # every (token, expert) pair: k(n-1)/n
 
 
 def test_expected_distinct_experts_per_rank(gb200):

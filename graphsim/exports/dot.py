@@ -19,11 +19,13 @@ KIND_COLOURS = {
     "quant": "#e9edc9", "compressor": "#caffbf",
 }
 #: data = producer -> consumer; cache_read = a layer reading a KV owner's cache; topk_reuse = a layer reusing
-#: another's Top-K selection; order = an ordering constraint without data. Stream order (ops of one stream
+#: another's Top-K selection; candidates = a Reindex layer scoring the shared candidate pool; order = an
+#: ordering constraint without data. Stream order (ops of one stream
 #: issue in program order) is not an edge of the graph: it is drawn only where it is on the critical path.
-EDGE_STYLES = {"data": "solid", "cache_read": "dashed", "topk_reuse": "dotted", "order": "bold", "stream": "dashed"}
-EDGE_COLOURS = {"data": "gray30", "cache_read": "#7b2cbf", "topk_reuse": "#f77f00", "order": "gray60",
-                "stream": "gray60"}
+EDGE_STYLES = {"data": "solid", "cache_read": "dashed", "topk_reuse": "dotted", "candidates": "dotted", "order": "bold",
+               "stream": "dashed"}
+EDGE_COLOURS = {"data": "gray30", "cache_read": "#7b2cbf", "topk_reuse": "#f77f00", "candidates": "#2a9d8f",
+                "order": "gray60", "stream": "gray60"}
 CRITICAL = 'color=red, penwidth=2.5, class="critical"'
 
 
@@ -149,7 +151,7 @@ def to_dot(graph: Graph, *, schedule=None, point: int = 0, collapse_layers: bool
 def _legend(graph: Graph, with_path: bool) -> list[str]:
     kinds = list(dict.fromkeys(op.kind for op in graph.ops))
     rows = "".join(f'<TR><TD BGCOLOR="{KIND_COLOURS.get(k, "#ffffff")}">{k}</TD></TR>' for k in kinds)
-    rows += "".join(f"<TR><TD>{k} edge: {EDGE_STYLES[k]}</TD></TR>" for k in ("data", "cache_read", "topk_reuse", "order"))
+    rows += "".join(f"<TR><TD>{k} edge: {EDGE_STYLES[k]}</TD></TR>" for k in ("data", "cache_read", "topk_reuse", "candidates", "order"))
     if with_path:
         rows += '<TR><TD><FONT COLOR="red">critical path</FONT></TD></TR>'
     return ["  subgraph cluster_legend { label=\"legend\"; style=rounded; color=gray70; fontname=Helvetica;",

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..builder import GraphBuilder
-from ..errors import GraphsimError
+from ..errors import GraphsimError, require
 from ..ir import ONE, CommSpec, Cost, Feature, Graph, Tensor, fmt, wider
 from ..plan import ParallelMapping
 
@@ -48,6 +48,14 @@ class Model:
             out = wider(out, fmt(f).compute)
         return out
 
+    def residual_bytes_per_token(self) -> float:
+        """The residual state one token carries from layer to layer, in BF16 (mHC keeps ``hc_mult`` streams):
+        what a pipeline stage sends on and what a scattered layer gathers back."""
+        cfg = getattr(self, "cfg", None)
+        hidden = getattr(cfg, "hidden", None) or getattr(cfg, "hidden_size", None)
+        require(isinstance(hidden, int), "model", f"{self.name}: no hidden size in its config")
+        return 2.0 * hidden * getattr(cfg, "hc_mult", 1)
+
     def kv_cache_format(self, policies=None) -> str:
         """The KV cache as stored under ``policies``: the checkpoint's, narrowed to what an explicitly lower
         attention precision reads (FP8 attention keeps an FP8 cache)."""
@@ -65,7 +73,8 @@ class Model:
         if not kinds:
             raise GraphsimError("requests", "give at least one request")
         b = GraphBuilder(self.name, meta={"model": self.name, "kinds": ",".join(kinds),
-                                          "attention_precision": self.attention_precision(options.get("policies"))})
+                                          "attention_precision": self.attention_precision(options.get("policies")),
+                                          "residual_bytes": self.residual_bytes_per_token()})
         for t in self.weights():
             b.tensor(t.name, t.role, t.format, elems=t.elems, module=t.module, group=t.group)
         self._build(b, kinds, **options)

@@ -69,13 +69,17 @@ class DeepSeekV41(Model):
         groups = ("embed", "trunk", "vision", "engram")
         return groups + ("dspark",) if getattr(policies, "dspark", "off") == "on" else groups
 
-    def reference_graph(self):
-        """Every stage the model can run (vision, draft, commit): how each resident tensor is sharded."""
+    def reference_graph(self, policies=None):
+        """Every stage the model can run (vision, draft, commit) under ``policies`` (their sharding options,
+        e.g. Engram rows over TP or every rank): how each resident tensor is sharded."""
+        import attrs
+
         from ..pipeline import Policies
         from ..plan import Request
 
         reqs = (Request.parse("prefill:64+img:224x224"), Request.parse("decode:64"))
-        return self.build(("prefill", "decode"), policies=Policies(dspark="on"), requests=reqs)
+        pol = attrs.evolve(policies or Policies(), dspark="on", decoder_replay="off")
+        return self.build(("prefill", "decode"), policies=pol, requests=reqs)
 
     def owner_kv_bytes(self, context: int, layer: int) -> float:
         """Global KV one owner layer holds for one request (main + index K + pending compressor state)."""
@@ -161,7 +165,7 @@ class DeepSeekV41(Model):
                         b.depends(copy, owners_write[li.layer], "cache_read")
             with b.stage(stage), b.layer(li.layer):
                 if li.engram:
-                    self._engram(b, li.layer, f"eng_{ts}")
+                    self._engram(b, li.layer, f"eng_{ts}", policies)
                 if not (li.kv_source and li.stage == "decoder"):
                     self._mhc_pre(b, li.layer, "hc_attn", ts, norm_weight=f"layers.{li.layer}.attn_norm")
                 self._attention_in(b, li, ts)
@@ -254,23 +258,43 @@ class DeepSeekV41(Model):
                       params={"mhc_elems": (2 * n + 1) * d, "role": "residual"})
 
     # ---- Engram (V41_FACTS §6) ------------------------------------------------------------------------
-    def _engram(self, b: GraphBuilder, layer: int, ts: str) -> None:
+    def _engram(self, b: GraphBuilder, layer: int, ts: str, policies=None) -> None:
+        """Hash, row lookup, projection, gate (V41_FACTS §6). Rows are sharded over the TP group (each rank
+        gathers the rows it holds for every token, then a TP all-reduce) or, with ``engram_shard="world"``,
+        over every rank of the stage (TP x EP: 1/world of the table per rank; each rank fetches its tokens'
+        rows from their owners in an all-to-all and its TP group all-gathers them). The projection runs
+        replicated, or column-split over TP (``engram_proj="tp"``) with an all-gather of its output."""
         c = self.cfg
         d, n = c.hidden_size, c.hc_mult
         p = f"layers.{layer}.engram"
         rows = c.engram_lookup_rows
         t = tokens(ts)
+        shard = getattr(policies, "engram_shard", "tp")
         b.op("engram.hash", "engram", Cost.of(t, flops_fp32=8.0 * rows, bytes_act=4.0 * c.engram_max_ngram_size + 8.0 * rows),
              token_set=ts, split=("dp",), formula=f"{rows} n-gram hashes per token")
         payload = self.sem.engram_lookup_bytes_per_token(c)
-        b.op("engram.lookup", "engram", Cost.of(t, bytes_weight=payload, bytes_act=c.engram_lookup_dim * BF16),
-             token_set=ts, split=("tp", "dp"), reads=(f"{p}.table",),
-             comm=(CommSpec("all_reduce", "tp", Cost.of(t, bytes_act=c.engram_lookup_dim * BF16),
-                            note="table rows sharded across TP"),),
-             params={"rows": rows, "payload_bytes": payload},
+        gathered = c.engram_lookup_dim * BF16
+        if shard == "world":
+            comm = (CommSpec("all_to_all", "world", Cost.of(t, bytes_act=payload), "after",
+                             note="rows fetched from the ranks that own them"),
+                    CommSpec("all_gather", "tp", Cost.of(t, bytes_act=payload), "after",
+                             note="the TP group's rows gathered on every rank"))
+            split = ("world",)
+        else:
+            comm = (CommSpec("all_reduce", "tp", Cost.of(t, bytes_act=gathered), note="table rows sharded across TP"),)
+            split = ("tp", "dp")
+        b.op("engram.lookup", "engram", Cost.of(t, bytes_weight=payload, bytes_act=gathered),
+             token_set=ts, split=split, reads=(f"{p}.table",), comm=comm,
+             params={"rows": rows, "payload_bytes": payload, "shard": shard},
              formula=f"{rows} rows x {c.engram_head_dim} FP8 + scales = {payload:g} B per token")
-        b.gemm("engram.proj", ts, c.engram_lookup_dim, c.engram_proj_out, weight=f"{p}.wkv", act_in="fp8",
-               split=("dp",), kind="engram")
+        if getattr(policies, "engram_proj", "replicated") == "tp":
+            b.gemm("engram.proj", ts, c.engram_lookup_dim, c.engram_proj_out, weight=f"{p}.wkv", act_in="fp8",
+                   split=("tp", "dp"), kind="engram",
+                   comm=(CommSpec("all_gather", "tp", Cost.of(t, bytes_act=c.engram_proj_out * BF16), "after",
+                                  note="column-split projection gathered"),))
+        else:
+            b.gemm("engram.proj", ts, c.engram_lookup_dim, c.engram_proj_out, weight=f"{p}.wkv", act_in="fp8",
+                   split=("dp",), kind="engram")
         b.elementwise("engram.gate", ts, n * d, bytes_in=BF16 + BF16 * (n + 1) / n, bytes_out=BF16,
                       flops_per_elem=8, kind="engram", split=("dp",), reads=(f"{p}.gate_norm",),
                       exps=n)  # one sigmoid gate per stream copy
@@ -364,11 +388,16 @@ class DeepSeekV41(Model):
             reads = Feature("compressed", ts, (m,))
             extra = Cost()
             what = "whole visible compressed range"
-        b.op("indexer.score", "indexer",
+        reads_idx = (f"layers.{owner.layer}.index_k",)
+        if getattr(li, "candidate_limited", False):  # the pool the Decoder's first Full layer selected
+            reads_idx += (f"layers.{c.candidate_source_layer_id}.candidates",)
+        score = b.op("indexer.score", "indexer",
              Cost.of(pairs, **{f"flops_{prec}": per_pair}) + Cost.of(reads, bytes_kv=self.sem.index_k_entry_bytes(c))
              + Cost.of(tokens(ts), bytes_act=fmt(c.index_k_format).nbytes(H * D) + H * 4.0) + extra,
-             token_set=ts, precision=prec, split=("dp",), reads=(f"layers.{owner.layer}.index_k",),
+             token_set=ts, precision=prec, split=("dp",), reads=reads_idx,
              formula=f"{per_pair:g} {prec} flops per scored entry over the {what}; ReLU scores, no exps")
+        if getattr(li, "candidate_limited", False):
+            b.depends(f"layers.{c.candidate_source_layer_id}.indexer.candidates", score, "candidates")
         if getattr(li, "candidate_source", False):
             blocks = c.candidate_topk_blocks
             b.op("indexer.block_max", "indexer", Cost.of(pairs, flops_fp32=1.0, bytes_act=4.0 / c.candidate_block_size),
