@@ -3,6 +3,10 @@ graphsim's speed-of-light (SOL) throughput, the published figure, measured/SOL (
 then the same with the practitioner efficiency profile (hw/data/profiles/practitioner.toml) and how close
 that derated estimate lands. SOL must never be below a measurement: that would mean a cost is missing.
 
+Two more tables: published attention kernels (shared/reference/hardware.md: the FP8 FMHA of a 128K
+DeepSeek prefill on GB300 and GB200) against the SOL of the same op, which must not be slower; and the
+GB300 / GB200 ratio graphsim predicts for decode and prefill at 8K and 128K.
+
 Each case states its workload as the source gives it; where the source leaves something open the
 assumption is written next to it. Run: ``python examples/validate_published.py`` (a few seconds).
 """
@@ -130,6 +134,87 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------------------------------
+# Attention kernels: one op of one layer against a published kernel time
+# ---------------------------------------------------------------------------------------------------
+
+@attrs.frozen
+class KernelCase:
+    name: str
+    hw: str
+    model: str
+    request: str
+    op: str  #: the op of the compiled graph the kernel implements
+    published_s: float
+    source: str
+    policies: tuple = ()  #: Policies fields, e.g. (("attention_precision", "fp8"),)
+
+
+FMHA = ("issue #10 and shared/reference/hardware.md (GB300 notes: FMHA 1.35x GB200 at 128K): FP8 FMHA for "
+        "DeepSeek-V3's 128K causal prefill, one layer, all 128 heads on one GPU")
+KERNEL_CASES = (
+    KernelCase("DeepSeek-V3 FP8 FMHA, 128K prefill, 1 layer (GB300)", "gb300", "deepseek-v3", "prefill:131072",
+               "layers.3.attn_prefill", 205e-3, FMHA, (("attention_precision", "fp8"),)),
+    KernelCase("DeepSeek-V3 FP8 FMHA, 128K prefill, 1 layer (GB200)", "gb200", "deepseek-v3", "prefill:131072",
+               "layers.3.attn_prefill", 277e-3, FMHA, (("attention_precision", "fp8"),)),
+)
+
+
+@attrs.frozen
+class KernelRow:
+    case: KernelCase
+    sol_s: float
+    bound: str  #: the roofline unit that bounds the op (compute, sfu, hbm, ...)
+
+
+def validate_kernels(cases=KERNEL_CASES) -> list[KernelRow]:
+    rows = []
+    for k in cases:
+        c = gs.compile_plan(k.model, gs.Plan([k.request], policies=gs.Policies(**dict(k.policies))), k.hw)
+        s = c.schedule()
+        i = c.graph.op_index[k.op]
+        rows.append(KernelRow(k, float(s.duration[0, i]), s.bound(0)[i]))
+    return rows
+
+
+def kernel_table(rows: list[KernelRow]) -> str:
+    lines = ["| kernel | published | graphsim SOL | bound by | SOL / published |", "|---|---:|---:|---|---:|"]
+    for r in rows:
+        lines.append(f"| {r.case.name} | {r.case.published_s * 1e3:,.0f} ms | {r.sol_s * 1e3:,.1f} ms | {r.bound} | "
+                     f"{r.sol_s / r.case.published_s:.2f} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------
+# GB300 vs GB200
+# ---------------------------------------------------------------------------------------------------
+
+RATIO_SETUPS = (
+    ("DeepSeek-V3, TP8, FP8 attention", "deepseek-v3", gs.ParallelMapping(tp=8), (("attention_precision", "fp8"),)),
+    ("DeepSeek-V4.1-Flash, TP4", "deepseek-v4.1-flash", gs.ParallelMapping(tp=4), ()),
+)
+RATIO_WORKLOADS = (("prefill 8K", "prefill:8192"), ("prefill 128K", "prefill:131072"),
+                   ("decode 8K x 64", "decode:8192x64"), ("decode 128K x 8", "decode:131072x8"))
+
+
+def gb300_over_gb200(setups=RATIO_SETUPS, workloads=RATIO_WORKLOADS) -> list[tuple]:
+    """(setup, workload, GB200 forward s, GB300 forward s) for every pair."""
+    out = []
+    for label, model, mapping, pol in setups:
+        for wname, req in workloads:
+            t = {hw: float(gs.compile_plan(model, gs.Plan([req], mapping, gs.Policies(**dict(pol))), hw)
+                           .schedule().forward[0]) for hw in ("gb200", "gb300")}
+            out.append((label, wname, t["gb200"], t["gb300"]))
+    return out
+
+
+def ratio_table(rows: list[tuple]) -> str:
+    lines = ["| setup | workload | GB200 forward | GB300 forward | GB200 / GB300 |", "|---|---|---:|---:|---:|"]
+    for label, w, a, b in rows:
+        lines.append(f"| {label} | {w} | {a * 1e3:,.2f} ms | {b * 1e3:,.2f} ms | {a / b:.2f} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     rows = validate()
     print(table(rows))
@@ -138,3 +223,10 @@ if __name__ == "__main__":
         print(f"- {r.case.name}: {r.case.note}")
     low = [r.case.name for r in rows if r.sol < r.case.published]
     assert not low, f"SOL below a measurement (a cost is missing or a peak too high): {low}"
+    kernels = validate_kernels()
+    print()
+    print(kernel_table(kernels))
+    slow = [r.case.name for r in kernels if r.sol_s > r.case.published_s]
+    assert not slow, f"SOL slower than a published kernel (a rate is wrong): {slow}"
+    print()
+    print(ratio_table(gb300_over_gb200()))
