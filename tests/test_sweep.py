@@ -315,3 +315,23 @@ def test_kernel_kinds_workspace_components_match_reference():
     base = c.evaluate(wl)  # the default outputs are unchanged
     assert set(base) == {"forward", "stages"}
     np.testing.assert_array_equal(base["forward"], out["forward"])
+
+
+def test_exp_rate_and_tier_axes():
+    """hw.exp_rate is a what-if like any rate: a softmax-bound 64K FP8 prefill on GB200 speeds up with it until
+    the tensor cores bound it; prefill.tier moves a prefix hit between HBM (0), host (1) and disk (2)."""
+    d = {"name": "t", "structure": {"model": "deepseek-v3", "hw": "gb200", "mapping": {"tp": 8},
+                                    "requests": "prefill", "policies": {"attention_precision": "fp8"}},
+         "axes": {"prefill.prompt": [65536], "hw.exp_rate": [5e12, 10.7e12, 1e15]}}
+    df = run(d).to_pandas()
+    t = df["forward_s"].to_numpy()
+    assert t[0] > t[1] >= t[2]  # past GB300's rate the tensor cores bound the attention
+    want = gs.compile_plan("deepseek-v3", gs.Plan(["prefill:65536"], gs.ParallelMapping(tp=8),
+                                                  gs.Policies(attention_precision="fp8")), "gb300").report().forward_s
+    assert t[1] == pytest.approx(want, rel=0.02)  # GB300's SFU on GB200: within the NIC/C2C differences
+    d = {"name": "t", "structure": {"model": "deepseek-v3", "hw": "h200", "requests": "prefill"},
+         "axes": {"prefill.prompt": [40000], "prefill.cached": [32000], "prefill.tier": [0, 1, 2, 3]}}
+    df = run(d).to_pandas()
+    t = df["forward_s"].to_numpy()
+    assert t[0] < t[1] < t[2]
+    assert df["error_field"].iloc[3] == "prefill.tier"
