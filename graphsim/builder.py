@@ -47,13 +47,18 @@ class GraphBuilder:
     @contextlib.contextmanager
     def stage(self, name: str):
         """Ops created inside belong to stage ``name`` (stages are ordered by first use)."""
-        if name not in self._stages:
-            self._stages.append(name)
+        self.declare_stage(name)
         prev, self._stage = self._stage, name
         try:
             yield
         finally:
             self._stage = prev
+
+    def declare_stage(self, name: str) -> None:
+        """Put stage ``name`` in the stage order now (before the stages of ops created earlier in program
+        order but listed later), without creating ops in it yet."""
+        if name not in self._stages:
+            self._stages.append(name)
 
     @contextlib.contextmanager
     def layer(self, index: int | None, prefix: str | None = None):

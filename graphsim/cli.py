@@ -7,6 +7,7 @@ import sys
 from typing import Sequence
 
 from .errors import GraphsimError
+from .ir import ATTENTION_PRECISIONS
 
 
 def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
@@ -21,7 +22,7 @@ def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
     p.add_argument("--decoder-replay", default="off", choices=("off", "sglang", "paper"))
     p.add_argument("--encoder-replay", default="on", choices=("on", "off"))
     p.add_argument("--fusion", default="unfused", choices=("unfused", "two-pass", "single-pass"))
-    p.add_argument("--attention-precision", default="auto", choices=("auto", "bf16", "fp8", "fp4"),
+    p.add_argument("--attention-precision", default="auto", choices=ATTENTION_PRECISIONS,
                    help="attention math precision (QK^T, PV); auto = from the KV cache format. An explicit "
                         "narrower one keeps the KV cache at it (FP8 attention reads an FP8 cache)")
     p.add_argument("--overlap", default="none", choices=("none", "two-batch"))

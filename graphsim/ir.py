@@ -20,6 +20,8 @@ from .errors import GraphsimError, require
 # --------------------------------------------------------------------------------------------------
 
 PRECISIONS = ("fp4", "fp8", "bf16", "tf32", "fp32", "int8")
+#: Precisions the attention math (QK^T, PV) may run at; "auto" derives it from the KV cache formats.
+ATTENTION_PRECISIONS = ("auto", "bf16", "fp8", "fp4")
 #: Tensor-core width order: a GEMM runs at the rate of its wider operand (FP8 activations x FP4 weights run
 #: at the FP8 rate on Blackwell; only FP4 x FP4 reaches the FP4 peak).
 _WIDTH = {"fp4": 0, "int8": 1, "fp8": 1, "bf16": 2, "tf32": 3, "fp32": 4}

@@ -7,7 +7,7 @@ import attrs
 import numpy as np
 
 from .errors import GraphsimError, require
-from .ir import Graph
+from .ir import ATTENTION_PRECISIONS, Graph
 from .plan import ParallelMapping, Request, workload_of
 from .workload import Workload
 
@@ -64,8 +64,7 @@ class Policies:
     acceptance: tuple = attrs.field(default=(), converter=lambda v: tuple(float(x) for x in v))
     #: the attention math's precision (QK^T, PV): "auto" = from the KV cache formats; an explicit narrower
     #: one also narrows a wider KV cache to what the kernel reads (FP8 attention keeps an FP8 cache)
-    attention_precision: str = attrs.field(default="auto",
-                                           validator=_one_of(("auto", "bf16", "fp8", "fp4")))
+    attention_precision: str = attrs.field(default="auto", validator=_one_of(ATTENTION_PRECISIONS))
     #: sequence parallelism: norm / mHC / elementwise runs after a TP all-reduce shard their tokens over TP
     #: (reduce-scatter in, all-gather out)
     sp: str = attrs.field(default="off", validator=_one_of(("off", "on")))
@@ -165,7 +164,7 @@ def check_hardware(plan: Plan, hw: HardwareSpec) -> None:
     model's derived precisions may fall back, an explicit choice may not)."""
     p = plan.policies.attention_precision
     if p != "auto":
-        have = [q for q, _ in hw.peak_flops if q in ("fp4", "fp8", "bf16")]
+        have = [q for q, _ in hw.peak_flops if q in ATTENTION_PRECISIONS]
         require(p in have, "policies.attention_precision",
                 f"{hw.name} has no {p} tensor rate; allowed on it: {', '.join(['auto', *have])}")
 

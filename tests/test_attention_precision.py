@@ -112,3 +112,25 @@ def test_v41_indexer_scores_at_the_fp4_rate_or_fp8_without_it(hw, rate):
     op = c.graph.op("layers.20.indexer.score")
     assert op.precision == "fp4"
     assert c.unit_time()[COMPONENTS.index("flops_fp4")] == pytest.approx(1 / rate)
+
+
+def test_builder_attention_counts_scores_and_sink_logits():
+    """One exponential per (query, key, head) score plus, with sinks, one per (query, head) sink logit:
+    a 100-token causal prefill with 4 heads normalises 4·5050 scores and 4·100 sink logits."""
+    from graphsim.builder import GraphBuilder
+    from graphsim.ir import Feature
+    from graphsim.lowering.evaluate import evaluate_reference, unit_time
+    from graphsim.lowering.program import lower
+
+    b = GraphBuilder("toy")
+    b.token_set("all")
+    with b.stage("s"):
+        b.attention("attn", "all", pairs=Feature("causal_pairs", "all"), flops_per_pair=4 * 64 * 4, heads=4,
+                    precision="fp8", sinks=True)
+    g = b.build()
+    s = evaluate_reference(lower(g), gs.Workload(("prefill",), [[1]], [[100]], [[0]]),
+                           unit_time(gs.load_hw("gb200").rates()))
+    comp = dict(zip(COMPONENTS, s.components[0, 0]))
+    assert comp["exps"] == 4 * 5050 + 4 * 100
+    assert comp["flops_fp8"] == 4 * 64 * 4 * 5050
+    assert "4 sink exps per query" in g.op("attn").formula

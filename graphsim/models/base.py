@@ -7,9 +7,6 @@ from ..builder import GraphBuilder
 from ..errors import GraphsimError, require
 from ..ir import ONE, CommSpec, Cost, Feature, Graph, Tensor, fmt, wider
 from ..plan import ParallelMapping
-
-#: Precisions the attention math (QK^T, PV) may run at; "auto" derives it from the KV cache formats.
-ATTENTION_PRECISIONS = ("auto", "bf16", "fp8", "fp4")
 #: The cache an attention kernel at this precision reads (FP8 attention reads FP8 Q/K/V and an FP8 cache;
 #: FP4 attention an E2M1 cache with E4M3 scales per 16), where the checkpoint's cache is wider.
 KV_FORMAT_AT = {"fp8": "fp8", "fp4": "fp4_e2m1_e4m3_16"}
@@ -143,8 +140,7 @@ def restore_sets(b: GraphBuilder, swa_window: int = 0) -> None:
     """Token sets of a prefix restore, per tier: the cached positions (``cached_<tier>``) and, for a model
     with an SWA cache, the kept window (``cached_swa_<tier>``; none when the window is replayed). Declares the
     ``restore`` stage first, so reports list it before the trunk."""
-    with b.stage("restore"):
-        pass
+    b.declare_stage("restore")
     for tier in RESTORE_LINKS:
         b.token_set(f"cached_{tier}", prefill=f"cached@{tier}", decode="none")
         if swa_window:
@@ -169,5 +165,5 @@ def attention_act_bytes(precision: str) -> float:
     return fmt(KV_FORMAT_AT.get(precision, precision)).bytes_per_elem
 
 
-__all__ = ["Model", "divides", "attention_act_bytes", "ATTENTION_PRECISIONS", "restore_sets", "restore_copy", "tokens", "rmsnorm", "all_reduce_tp", "swiglu_mlp", "embedding", "lm_head", "ONE",
-           "MOE_OUT"]
+__all__ = ["Model", "divides", "attention_act_bytes", "restore_sets", "restore_copy", "tokens", "rmsnorm",
+           "all_reduce_tp", "swiglu_mlp", "embedding", "lm_head", "ONE", "MOE_OUT"]
