@@ -287,14 +287,11 @@ class DeepSeekV41(Model):
              token_set=ts, split=split, reads=(f"{p}.table",), comm=comm,
              params={"rows": rows, "payload_bytes": payload, "shard": shard},
              formula=f"{rows} rows x {c.engram_head_dim} FP8 + scales = {payload:g} B per token")
-        if getattr(policies, "engram_proj", "replicated") == "tp":
-            b.gemm("engram.proj", ts, c.engram_lookup_dim, c.engram_proj_out, weight=f"{p}.wkv", act_in="fp8",
-                   split=("tp", "dp"), kind="engram",
-                   comm=(CommSpec("all_gather", "tp", Cost.of(t, bytes_act=c.engram_proj_out * BF16), "after",
-                                  note="column-split projection gathered"),))
-        else:
-            b.gemm("engram.proj", ts, c.engram_lookup_dim, c.engram_proj_out, weight=f"{p}.wkv", act_in="fp8",
-                   split=("dp",), kind="engram")
+        column = getattr(policies, "engram_proj", "replicated") == "tp"
+        gather = CommSpec("all_gather", "tp", Cost.of(t, bytes_act=c.engram_proj_out * BF16), "after",
+                          note="column-split projection gathered")
+        b.gemm("engram.proj", ts, c.engram_lookup_dim, c.engram_proj_out, weight=f"{p}.wkv", act_in="fp8",
+               split=("tp", "dp") if column else ("dp",), comm=(gather,) if column else (), kind="engram")
         b.elementwise("engram.gate", ts, n * d, bytes_in=BF16 + BF16 * (n + 1) / n, bytes_out=BF16,
                       flops_per_elem=8, kind="engram", split=("dp",), reads=(f"{p}.gate_norm",),
                       exps=n)  # one sigmoid gate per stream copy
