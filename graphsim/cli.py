@@ -1,4 +1,9 @@
-"""The ``graphsim`` command line. Errors print one readable line and exit 2 (no traceback)."""
+"""The ``graphsim`` command line (also ``python -m graphsim``).
+
+Exit codes: 0 done; 2 bad input — one line ``graphsim: error: <field>: <what is allowed>`` (argparse's errors
+included; the usage block only with ``--help``); 3 an internal error (a bug: one line asking to rerun with
+``--debug`` or ``GRAPHSIM_DEBUG=1``, which show its traceback); 130 interrupted.
+"""
 from __future__ import annotations
 
 import argparse
@@ -151,9 +156,43 @@ def cmd_models(a) -> None:
         print(n)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors that name the argument (``tp: invalid int value: 'x'``)."""
+
+    def error(self, message: str):
+        raise GraphsimError(*_argparse_field(message))
+
+
+def _argparse_field(message: str) -> tuple[str, str]:
+    """(field, message) from an argparse error: ``argument --tp: ...`` -> ``tp``; required / unrecognized
+    arguments -> the first one named."""
+    import re
+
+    m = re.match(r"argument (?:-\w/)?(-{0,2})([\w\-]+)(?:/[\w\-]+)?: (.*)", message, re.S)
+    if m:
+        field, text = m.group(2).replace("-", "_"), m.group(3)
+        text = re.sub(r"\s*\(choose from (.*)\)", lambda c: "; allowed: " + c.group(1).replace("'", ""), text)
+        return field, " ".join(text.split())
+    m = re.match(r"the following arguments are required: (.*)", message)
+    if m:
+        names = []
+        for n in m.group(1).split(","):  # "-o/--output" -> output
+            forms = n.strip().split("/")
+            names.append(next((f for f in forms if f.startswith("--")), forms[0]).lstrip("-").replace("-", "_"))
+        return names[0], "required" + (f" (so are: {', '.join(names[1:])})" if names[1:] else "")
+    m = re.match(r"unrecognized arguments: (.*)", message)
+    if m:
+        return "arguments", f"not recognized: {m.group(1)} (see --help)"
+    return "arguments", " ".join(message.split())
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="graphsim", description="Dataflow-graph compiler for LLM forward passes")
-    sub = p.add_subparsers(dest="command", required=True)
+    from . import __version__
+
+    p = _Parser(prog="graphsim", description="Dataflow-graph compiler for LLM forward passes")
+    p.add_argument("--version", action="version", version=f"graphsim {__version__}")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an internal error (or GRAPHSIM_DEBUG=1)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="command")
     e = sub.add_parser("estimate", help="estimate one plan: times, throughput, memory, critical path")
     _plan_args(e)
     e.add_argument("--json", action="store_true")
@@ -181,23 +220,37 @@ _EXTRA_COMMANDS: list = []
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit code (see the module docstring)."""
+    import os
+
     from . import commands  # noqa: F401  (registers the extra subcommands)
 
-    parser = build_parser()
-    a = parser.parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or os.environ.get("GRAPHSIM_DEBUG", "") not in ("", "0")
+    args = [x for x in args if x != "--debug"]  # accepted before or after the command
     try:
+        a = build_parser().parse_args(args)
         a.fn(a)
     except GraphsimError as e:
-        print(f"graphsim: error: {e}", file=sys.stderr)
-        return 2
-    except (ValueError, TypeError, KeyError, FileNotFoundError, RuntimeError) as e:
-        print(f"graphsim: error: {e}", file=sys.stderr)
+        print("graphsim: error: " + " ".join(str(e).split()), file=sys.stderr)  # always one line
         return 2
     except BrokenPipeError:  # e.g. `graphsim estimate ... | head`
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:
+        print("graphsim: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - anything else is graphsim's bug, never the user's
+        if debug:
+            raise
+        what = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        print(f"graphsim: internal error: {what} (a bug in graphsim; rerun with --debug or GRAPHSIM_DEBUG=1 "
+              "for the traceback)", file=sys.stderr)
+        return 3
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m graphsim.cli`: the package's module, so subcommands register on it
+    from graphsim.cli import main as _main
+
+    sys.exit(_main())

@@ -81,10 +81,11 @@ def memory_summary(model, context: int) -> dict:
 
 
 def kv_read_per_token(model, context: int) -> dict:
-    """Cache bytes one decode token reads at ``context`` (every consumer layer reads its selection)."""
+    """Cache bytes one decode token reads when the request holds ``context`` positions, its own included
+    (every consumer layer reads its selection)."""
     import graphsim as gs
 
-    c = gs.compile_plan(model, gs.Plan([f"decode:{max(context, 1)}"]), "gb200")
+    c = gs.compile_plan(model, gs.Plan([f"decode:{max(context - 1, 1)}"]), "gb200")
     s = c.schedule()
     from .ir import COMPONENTS
 

@@ -21,35 +21,63 @@ def load_config(name_or_path: str | Path | Mapping) -> dict:
     """A config dict from a shipped name (``deepseek-v3``), a path to a JSON file, or a dict."""
     if isinstance(name_or_path, Mapping):
         return dict(name_or_path)
+    if not isinstance(name_or_path, (str, Path)):
+        raise GraphsimError("model", f"must be a shipped name, a config.json path or a dict, got {type(name_or_path).__name__}")
     key = str(name_or_path)
+    short = key if len(key) <= 80 else key[:77] + "..."
     if key.lower() in SHIPPED:
         text = (resources.files("graphsim") / "configs" / SHIPPED[key.lower()]).read_text()
         src = key
     else:
         p = Path(key)
-        if not p.is_file():
-            raise GraphsimError("model", f"unknown model {key!r}: not a shipped name ({', '.join(sorted(SHIPPED))}) nor a config.json path")
-        text, src = p.read_text(), str(p)
+        try:
+            found = p.is_file()
+        except (OSError, ValueError):  # a name too long for a path, NUL bytes...
+            found = False
+        if not found:
+            raise GraphsimError("model", f"unknown model {short!r}: not a shipped name ({', '.join(sorted(SHIPPED))}) "
+                                "nor a config.json path")
+        try:
+            text, src = p.read_text(encoding="utf-8"), str(p)
+        except UnicodeDecodeError:
+            raise GraphsimError("model", f"{short}: not UTF-8 text (a config.json is JSON text)") from None
+        except OSError as e:
+            raise GraphsimError("model", f"{short}: cannot read ({e.strerror})") from None
     try:
-        return json.loads(text)
+        cfg = json.loads(text)
     except json.JSONDecodeError as e:
         raise GraphsimError("model", f"{src}: invalid JSON ({e})") from None
+    if not isinstance(cfg, Mapping):
+        raise GraphsimError("model", f"{src}: the top level must be a JSON object, got {type(cfg).__name__}")
+    return cfg
 
 
 def text_config(cfg: Mapping) -> Mapping:
     """The language-model part of a config (nested ``text_config`` or the config itself)."""
-    return cfg.get("text_config", cfg)
+    if not isinstance(cfg, Mapping):
+        raise GraphsimError("config", f"must be a JSON object, got {type(cfg).__name__}")
+    t = cfg.get("text_config", cfg)
+    if not isinstance(t, Mapping):
+        raise GraphsimError("config.text_config", f"must be an object, got {type(t).__name__}")
+    return t
 
 
-def need(cfg: Mapping, key: str, kind: type = int, *, where: str = "config") -> Any:
-    """A required field of the right type, or a GraphsimError naming it."""
-    if key not in cfg:
-        raise GraphsimError(f"{where}.{key}", "missing required field")
+def need(cfg: Mapping, key: str, kind: type = int, *, where: str = "config", lo: int = 1,
+         default: Any = None) -> Any:
+    """A required field (or ``default`` when absent and not None) of the right type and, for integers, in
+    [lo, its bound] (:data:`graphsim.limits.CONFIG_BOUNDS`); else a GraphsimError naming it."""
+    from .limits import check_config_int, check_number
+
+    if key not in cfg or cfg[key] is None:
+        if default is None:
+            raise GraphsimError(f"{where}.{key}", "missing required field")
+        return default
     v = cfg[key]
-    ok = isinstance(v, kind) and not (kind is int and isinstance(v, bool))
+    if kind is int:
+        return check_config_int(f"{where}.{key}", key, v, lo)
     if kind is float:
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-    if not ok:
+        return check_number(f"{where}.{key}", v)
+    if not isinstance(v, kind):
         raise GraphsimError(f"{where}.{key}", f"must be {kind.__name__}, got {v!r}")
     return v
 

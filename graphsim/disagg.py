@@ -125,8 +125,9 @@ def handover_bytes(model, isl: int, kv: str = "global") -> float:
     require(kv in KV_MODES, "kv", f"must be one of {KV_MODES}, got {kv!r}")
     if hasattr(model, "kv_capacity"):
         cap = model.kv_capacity(int(isl))
-        # the partial compression group travels with the global cache: decode continues it
-        return cap.total if kv == "global+swa" else cap.global_bytes + cap.partial_group_bytes
+        # the pending rows of unfinished compression groups travel with the global cache: decode continues them
+        extra = cap.pending_bytes + (cap.swa_bytes if kv == "global+swa" else 0.0)
+        return cap.global_bytes + extra
     return float(model.kv_bytes(int(isl)))
 
 

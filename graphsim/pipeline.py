@@ -8,6 +8,7 @@ import numpy as np
 
 from .errors import GraphsimError, require
 from .ir import ATTENTION_PRECISIONS, Graph
+from .limits import MAX_CONTEXT, MAX_LAYERS, MAX_MICRO_BATCHES, MAX_RANKS, check_int, check_number
 from .plan import ParallelMapping, Request, workload_of
 from .workload import Workload
 
@@ -20,11 +21,27 @@ from .passes.runtime import apply_runtime_passes
 from .passes.sharding import apply_mapping
 
 
-def _at_least(lo, field, integer=False):
-    def check(_inst, _attr, v):
-        ok = isinstance(v, int if integer else (int, float)) and not isinstance(v, bool) and v >= lo
-        require(ok, field, f"must be {'an integer ' if integer else ''}>= {lo}, got {v!r}")
+def _int_in(lo: int, hi: int):
+    def check(_inst, attr, v):
+        check_int(f"policies.{attr.name}", v, lo, hi)
     return check
+
+
+def _number_in(lo: float, hi: float):
+    def check(_inst, attr, v):
+        check_number(f"policies.{attr.name}", v, lo, hi)
+    return check
+
+
+def _as_float(v):
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
+def _floats(v):
+    """A sequence of numbers -> a tuple of floats; anything else is left for the validator to name."""
+    if isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        return tuple(float(x) for x in v)
+    return v
 
 
 def _one_of(allowed: tuple):
@@ -50,18 +67,19 @@ class Policies:
     overlap: str = attrs.field(default="none", validator=_one_of(("none", "two-batch")))
     engram: str = attrs.field(default="hbm", validator=_one_of(("hbm", "host")))
     #: Engram host residency: blocks ahead the row copy may start
-    prefetch_distance: int = attrs.field(default=1, validator=_at_least(0, "policies.prefetch_distance", True))
+    prefetch_distance: int = attrs.field(default=1, validator=_int_in(0, MAX_LAYERS))
     dspark: str = attrs.field(default="off", validator=_one_of(("off", "on")))
     #: W of both bounded replays (the SWA window of DeepSeek-V4.1)
-    replay_window: int = attrs.field(default=128, validator=_at_least(1, "policies.replay_window", True))
-    #: hottest EP rank's routed work / the mean (>= 1); scales its expert work and its dispatch/combine bytes
-    ep_imbalance: float = attrs.field(default=1.0, converter=float, validator=_at_least(1.0, "policies.ep_imbalance"))
+    replay_window: int = attrs.field(default=128, validator=_int_in(1, MAX_CONTEXT))
+    #: hottest EP rank's routed work / the mean (>= 1, at most ep); scales its expert work and its
+    #: dispatch/combine bytes
+    ep_imbalance: float = attrs.field(default=1.0, converter=_as_float, validator=_number_in(1.0, MAX_RANKS))
     #: pipeline micro-batches per forward (0 = as many as pipeline stages)
-    pp_micro_batches: int = attrs.field(default=0, validator=_at_least(0, "policies.pp_micro_batches", True))
+    pp_micro_batches: int = attrs.field(default=0, validator=_int_in(0, MAX_MICRO_BATCHES))
     #: collective -> algorithm overrides, e.g. {"all_reduce": "tree"} (see passes.sharding.ALGORITHMS)
     algorithms: tuple = attrs.field(default=(), converter=_algorithms)
     #: DSpark per-position conditional acceptance a_1..a_D: turns verified positions into E[emitted]
-    acceptance: tuple = attrs.field(default=(), converter=lambda v: tuple(float(x) for x in v))
+    acceptance: tuple = attrs.field(default=(), converter=_floats)
     #: the attention math's precision (QK^T, PV): "auto" = from the KV cache formats; an explicit narrower
     #: one also narrows a wider KV cache to what the kernel reads (FP8 attention keeps an FP8 cache)
     attention_precision: str = attrs.field(default="auto", validator=_one_of(ATTENTION_PRECISIONS))
@@ -73,10 +91,14 @@ class Policies:
     engram_shard: str = attrs.field(default="tp", validator=_one_of(("tp", "world")))
     #: the Engram projection 6144 -> 25600 replicated on every rank or column-split over TP (+ all-gather)
     engram_proj: str = attrs.field(default="replicated", validator=_one_of(("replicated", "tp")))
+    #: contexts beyond the model's max_position_embeddings: refused, or allowed as a what-if (up to
+    #: graphsim.limits.MAX_CONTEXT; the choice is part of every result's identity)
+    beyond_context: str = attrs.field(default="refuse", validator=_one_of(("refuse", "allow")))
 
     @acceptance.validator
     def _acc(self, _, v):
-        require(all(0.0 <= x <= 1.0 for x in v), "policies.acceptance", f"each a_j must lie in [0, 1], got {v}")
+        ok = isinstance(v, tuple) and len(v) <= 1024 and all(isinstance(x, float) and 0.0 <= x <= 1.0 for x in v)
+        require(ok, "policies.acceptance", f"must be numbers a_1..a_D in [0, 1], got {v!r}")
 
     def identity(self) -> dict:
         return attrs.asdict(self)
@@ -159,6 +181,23 @@ def check_policies(model, plan: Plan) -> None:
         hook(plan)
 
 
+def check_context(model, plan: Plan) -> None:
+    """Every request's context (cached + new positions, + a draft block with DSpark) within the model's
+    ``max_position_embeddings`` — or, with ``policies.beyond_context == "allow"``, within graphsim's own bound
+    (:data:`graphsim.limits.MAX_CONTEXT`), reported as a what-if in the plan's identity."""
+    from .limits import MAX_CONTEXT
+
+    allow = plan.policies.beyond_context == "allow"
+    cap = MAX_CONTEXT if allow else model.max_context()
+    ahead = getattr(model.cfg, "dspark_block_size", 0) if plan.policies.dspark == "on" else 0
+    for r in plan.requests:
+        ctx = r.past_tokens + r.new_tokens + ahead
+        if ctx > cap:
+            hint = "" if allow else (f" (the model's max_position_embeddings); policies.beyond_context='allow' "
+                                     f"(--beyond-context) runs it as a what-if up to {MAX_CONTEXT:,}")
+            raise GraphsimError("request.length", f"{r}: context {ctx:,} exceeds {cap:,}{hint}")
+
+
 def check_hardware(plan: Plan, hw: HardwareSpec) -> None:
     """Reject what the chip cannot run: an explicit attention precision needs its own tensor rate (the
     model's derived precisions may fall back, an explicit choice may not)."""
@@ -186,6 +225,7 @@ def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyP
         model = load_model(model)
     model.validate_mapping(plan.mapping)
     check_policies(model, plan)
+    check_context(model, plan)
     check_hardware(plan, hw)
     logical = model.build(plan.kinds, policies=plan.policies, requests=plan.requests)
     pipeline = PassPipeline([*default_passes(model, plan.policies), *extra_passes])

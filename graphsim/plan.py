@@ -7,7 +7,8 @@ from typing import Sequence
 import attrs
 import numpy as np
 
-from .errors import GraphsimError, positive_int, require
+from .errors import GraphsimError, require
+from .limits import MAX_CONTEXT, MAX_RANKS, MAX_REQUESTS, check_int
 from .workload import TIERS, Workload
 
 _REQ = re.compile(r"^(?P<kind>[a-z]+):(?P<len>[^x@+v]+)(?:x(?P<count>[^@+v]+))?(?:v(?P<verify>[^@+]+))?"
@@ -15,13 +16,13 @@ _REQ = re.compile(r"^(?P<kind>[a-z]+):(?P<len>[^x@+v]+)(?:x(?P<count>[^@+v]+))?(
 
 
 def _int_field(text: str, field: str, spec: str) -> int:
-    try:
-        v = int(text.replace("_", "").replace(",", ""))
-    except ValueError:
-        raise GraphsimError(field, f"{text!r} in request {spec!r} is not an integer") from None
-    if v < 0:
-        raise GraphsimError(field, f"must be >= 0 in request {spec!r}, got {v}")
-    return v
+    digits = text.replace("_", "").replace(",", "")
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 18:
+        short = text if len(text) <= 24 else text[:21] + "..."
+        if digits.isascii() and digits.isdigit():
+            raise GraphsimError(field, f"{short!r} in request {spec[:60]!r} is too large (at most {MAX_CONTEXT:,})")
+        raise GraphsimError(field, f"{short!r} in request {spec[:60]!r} is not a non-negative integer")
+    return int(digits)
 
 
 @attrs.frozen
@@ -46,14 +47,15 @@ class Request:
 
     @length.validator
     def _len(self, _, v):
-        positive_int(v, "request.length")
+        check_int("request.length", v, 1, MAX_CONTEXT)
 
     def __attrs_post_init__(self):
-        positive_int(self.count, "request.count")
-        positive_int(self.cached, "request.cached", allow_zero=True)
-        positive_int(self.new, "request.new")
-        positive_int(self.image_tokens, "request.image_tokens", allow_zero=True)
-        positive_int(self.image_patches, "request.image_patches", allow_zero=True)
+        check_int("request.count", self.count, 1, MAX_REQUESTS)
+        check_int("request.cached", self.cached, 0, MAX_CONTEXT)
+        check_int("request.new", self.new, 1, 1024)  # 1 + the verified draft positions
+        check_int("request.image_tokens", self.image_tokens, 0, MAX_CONTEXT)
+        check_int("request.image_patches", self.image_patches, 0, MAX_CONTEXT)
+        require(isinstance(self.swa_cached, bool), "request.swa_cached", f"must be true or false, got {self.swa_cached!r}")
         require(self.tier in TIERS, "request.tier", f"a prefix hit lives in one of {', '.join(TIERS)}, got {self.tier!r}")
         # patches make image tokens; image tokens without patches were encoded by an earlier chunk
         require(self.image_patches == 0 or self.image_tokens > 0, "request.image_patches",
@@ -86,9 +88,13 @@ class Request:
         ``/noswa``: the prefix hit has its global KV but not its SWA cache (a restore). LEN counts text
         tokens; each ``+img:WxH`` adds its image tokens on top (``prefill:2000+img:1024x768`` has
         2000 + 475 new positions), so ``length`` includes them."""
+        if not isinstance(spec, str):
+            raise GraphsimError("request", f"must be a request string or Request, got {type(spec).__name__}")
         m = _REQ.match(spec.strip())
         if not m or m.group("kind") not in ("prefill", "decode"):
-            raise GraphsimError("request", f"{spec!r} is not KIND:LEN[xCOUNT][@CACHED] with KIND prefill|decode")
+            short = spec if len(spec) <= 60 else spec[:57] + "..."
+            raise GraphsimError("request", f"{short!r} is not KIND:LEN[xCOUNT][vK][@CACHED[:TIER][/noswa]][+img:WxH] "
+                                "with KIND prefill or decode")
         n = _int_field(m.group("len"), "request.length", spec)
         c = _int_field(m.group("count"), "request.count", spec) if m.group("count") else 1
         extra = {}
@@ -166,7 +172,8 @@ class ParallelMapping:
 
     def __attrs_post_init__(self):
         for f in ("tp", "dp", "ep", "pp", "cp"):
-            positive_int(getattr(self, f), f"mapping.{f}")
+            check_int(f"mapping.{f}", getattr(self, f), 1, MAX_RANKS)
+        require(self.gpus <= MAX_RANKS, "mapping", f"tp·dp·cp·pp = {self.gpus:,} GPUs; at most {MAX_RANKS:,}")
         require(self.world % self.ep == 0, "mapping.ep",
                 f"ep={self.ep} must divide the tp·dp·cp={self.world} ranks of the MoE side")
 

@@ -55,7 +55,12 @@ DEFAULT_ALGORITHM = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter
 
 def check_algorithms(value) -> tuple:
     """Normalize a {collective: algorithm} choice to sorted pairs, rejecting unknown names."""
-    pairs = tuple(sorted(dict(value).items())) if value else ()
+    if not value:
+        return ()
+    try:
+        pairs = tuple(sorted((str(k), v) for k, v in dict(value).items()))
+    except (TypeError, ValueError):
+        raise GraphsimError("policies.algorithms", f"must map collective -> algorithm, got {value!r}") from None
     for coll, algo in pairs:
         require(coll in ALGORITHMS, "policies.algorithms", f"unknown collective {coll!r}; known: {sorted(ALGORITHMS)}")
         require(algo in ALGORITHMS[coll], f"policies.algorithms.{coll}",

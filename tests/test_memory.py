@@ -18,10 +18,10 @@ def test_per_layer_kv_sums_to_the_capacity(n):
 
 def test_pipeline_stage_holds_its_owners_and_copies_of_what_it_reads():
     # N = 131072, pp = 4 (10 layers per stage): stage 0 owns layers 2 and 8 (m=2: 65,536 entries x 356 B
-    # each = 22.25 MiB); stage 3 owns nothing but its layers read layer 20's KV (131,072 x 356 B = 44.5 MiB),
-    # kept as a copy; every stage holds 10 SWA windows (10 x 128 x 512 B)
-    n, swa = 131072, 10 * 128 * 512 / MiB
-    assert kv_per_device(M, n, gs.ParallelMapping(pp=4)) / MiB == pytest.approx(44.5 + swa)
+    # each = 22.25 MiB, + a [2,512] fp32 kv and score buffer each, §12); stage 3 owns nothing but its layers
+    # read layer 20's KV (131,072 x 356 B = 44.5 MiB), kept as a copy; every stage holds 10 SWA windows
+    n, swa, state = 131072, 10 * 128 * 512 / MiB, 2 * 2 * 2 * 512 * 4 / MiB
+    assert kv_per_device(M, n, gs.ParallelMapping(pp=4)) / MiB == pytest.approx(44.5 + state + swa)
     whole = M.kv_capacity(n).total
     assert kv_per_device(M, n, gs.ParallelMapping()) == whole
     assert kv_per_device(M, n, gs.ParallelMapping(pp=4)) > whole / 4  # not an even split of a shared cache

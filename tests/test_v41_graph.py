@@ -95,7 +95,8 @@ def test_layers_and_memory_cli(capsys):
     d = json.loads(capsys.readouterr().out)
     # V41_FACTS §8: 890.00 MiB global + 2.50 MiB SWA = 892.50 MiB at N = 1,048,576
     assert d["kv_capacity"]["global_bytes"] == 890 * 2**20
-    assert d["kv_capacity"]["total_bytes"] == 892.5 * 2**20
+    assert d["kv_capacity"]["global_bytes"] + d["kv_capacity"]["swa_bytes"] == 892.5 * 2**20
+    assert d["kv_capacity"]["total_bytes"] == 892.5 * 2**20 + 3 * 8192  # + the m=2 owners' state buffers
     assert d["weights"]["bytes_by_group"]["engram"] > 202_758_032_400  # tables + projections (§6)
 
 

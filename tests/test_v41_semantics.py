@@ -209,8 +209,10 @@ def test_kv_golden_at_1m(cfg):
     assert k.main_kv_bytes == 2_621_440 * 288 and k.index_k_bytes == 2_621_440 * 68
     assert k.global_bytes / MiB == 890.0  # §8 890.00 MiB global
     assert k.swa_bytes / MiB == 2.5  # §8 2.50 MiB SWA
-    assert k.partial_group_bytes == 0  # even N: no unfinished m=2 group
-    assert k.total / MiB == 892.5  # §8 892.50 MiB
+    assert (k.global_bytes + k.swa_bytes) / MiB == 892.5  # §8 892.50 MiB
+    # §12 [2,512] fp32 kv and score buffers per m=2 owner (3 owners), allocated per request
+    assert k.partial_group_bytes == 3 * 2 * 2 * 512 * 4
+    assert k.total == 892.5 * MiB + 3 * 8192
 
 
 def test_global_slope(cfg):
@@ -224,8 +226,8 @@ def test_entries_floor_per_owner(cfg, n):
     k = m.kv_capacity(cfg, n)  # §8 C(N) = 3·⌊N/2⌋ + N, floored per owner (not ⌊2.5·N⌋)
     assert k.global_entries == 3 * (n // 2) + n
     assert k.main_kv_bytes + k.index_k_bytes == (3 * (n // 2) + n) * 356
-    # §8/§12: each m=2 owner holds one pending position's fp32 kv+score state when N is odd; m=1 none.
-    assert k.partial_group_bytes == (n % 2) * 3 * 4096
+    # §8/§12: each m=2 owner holds a [2,512] fp32 kv and score buffer per request (N > 0); m=1 none.
+    assert k.partial_group_bytes == (n > 0) * 3 * 2 * 2 * 512 * 4
 
 
 def test_odd_n_is_not_proportional(cfg):

@@ -124,12 +124,14 @@ def test_kv_capacity(cfg):
     assert k.swa_bytes == 43 * 128 * 584
     assert v4.kv_bytes_per_token(cfg) == 21 * (584 + 132) / 4 + 20 * 584 / 128 == 3850.25
     assert v4.kv_capacity(cfg, 100, mtp=True).swa_bytes == 44 * 100 * 584
-    # partial groups: N = 5 leaves 1 pending position in every CSA group, 5 in every HCA group, and CSA
-    # carries the last full group's overlap plane (4 rows) for the main KV and for its indexer.
-    row = lambda w: 2 * 4 * w  # noqa: E731  kv + score planes, fp32
-    csa = (1 * 2 * row(512) + 4 * row(512)) + (1 * 2 * row(128) + 4 * row(128))
-    hca = 5 * row(512)
-    assert v4.kv_capacity(cfg, 5).partial_group_bytes == 21 * csa + 20 * hca
+    # compressor state: kv and score buffers of [coff·m, coff·width] fp32 per request — CSA (coff 2, m 4)
+    # for the main KV and for its indexer, HCA (coff 1, m 128) — whatever is pending
+    buf = lambda coff, m, w: 2 * coff * m * coff * w * 4  # noqa: E731
+    csa = buf(2, 4, 512) + buf(2, 4, 128)
+    hca = buf(1, 128, 512)
+    for n in (5, 127, 128, 4096):
+        assert v4.kv_capacity(cfg, n).partial_group_bytes == 21 * csa + 20 * hca
+    assert v4.kv_capacity(cfg, 0).partial_group_bytes == 0
     assert v4.kv_capacity(cfg, 3).global_entries == 0
 
 

@@ -45,6 +45,14 @@ class Model:
             out = wider(out, fmt(f).compute)
         return out
 
+    def max_context(self) -> int:
+        """Longest context the model was built for (``max_position_embeddings``; the graphsim bound when the
+        config has none): requests beyond it are refused unless the plan allows beyond-context what-ifs."""
+        from ..limits import MAX_CONTEXT
+
+        cfg = getattr(self, "cfg", None)
+        return int(getattr(cfg, "max_position", None) or getattr(cfg, "max_position_embeddings", None) or MAX_CONTEXT)
+
     def residual_bytes_per_token(self) -> float:
         """The residual state one token carries from layer to layer, in BF16 (mHC keeps ``hc_mult`` streams):
         what a pipeline stage sends on and what a scattered layer gathers back."""

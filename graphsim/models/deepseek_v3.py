@@ -3,10 +3,14 @@ cache), dense first layers, MoE with a sigmoid router, routed top-k + shared exp
 MTP is off (its module is not part of the 671 B trunk)."""
 from __future__ import annotations
 
+from typing import Mapping
+
 import attrs
 
 from ..builder import GraphBuilder
 from ..config import kv_cache_format, need, text_config
+from ..errors import require
+from ..limits import MAX_CONTEXT
 from ..ir import CommSpec, Cost, Feature, Tensor, fmt
 from ..plan import ParallelMapping
 from .base import (
@@ -43,18 +47,31 @@ class V3Config:
     top_k: int
     vocab: int
     weight_block: tuple
+    max_position: int = MAX_CONTEXT
+
+    def __attrs_post_init__(self):
+        require(self.dense_layers <= self.layers, "config.first_k_dense_replace",
+                f"must be <= num_hidden_layers ({self.layers}), got {self.dense_layers}")
+        require(self.top_k <= self.experts, "config.num_experts_per_tok",
+                f"must be <= n_routed_experts ({self.experts}), got {self.top_k}")
 
     @staticmethod
     def from_dict(cfg: dict) -> "V3Config":
         t = text_config(cfg)
         q = t.get("quantization_config", cfg.get("quantization_config", {})) or {}
-        block = tuple(q.get("weight_block_size", (128, 128)))
+        require(isinstance(q, Mapping), "config.quantization_config", f"must be an object, got {type(q).__name__}")
+        block = q.get("weight_block_size", (128, 128))
+        require(isinstance(block, (list, tuple)) and len(block) == 2 and all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 < x <= 1 << 16 for x in block),
+            "config.quantization_config.weight_block_size", f"must be two positive integers, got {block!r}")
+        block = tuple(block)
         return V3Config(
-            need(t, "hidden_size"), need(t, "num_hidden_layers"), need(t, "first_k_dense_replace"),
+            need(t, "hidden_size"), need(t, "num_hidden_layers"), need(t, "first_k_dense_replace", lo=0),
             need(t, "num_attention_heads"), need(t, "q_lora_rank"), need(t, "kv_lora_rank"),
             need(t, "qk_nope_head_dim"), need(t, "qk_rope_head_dim"), need(t, "v_head_dim"),
             need(t, "intermediate_size"), need(t, "moe_intermediate_size"), need(t, "n_routed_experts"),
-            need(t, "n_shared_experts"), need(t, "num_experts_per_tok"), need(t, "vocab_size"), block)
+            need(t, "n_shared_experts", lo=0), need(t, "num_experts_per_tok"), need(t, "vocab_size"), block,
+            need(t, "max_position_embeddings", default=MAX_CONTEXT))
 
     @property
     def qk_dim(self) -> int:

@@ -17,6 +17,7 @@ import attrs
 
 from graphsim.errors import require
 from graphsim.ir import Tensor, fmt
+from graphsim.limits import MAX_CONTEXT
 
 from .deepseek_v41 import (
     KVCapacity,
@@ -61,6 +62,7 @@ class V4Config:
     hc_sinkhorn_iters: int = _f("int")
     num_nextn_predict_layers: int = _f("int")
     tie_word_embeddings: bool = _f("bool", False)
+    max_position_embeddings: int = _f("int", MAX_CONTEXT)
 
     dense_format: str = "fp8_b128x128"  # from quantization_config (see _assumptions.scale_fmt)
     expert_format: str = "fp4_ue8m0_32"
@@ -327,12 +329,13 @@ def swa_entry_bytes(cfg: V4Config) -> float:
 
 
 def _state_bytes(cfg: V4Config, m: int, width: int, n_tokens: int) -> float:
-    """fp32 kv + score planes of the pending positions; CSA also carries the last full group's overlap
-    plane (m rows) into the next overlapping window."""
-    row = 2 * fmt(cfg.compressor_state_format).nbytes(width)  # one plane-width, kv + score
-    pending = (n_tokens % m) * cfg.coff(m) * row
-    carry = m * row if cfg.coff(m) == 2 and n_tokens >= m else 0
-    return pending + carry
+    """The fp32 kv and score state buffers a compressor allocates per request: [coff·m, coff·width] each
+    (the reference Compressor's ``kv_state``/``score_state``; CSA's coff = 2 holds the overlapping window),
+    whatever number of positions is pending — so capacity is monotone in N."""
+    if n_tokens <= 0:
+        return 0.0
+    c = cfg.coff(m)
+    return 2 * (c * m) * fmt(cfg.compressor_state_format).nbytes(c * width)
 
 
 def kv_capacity(cfg: V4Config, n_tokens: int, *, mtp: bool = False) -> KVCapacity:
@@ -345,6 +348,8 @@ def kv_capacity(cfg: V4Config, n_tokens: int, *, mtp: bool = False) -> KVCapacit
     total = sum(e for _, e in entries)
     partial = sum(_state_bytes(cfg, li.ratio, cfg.head_dim, n_tokens) for li in owners)
     partial += sum(_state_bytes(cfg, li.ratio, cfg.index_head_dim, n_tokens) for li in owners if li.attn == "csa")
+    pending = sum((n_tokens % li.ratio) * cfg.coff(li.ratio) * 2 * fmt(cfg.compressor_state_format).nbytes(
+        cfg.coff(li.ratio) * (cfg.head_dim + (cfg.index_head_dim if li.attn == "csa" else 0))) for li in owners)
     swa_layers = cfg.num_hidden_layers + (len(cfg.mtp_ratios) if mtp else 0)
     return KVCapacity(
         n_tokens=n_tokens,
@@ -354,6 +359,7 @@ def kv_capacity(cfg: V4Config, n_tokens: int, *, mtp: bool = False) -> KVCapacit
         index_k_bytes=csa_entries * index_k_entry_bytes(cfg),
         swa_bytes=swa_layers * min(n_tokens, cfg.sliding_window) * swa_entry_bytes(cfg),
         partial_group_bytes=partial,
+        pending_bytes=pending,
     )
 
 

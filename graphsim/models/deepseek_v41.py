@@ -14,10 +14,11 @@ How this reading differs from the facts, and how it was resolved
   (patch embed 0.6 M + 32 blocks × 12.85 M + aligner 73.4 M), which rounds to 0.5 B. A 1 % band cannot
   be applied to a one-digit figure, so the test checks the rounding interval instead.
 * Partial-group state (§8 "an unfinished compression group holds state too", §12 "[2,512] fp32 per
-  request"): read as the kv plane and the score (gate) plane of the one pending token of an m=2 owner,
-  each ``head_dim`` fp32 wide, as the reference Compressor keeps ``kv_state``/``score_state``. Charged per
-  pending position, i.e. (N mod m) × 2 × 512 × 4 B per m>1 owner; m=1 owners complete a group with every
-  token and hold none. Even N gives 0, so the §8 goldens are unchanged.
+  request"): the reference Compressor keeps a ``kv_state`` and a ``score_state`` buffer of [m, head_dim]
+  fp32 per request ([2,512] each for m=2) — allocated for the whole group whether 0 or m-1 positions are
+  pending, so cache capacity is monotone in N. Capacity charges the buffers (2 × m × 512 × 4 = 8,192 B per
+  m>1 owner and request); traffic (restores, commits) moves only the pending rows. m=1 owners complete a
+  group with every token and hold none. The §8 goldens (global + SWA) are unchanged.
 * The talk notes (seed 003) say every Decoder layer gets its own projected KV ("每層擁有獨立 KV"); the
   public config has a single Decoder KV source. The config (and seed 000) wins: one Decoder owner.
 * "active ≈ 377 M per trunk layer" counts attention + 6 routed + 1 shared expert + gate + mHC; it excludes
@@ -36,6 +37,7 @@ import attrs
 
 from graphsim.errors import GraphsimError, require
 from graphsim.ir import FORMATS, Tensor, fmt
+from graphsim.limits import MAX_LAYERS, check_config_int, check_number
 
 # --------------------------------------------------------------------------------------------------
 # Parsing helpers (shared with deepseek_v4)
@@ -56,16 +58,18 @@ def _is_int(v) -> bool:
 
 def _parse(value, kind: str, field: str):
     """Check ``value`` against ``kind``; return it normalised (lists become tuples)."""
+    name = field.rsplit(".", 1)[-1]
     if kind == "int" and _is_int(value):
-        return value
+        return check_config_int(field, name, value)
     if kind == "float" and (_is_int(value) or isinstance(value, float)):
-        return float(value)
+        return check_number(field, value)
     if kind == "str" and isinstance(value, str):
         return value
     if kind == "bool" and isinstance(value, bool):
         return value
     if kind == "ints" and isinstance(value, (list, tuple)) and all(_is_int(v) for v in value):
-        return tuple(value)
+        require(len(value) <= MAX_LAYERS + 64, field, f"at most {MAX_LAYERS + 64} entries, got {len(value)}")
+        return tuple(check_config_int(f"{field}[{i}]", name, v) for i, v in enumerate(value))
     if kind == "format" and isinstance(value, str):
         require(value in FORMATS, field, f"unknown storage format {value!r}; known: {sorted(FORMATS)}")
         return value
@@ -219,7 +223,7 @@ class V41Config:
     confidence_format: str = _f("format", "fp32")  # §12: DSpark confidence head fp32
     embed_format: str = _f("format", "bf16")  # embedding and LM head
     compressor_state_format: str = _f("format", "fp32")  # §12: partial-group state is fp32
-    # §12 "[2,512]": the pending token's kv plane and score plane (see module docstring).
+    # §12 "[2,512]": a kv plane and a score plane per group row (see module docstring).
     compressor_state_planes: int = _f("int", 2)
 
     # ---- [reconstructed]: in neither the public config nor the facts ----------------------------
@@ -712,7 +716,9 @@ class KVCapacity:
     main_kv_bytes: float
     index_k_bytes: float
     swa_bytes: float
-    partial_group_bytes: float  #: fp32 state of unfinished compression groups
+    partial_group_bytes: float  #: fp32 compressor state buffers of the owners that pool groups
+    #: the rows of those buffers that hold pending positions: what a handover or restore moves
+    pending_bytes: float = 0.0
 
     @property
     def global_bytes(self) -> float:
@@ -739,8 +745,14 @@ def swa_entry_bytes(cfg: V41Config) -> float:
 
 
 def compressor_state_row_bytes(cfg: V41Config) -> float:
-    """fp32 kv + score planes of one pending position: 2 × 512 × 4 = 4096 B (§12 "[2,512] fp32")."""
+    """fp32 kv + score planes of one group row: 2 × 512 × 4 = 4096 B (§12 "[2,512] fp32")."""
     return cfg.compressor_state_planes * fmt(cfg.compressor_state_format).nbytes(cfg.head_dim)
+
+
+def compressor_state_bytes(cfg: V41Config, m: int, n_tokens: int) -> float:
+    """The state buffer one pooled (m > 1) owner allocates for a request with positions: m rows of kv +
+    score planes (8,192 B for m = 2), however many of them are pending — capacity is monotone in N."""
+    return m * compressor_state_row_bytes(cfg) if cfg.pooled(m) and n_tokens > 0 else 0.0
 
 
 def kv_capacity(cfg: V41Config, n_tokens: int, *, dspark: bool = False) -> KVCapacity:
@@ -751,7 +763,7 @@ def kv_capacity(cfg: V41Config, n_tokens: int, *, dspark: bool = False) -> KVCap
     entries = tuple((li.layer, n_tokens // li.ratio) for li in owners)
     total = sum(e for _, e in entries)
     swa_layers = cfg.num_hidden_layers + (cfg.n_dspark_blocks if dspark else 0)
-    pending = sum(n_tokens % li.ratio for li in owners if cfg.pooled(li.ratio))
+    state = sum(compressor_state_bytes(cfg, li.ratio, n_tokens) for li in owners)
     return KVCapacity(
         n_tokens=n_tokens,
         entries=entries,
@@ -759,7 +771,8 @@ def kv_capacity(cfg: V41Config, n_tokens: int, *, dspark: bool = False) -> KVCap
         main_kv_bytes=total * main_kv_entry_bytes(cfg),
         index_k_bytes=total * index_k_entry_bytes(cfg),
         swa_bytes=swa_layers * min(n_tokens, cfg.sliding_window) * swa_entry_bytes(cfg),
-        partial_group_bytes=pending * compressor_state_row_bytes(cfg),
+        partial_group_bytes=state,
+        pending_bytes=sum(n_tokens % li.ratio for li in owners if cfg.pooled(li.ratio)) * compressor_state_row_bytes(cfg),
     )
 
 

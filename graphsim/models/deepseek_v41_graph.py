@@ -82,11 +82,10 @@ class DeepSeekV41(Model):
         return self.build(("prefill", "decode"), policies=pol, requests=reqs)
 
     def owner_kv_bytes(self, context: int, layer: int) -> float:
-        """Global KV one owner layer holds for one request (main + index K + pending compressor state)."""
+        """Global KV one owner layer holds for one request (main + index K + its compressor state buffer)."""
         c, m = self.cfg, self.layers[layer].ratio
         per = self.sem.main_kv_entry_bytes(c) + self.sem.index_k_entry_bytes(c)
-        pending = (context % m) * self.sem.compressor_state_row_bytes(c) if c.pooled(m) else 0.0
-        return (context // m) * per + pending
+        return (context // m) * per + self.sem.compressor_state_bytes(c, m, context)
 
     def kv_bytes_by_layer(self, context: int, policies=None) -> dict:
         """One request's KV per layer: SWA on every trunk layer, global KV on its owners, DSpark's SWA blocks

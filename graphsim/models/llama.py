@@ -5,7 +5,8 @@ import attrs
 
 from ..builder import GraphBuilder
 from ..config import kv_cache_format, need, text_config
-from ..errors import GraphsimError
+from ..errors import GraphsimError, require
+from ..limits import MAX_CONTEXT
 from ..ir import Feature, Tensor, fmt
 from ..plan import ParallelMapping
 from .base import (
@@ -33,16 +34,20 @@ class LlamaConfig:
     head_dim: int
     vocab: int
     tie_embeddings: bool = False
+    max_position: int = MAX_CONTEXT
 
     @staticmethod
     def from_dict(cfg: dict) -> "LlamaConfig":
         t = text_config(cfg)
         heads = need(t, "num_attention_heads")
         hidden = need(t, "hidden_size")
-        head_dim = t.get("head_dim", hidden // heads)
+        head_dim = need(t, "head_dim", default=max(hidden // heads, 1))
+        kv_heads = need(t, "num_key_value_heads", default=heads)
+        require(heads % kv_heads == 0, "config.num_key_value_heads",
+                f"must divide num_attention_heads ({heads}), got {kv_heads}")
         return LlamaConfig(hidden, need(t, "intermediate_size"), need(t, "num_hidden_layers"), heads,
-                           t.get("num_key_value_heads", heads), head_dim, need(t, "vocab_size"),
-                           bool(t.get("tie_word_embeddings", False)))
+                           kv_heads, head_dim, need(t, "vocab_size"), bool(t.get("tie_word_embeddings", False)),
+                           need(t, "max_position_embeddings", default=MAX_CONTEXT))
 
 
 class LlamaModel(Model):

@@ -1,0 +1,294 @@
+"""Hypothesis strategies for malformed (and well-formed) graphsim inputs, by family: request strings and plans
+through the API, CLI argument vectors, HF config dicts, hardware and profile TOML files, sweep specs.
+
+Every strategy mixes valid values (so inputs reach deep code) with the values careless users and scripts
+produce: zero, negatives, huge and 2^53+1 integers, inf/NaN, booleans, strings, containers, 300-character
+names, non-UTF-8 bytes, truncated files. Inputs never write outside a temporary directory (``{tmp}``),
+except ``/dev/full`` (a full device) and directories used as outputs."""
+from __future__ import annotations
+
+import json
+import re
+from importlib.resources import files
+
+from hypothesis import strategies as st
+
+MODELS = ("deepseek-v3", "deepseek-v4.1-flash", "deepseek-v4-flash", "llama-3.1-70b")
+HWS = ("gb200", "gb300", "b200", "h200", "h100", "h800")
+WEIRD = (0, -1, 1, 2, 3, 7, 64, 127, 128, 129, 1000, 2**31, 2**53 + 1, 10**30, 10**200, 1.5, -2.5, 1e9, 1e18,
+         float("inf"), float("-inf"), float("nan"), True, False, None, "", "x", "1e3", [], {}, [1], {"a": 1})
+
+weird = st.sampled_from(WEIRD)
+
+
+def rare(draw, n: int) -> bool:
+    """True one time in n+1. (Hypothesis starts from, and shrinks toward, the smallest draw: the common case
+    must be the small one, or early inputs would all take the rare branch.)"""
+    return draw(st.integers(0, n)) == n
+small = st.integers(-3, 300)
+ints = st.one_of(small, small, st.integers(-(2**70), 2**70), st.sampled_from([2**53 + 1, 10**200, 4294967296]))
+anything = st.one_of(ints, weird, st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12))
+name = st.one_of(st.sampled_from(MODELS), st.sampled_from(MODELS), st.just("x" * 300), st.text(max_size=10),
+                 st.just("../../etc/passwd"), st.just("deepseek-v3.json"))
+hw_name = st.one_of(st.sampled_from(HWS), st.sampled_from(HWS), st.text(max_size=8), st.just("/"), st.just("x.toml"))
+num_text = st.one_of(ints.map(str), st.sampled_from(["", "abc", "1e3", "1_000", "1,000", "-0", "9" * 200, "0x1F",
+                                                      " 5", "½", "inf", "nan", "2.5"]))
+
+
+@st.composite
+def request_string(draw) -> str:
+    """``KIND:LEN[xCOUNT][vK][@CACHED[:TIER][/noswa]][+img:WxH]``, each part possibly malformed."""
+    kind = draw(st.sampled_from(["prefill", "decode", "prefill", "decode", "Prefill", "encode", ""]))
+    ln = draw(st.one_of(st.integers(1, 200_000).map(str), num_text))
+    s = f"{kind}{ln}" if rare(draw, 20) else f"{kind}:{ln}"
+    if draw(st.booleans()):
+        s += "x" + draw(st.one_of(st.integers(1, 256).map(str), num_text))
+    if kind == "decode" and rare(draw, 4):
+        s += "v" + draw(st.one_of(st.integers(0, 6).map(str), num_text))
+    if rare(draw, 3):
+        s += "@" + draw(st.one_of(st.integers(0, 200_000).map(str), num_text))
+        if draw(st.booleans()):
+            s += ":" + draw(st.sampled_from(["hbm", "host", "disk", "tape", ""]))
+        if draw(st.booleans()):
+            s += draw(st.sampled_from(["/noswa", "/swa", "/"]))
+    if rare(draw, 8):
+        s += "+img:" + draw(st.sampled_from(["1024x768", "224x224", "0x0", "-1x5", "axb", "99999x99999", "14"]))
+    return s
+
+
+POLICY_VALUES = {
+    "decoder_replay": ["off", "sglang", "paper"], "encoder_replay": ["on", "off"],
+    "fusion": ["unfused", "two-pass", "single-pass"], "overlap": ["none", "two-batch"], "engram": ["hbm", "host"],
+    "prefetch_distance": [0, 1, 2, 8], "dspark": ["off", "on"], "replay_window": [1, 64, 128],
+    "ep_imbalance": [1.0, 1.5, 4.0], "pp_micro_batches": [0, 1, 2, 4, 64],
+    "attention_precision": ["auto", "bf16", "fp8", "fp4"], "sp": ["off", "on"], "engram_shard": ["tp", "world"],
+    "engram_proj": ["replicated", "tp"], "acceptance": [[0.8] * 5, [0.9, 0.8]],
+    "algorithms": [{"all_reduce": "tree"}, {"all_to_all": "direct"}, {"x": "y"}],
+}
+
+
+@st.composite
+def policies(draw) -> dict:
+    out = {}
+    for field in draw(st.lists(st.sampled_from(sorted(POLICY_VALUES)), max_size=3, unique=True)):
+        out[field] = draw(st.one_of(st.sampled_from(POLICY_VALUES[field]), st.sampled_from(POLICY_VALUES[field]),
+                                    weird))
+    return out
+
+
+@st.composite
+def mapping(draw) -> dict:
+    out = {}
+    for ax in draw(st.lists(st.sampled_from(["tp", "dp", "ep", "pp", "cp"]), max_size=3, unique=True)):
+        out[ax] = draw(st.one_of(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 4, 8]), ints, weird))
+    return out
+
+
+@st.composite
+def api_case(draw) -> dict:
+    return {"model": draw(st.one_of(st.sampled_from(MODELS), name)), "hw": draw(hw_name),
+            "requests": draw(st.lists(request_string(), max_size=3)), "mapping": draw(mapping()),
+            "policies": draw(policies())}
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------------
+
+OUTPUTS = ["{tmp}/out.svg", "{tmp}/out.dot", "{tmp}/trace.json", "{tmp}", "{tmp}/missing/dir/x.png", "/dev/full",
+           "/", "{tmp}/r.parquet", "{tmp}/r.csv", "{tmp}/x.txt", "{tmp}/p.png"]
+RESULTS_CSV = ("mapping,decode.count,decode.context,forward_s,tokens_per_s_per_gpu,tokens_per_s_per_user,error\n"
+               "tp4,8,1024,0.01,1000,100,\ntp4,64,1024,0.02,4000,50,\ntp8,8,4096,0.015,900,90,\n")
+WHERE = ["`decode.count` == 64", "forward_s > 0.01 and mapping == 'tp4'", "@df.to_pickle('{tmp}/pwned')",
+         "__import__('os').system('touch {tmp}/pwned')", "decode.count >", "nonexistent == 3", "", "((("]
+
+
+def _plan_flags(draw) -> list:
+    argv = ["--model", draw(st.one_of(st.sampled_from(MODELS), name)), "--hw", draw(hw_name)]
+    for ax in draw(st.lists(st.sampled_from(["--tp", "--dp", "--ep", "--pp", "--cp"]), max_size=2, unique=True)):
+        argv += [ax, draw(st.one_of(st.sampled_from(["1", "2", "4", "8"]), num_text))]
+    for _ in range(draw(st.integers(0, 2))):
+        flag, vals = draw(st.sampled_from([
+            ("--decoder-replay", ["sglang", "paper", "on"]), ("--fusion", ["single-pass", "x"]),
+            ("--overlap", ["two-batch"]), ("--engram", ["host"]), ("--dspark", ["on"]),
+            ("--ep-imbalance", ["1.5", "inf", "nan", "-1", "0"]), ("--pp-micro-batches", ["2", "0", "-1", "99999"]),
+            ("--prefetch-distance", ["0", "3", "-2", "x"]), ("--attention-precision", ["fp8", "fp4", "int4"]),
+            ("--sp", ["on"]), ("--engram-shard", ["world"]), ("--algorithm", ["all_reduce=tree", "x", "a=b"]),
+            ("--acceptance", ["0.8,0.7,0.6,0.5,0.4", "a,b", "2,3"]), ("--verify", ["2", "-1", "9"]),
+            ("--profile", ["practitioner", "nope", "{tmp}/p.toml"])]))
+        argv += [flag, draw(st.sampled_from(vals))]
+    return argv
+
+
+@st.composite
+def cli_case(draw) -> dict:
+    cmd = draw(st.sampled_from(["estimate", "estimate", "estimate", "memory", "layers", "fit", "hw", "ledger",
+                                "graph", "trace", "disagg", "plot", "sweep", "models", "bogus", "--version"]))
+    files: dict = {}
+    if cmd == "estimate":
+        argv = ["estimate", *_plan_flags(draw)]
+        argv += [x for r in draw(st.lists(request_string(), min_size=0, max_size=3)) for x in ("--request", r)]
+        if draw(st.booleans()):
+            argv.append("--json")
+        if rare(draw, 5):
+            argv += ["--chunk", draw(st.sampled_from(["1", "256", "4096", "0", "-5", "x"]))]
+    elif cmd in ("memory", "layers"):
+        argv = [cmd, draw(st.one_of(st.sampled_from(MODELS), name))]
+        if cmd == "memory":
+            argv += ["--context", draw(st.one_of(st.sampled_from(["0", "127", "128", "129", "131072"]), num_text))]
+        if draw(st.booleans()):
+            argv.append("--json")
+    elif cmd == "fit":
+        argv = ["fit", *_plan_flags(draw)[:4]]
+        for flag in draw(st.lists(st.sampled_from(["--context", "--batch", "--reserve-gib", "--pp", "--tp"]),
+                                  max_size=3, unique=True)):
+            argv += [flag, draw(st.one_of(st.sampled_from(["1", "2", "8", "4096", "inf", "nan", "-3"]), num_text))]
+        if draw(st.booleans()):
+            argv.append("--json")
+    elif cmd == "hw":
+        argv = ["hw", draw(st.sampled_from(["list", "show", "show", "frob"]))]
+        if argv[1] == "show":
+            argv.append(draw(hw_name))
+        if draw(st.booleans()):
+            argv.append("--json")
+    elif cmd == "ledger":
+        argv = ["ledger", "--model", draw(st.one_of(st.sampled_from(MODELS), name))]
+        argv += [x for r in draw(st.lists(request_string(), min_size=1, max_size=2)) for x in ("--request", r)]
+        if draw(st.booleans()):
+            argv += ["--chunk", draw(st.sampled_from(["1", "128", "0", "x"]))]
+    elif cmd in ("graph", "trace"):
+        argv = [cmd, *_plan_flags(draw), "--request", draw(request_string()), "-o", draw(st.sampled_from(OUTPUTS))]
+    elif cmd == "disagg":
+        argv = ["disagg", "--model", draw(st.sampled_from(MODELS)), "--isl", draw(num_text), "--osl", draw(num_text),
+                "--prefill", draw(st.sampled_from(["dp=8,ep=8", "tp=4", "x", "tp=0", ""])),
+                "--decode", draw(st.sampled_from(["dp=8,ep=8", "tp=4", "tp=3", "q=1"]))]
+    elif cmd == "plot":
+        files["r.csv"] = RESULTS_CSV
+        argv = ["plot", "{tmp}/r.csv", "--kind", draw(st.sampled_from(["latency", "pareto", "kinds", "memory", "nope"])),
+                "-o", draw(st.sampled_from(OUTPUTS))]
+        if draw(st.booleans()):
+            argv += ["--where", draw(st.sampled_from(WHERE))]
+    elif cmd == "sweep":
+        text, ext = draw(sweep_text())
+        files["spec" + ext] = text
+        argv = ["sweep", "{tmp}/spec" + ext, "-o", draw(st.sampled_from(OUTPUTS)), "--no-progress"]
+    elif cmd == "--version":
+        argv = ["--version"]
+    else:
+        argv = [cmd] + draw(st.lists(st.text(max_size=6), max_size=2))
+    if cmd in ("estimate", "fit") and rare(draw, 6):
+        files["p.toml"] = draw(toml_text("profile"))
+    return {"argv": argv, "files": files}
+
+
+# --------------------------------------------------------------------------------------------------
+# Configs, TOMLs, sweep specs
+# --------------------------------------------------------------------------------------------------
+
+def _shipped_config(model: str) -> dict:
+    from graphsim.config import load_config
+
+    return load_config(model)
+
+
+@st.composite
+def config_case(draw) -> tuple:
+    base = draw(st.sampled_from(MODELS))
+    cfg = json.loads(json.dumps(_shipped_config(base)))
+    if rare(draw, 30):
+        return base, draw(st.sampled_from([[], "x", 3, None, [cfg]]))
+    section = cfg.get("text_config", cfg)
+    keys = sorted(k for k in section if not k.startswith("_"))
+    for _ in range(draw(st.integers(1, 3))):
+        key = draw(st.sampled_from(keys))
+        op = draw(st.integers(0, 5))
+        if op == 5:
+            section.pop(key, None)
+        elif isinstance(section.get(key), list) and section[key] and op < 2:
+            lst = list(section[key])
+            i = draw(st.integers(0, len(lst) - 1))
+            lst[i] = draw(anything)
+            section[key] = lst if op == 0 else lst[: draw(st.integers(0, len(lst)))]
+        elif isinstance(section.get(key), int) and op < 3:
+            section[key] = draw(st.sampled_from([0, -1, -section[key], section[key] * 1000, 10**9, 2**53 + 1, 1]))
+        else:
+            section[key] = draw(anything)
+    if rare(draw, 6) and "quantization_config" in cfg:
+        cfg["quantization_config"] = draw(st.sampled_from([None, [], {"quant_method": "fp8"},
+                                                           {"kv_cache_quant_algo": draw(st.sampled_from(["FP8", "x", 3]))}]))
+    return base, cfg
+
+
+def _shipped_toml(kind: str, name: str) -> str:
+    folder = files("graphsim.hw") / "data"
+    return ((folder / "profiles" / f"{name}.toml") if kind == "profile" else (folder / f"{name}.toml")).read_text()
+
+
+@st.composite
+def toml_text(draw, kind: str):
+    text = _shipped_toml(kind, "practitioner" if kind == "profile" else draw(st.sampled_from(HWS)))
+    lines = text.splitlines()
+    values = [i for i, ln in enumerate(lines) if re.match(r"^\w+ = ", ln)]
+    for _ in range(draw(st.integers(1, 3))):
+        i = draw(st.sampled_from(values))
+        key = lines[i].split(" = ")[0]
+        op = draw(st.integers(0, 4))
+        if op == 4:
+            lines[i] = ""
+        elif op == 3:
+            lines[i] = f"{key} = {key}"
+        else:
+            v = draw(st.sampled_from(["0", "-1", "1e400", "inf", "nan", "-inf", '"fast"', "true", "[]", "{}", "1e-30",
+                                      "1e30", "0.5", "2", "99999999999999999999999"]))
+            lines[i] = f"{key} = {v}"
+    if rare(draw, 8):
+        lines.append(draw(st.sampled_from(["bogus = 1", "[peak_flops]\nfp2 = 1e15", "name = 3", "[[x]]"])))
+    out = "\n".join(lines)
+    if rare(draw, 10):
+        out = out[: draw(st.integers(0, len(out)))]
+    if rare(draw, 15):
+        return out.encode() + b"\xff\xfe\x00"
+    return out
+
+
+@st.composite
+def sweep_spec(draw) -> dict:
+    kind = draw(st.sampled_from(["decode", "prefill", "prefill+decode", "x"]))
+    structure = {"model": draw(st.one_of(st.sampled_from(MODELS[::3]), st.sampled_from(MODELS), name)),
+                 "hw": draw(st.one_of(st.sampled_from(HWS), hw_name)), "requests": kind}
+    if draw(st.booleans()):
+        structure["mapping"] = draw(st.one_of(mapping(), st.sampled_from(["tp4-ep4", "tp3", "x", 4])))
+    if draw(st.booleans()):
+        structure["policies"] = draw(policies())
+    axis_names = ["decode.count", "decode.context", "decode.new", "prefill.prompt", "prefill.cached",
+                  "prefill.count", "prefill.tier", "hw.hbm_bw", "hw.exp_rate", "hw.nvlink_domain", "profile.hbm", "x.y"]
+    axes = {}
+    for ax in draw(st.lists(st.sampled_from(axis_names), max_size=3, unique=True)):
+        axes[ax] = draw(st.one_of(
+            st.lists(st.one_of(st.sampled_from([1, 8, 64, 1024, 4096]), ints, weird), min_size=1, max_size=4),
+            st.sampled_from([{"start": 1, "stop": 4096, "num": 3}, {"start": 1, "stop": 9}, {"start": 5, "stop": 1,
+                             "num": 10**12}, [], "x", 3])))
+    for need, default in (("decode.context", [1024]), ("prefill.prompt", [2048])):
+        if need.split(".")[0] in kind and need not in axes and not rare(draw, 5):
+            axes[need] = default
+    spec = {"name": "fz", "structure": structure, "axes": axes}
+    if rare(draw, 8):
+        spec[draw(st.sampled_from(["zip", "outputs", "chunk", "bogus"]))] = draw(st.one_of(anything, st.just(["kinds"])))
+    return spec
+
+
+@st.composite
+def sweep_text(draw) -> tuple:
+    spec = draw(sweep_spec())
+    ext = draw(st.sampled_from([".json", ".json", ".toml", ".yaml", ".txt"]))
+    text = json.dumps(spec, default=str)
+    if ext == ".yaml":
+        text = draw(st.sampled_from([text, "- a\n- b\n", "a: [1, 2\n", "just a string", "structure: 3\n"]))
+    elif ext == ".toml":
+        text = draw(st.sampled_from(['name = "t"\n[structure]\nmodel = "deepseek-v3"\nrequests = "decode"\n'
+                                     '[axes]\n"decode.context" = [1024]\n', "x = [", "[structure]\nmodel = 3\n"]))
+    if rare(draw, 8):
+        text = text[: draw(st.integers(0, len(text)))]
+    if rare(draw, 15):
+        return text.encode() + b"\xff\xfe", ext
+    return text, ext
