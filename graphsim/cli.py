@@ -113,13 +113,16 @@ def _estimate_chunked(a) -> None:
 def cmd_graph(a) -> None:
     from .exports.dot import render_svg, to_dot
 
+    from .outputs import output_path, write_text
+
+    if a.output:
+        output_path(a.output)  # before the work: a directory or a missing folder fails at once
     c = _compile(a)
     text = to_dot(c.graph, schedule=c.schedule(), collapse_layers=a.collapse)
     if a.output and a.output.endswith(".svg"):
         text = render_svg(text)
     if a.output:
-        with open(a.output, "w") as f:
-            f.write(text)
+        write_text(a.output, text)
         print(f"wrote {a.output} ({len(c.graph.ops)} ops)")
     else:
         sys.stdout.write(text)

@@ -30,20 +30,17 @@ def cmd_plot(a) -> None:
     else:
         if a.kind == "roofline":
             raise GraphsimError("kind", "a roofline needs one plan's schedule: use --model/--request, not a results file")
+        from .outputs import output_path
         from .sweep import read_results
 
+        output_path(a.output, suffixes=plots.IMAGE_SUFFIXES)  # before reading anything
         df = read_results(a.results)
         kw = {"where": a.where}
         if a.kind in ("latency", "memory") and a.x:
             kw["x"] = a.x
         if a.kind == "pareto":
             kw.update({k: v for k, v in (("x", a.x), ("y", a.y), ("color", a.color)) if v})
-        try:
-            path = plots.PLOTS[a.kind](df, a.output, **kw)
-        except Exception as e:  # pandas query / column errors -> one readable line
-            if isinstance(e, GraphsimError):
-                raise
-            raise GraphsimError("plot", f"{type(e).__name__}: {e}") from None
+        path = plots.PLOTS[a.kind](df, a.output, **kw)
     print(f"wrote {path}")
 
 
@@ -57,7 +54,9 @@ def register(sub) -> None:
     p.add_argument("--x", default=None, help="x column (default: the context/prompt axis; pareto: per-user tok/s)")
     p.add_argument("--y", default=None, help="y column (pareto; default tokens_per_s_per_gpu)")
     p.add_argument("--color", default=None, help="column colouring the pareto scatter (default mapping)")
-    p.add_argument("--where", default=None, help="pandas query selecting rows, e.g. \"`decode.count` == 64\"")
+    p.add_argument("--where", default=None,
+                   help="rows to plot: comparisons (== != < <= > >= in) of a column with a number, 'text' or "
+                        "true/false, joined by and/or/not, e.g. \"decode.count == 64 and hw == 'GB200'\"")
     _plan_args(p, requests=False)
     p.add_argument("--request", action="append", default=None, metavar="KIND:LEN[xCOUNT][@CACHED]",
                    help="plan to plot (roofline / kinds without a results file)")

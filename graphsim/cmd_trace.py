@@ -3,6 +3,9 @@ from __future__ import annotations
 
 
 def cmd_trace(a) -> None:
+    from .outputs import output_path
+
+    output_path(a.output)  # before the work
     from .cli import _compile
     from .exports.trace import trace_of, write_trace
 

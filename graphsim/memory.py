@@ -19,6 +19,7 @@ import functools
 import attrs
 import numpy as np
 
+from .errors import GraphsimError
 from .ir import Graph
 from .plan import ParallelMapping
 
@@ -44,7 +45,7 @@ def _trunk_layers(model) -> int:
     for name in ("layers", "num_hidden_layers"):
         if isinstance(getattr(cfg, name, None), int):
             return getattr(cfg, name)
-    raise ValueError(f"{model.name}: cannot tell how many trunk layers it has")
+    raise GraphsimError("model", f"{model.name}: cannot tell how many trunk layers it has")
 
 
 def kv_layer_bytes(model, context, policies=None) -> dict:

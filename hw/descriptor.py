@@ -88,6 +88,11 @@ def _text(_inst, attr, value):
     require(isinstance(value, str), attr.name, f"must be a string, got {value!r}")
 
 
+def _source_pairs(_inst, attr, value):
+    ok = isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in value)
+    require(ok, attr.name, f"must be a table of field = \"source note\", got {value!r}")
+
+
 def _sources(value: Any) -> Any:
     if isinstance(value, Mapping):
         value = value.items()
@@ -166,7 +171,7 @@ class HardwareSpec:
     nvlink_latency_s: float = attrs.field(converter=_as_float, validator=_number(0.0, 1.0, lo_open=False, unit="s"))
     scaleout_latency_s: float = attrs.field(converter=_as_float, validator=_number(0.0, 1.0, lo_open=False, unit="s"))
     power_w: float = attrs.field(converter=_as_float, validator=_number(0.0, unit="W"))
-    sources: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_sources)
+    sources: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_sources, validator=_source_pairs)
 
     def resolve_precision(self, precision: str) -> str:
         """The precision that actually runs for ``precision`` on this chip (itself, or its fallback)."""
@@ -284,14 +289,25 @@ def _build(cls, data: dict, origin: str):
 
 def _resolve(name_or_path: str | Path, folder, kind: str, known: tuple[str, ...]) -> tuple[str, str]:
     """(TOML text, origin) for a shipped name (case-insensitive) or a path to a TOML file."""
+    require(isinstance(name_or_path, (str, Path)), kind, f"must be a name or a TOML path, got {type(name_or_path).__name__}")
     text = str(name_or_path)
+    short = text if len(text) <= 80 else text[:77] + "..."
     if isinstance(name_or_path, Path) or text.endswith(".toml") or "/" in text or "\\" in text:
         path = Path(text)
-        require(path.is_file(), kind, f"no such file {text!r}")
-        return path.read_text(), str(path)
+        try:
+            found = path.is_file()
+        except (OSError, ValueError):  # a name too long for a path, NUL bytes...
+            found = False
+        require(found, kind, f"no such file {short!r}")
+        try:
+            return path.read_bytes().decode("utf-8"), str(path)
+        except UnicodeDecodeError as e:
+            raise GraphsimError(kind, f"{path.name} is not UTF-8 text (byte {e.start})") from None
+        except OSError as e:
+            raise GraphsimError(kind, f"cannot read {short}: {e.strerror}") from None
     key = text.lower()
     noun = "hardware" if kind == "hw" else "profile"
-    require(key in known, kind, f"unknown {noun} {text!r}; known: {', '.join(known)}")
+    require(key in known, kind, f"unknown {noun} {short!r}; known: {', '.join(known)}")
     return (folder / f"{key}.toml").read_text(), f"{key}.toml"
 
 

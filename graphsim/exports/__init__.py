@@ -33,10 +33,10 @@ class GraphView:
         """Write ``.svg`` (rendered) or anything else (DOT text)."""
         from .dot import render_svg
 
+        from graphsim.outputs import write_text
+
         text = render_svg(self.dot) if str(path).endswith(".svg") else self.dot
-        with open(path, "w") as f:
-            f.write(text)
-        return str(path)
+        return write_text(path, text)
 
 
 def display(graph_or_compiled, *, schedule=None, collapse_layers=True, **kw) -> GraphView:

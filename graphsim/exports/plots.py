@@ -7,14 +7,17 @@
 * :func:`plot_roofline` — arithmetic intensity vs achieved FLOP/s of every op of a Schedule.
 
 Sweep plots take a DataFrame of :mod:`graphsim.sweep` rows. A line plot needs the other inputs fixed: unless
-``where`` (a pandas query) already does, rows are sliced at the first value of every other varying input
-and of the structural identity, and the title says which.
+``where`` (:mod:`graphsim.filters`: column comparisons joined by and/or/not) already does, rows are sliced at
+the first value of every other varying input and of the structural identity, and the title says which.
 """
 from __future__ import annotations
 
 import re
 
 import numpy as np
+
+from graphsim.errors import GraphsimError
+from graphsim.filters import apply_filter
 
 _INPUT = re.compile(r"^(prefill|decode|g\d+|hw|profile)\.")
 _STRUCT = ("struct_id",)
@@ -62,18 +65,17 @@ def _default_x(df) -> str:
                 return c
     if cols:
         return cols[0]
-    raise ValueError("x: no varying length axis in the table; pass x=<column>")
+    raise GraphsimError("x", "no varying length axis in the table; pass x=<column>")
 
 
 def slice_rows(df, x: str, where: str | None = None):
     """Rows for a line over ``x``: filter with ``where``, drop error rows, then fix every other varying input
     and the structural identity at their first value. Returns (rows sorted by x, description of the fixing)."""
-    if where:
-        df = df.query(where)
+    df = apply_filter(df, where)
     if "error" in df.columns:
         df = df[df["error"].isna()]
     if x not in df.columns:
-        raise ValueError(f"x: no column {x!r}; inputs: {input_columns(df)}")
+        raise GraphsimError("x", f"no column {x!r}; inputs: {input_columns(df)}")
     fixed = []
     for c in [*_STRUCT, *input_columns(df)]:
         if c == x or c not in df.columns or df[c].nunique() <= 1:
@@ -90,10 +92,19 @@ def _title(df, extra: str = "") -> str:
     return t + (f"\n{extra}" if extra else "")
 
 
+#: Image types matplotlib writes here.
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")
+
+
 def _save(fig, path) -> str:
+    from graphsim.outputs import atomic_target
+
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    _plt().close(fig)
+    try:
+        with atomic_target(path, suffixes=IMAGE_SUFFIXES) as tmp:
+            fig.savefig(tmp, dpi=120, format=(str(path).rsplit(".", 1)[-1].lower() if "." in str(path) else None))
+    finally:
+        _plt().close(fig)
     return str(path)
 
 
@@ -121,7 +132,7 @@ def plot_pareto(df, path, x: str = "tokens_per_s_per_user", y: str = "tokens_per
     """Every valid point as a dot (coloured by ``color``) and the (max x, max y) Pareto frontier as a line.
     With ``fits_only`` points whose weights + KV exceed HBM are drawn as grey crosses and kept off the front."""
     plt = _plt()
-    d = df.query(where) if where else df
+    d = apply_filter(df, where)
     d = d[d["error"].isna()] if "error" in d.columns else d
     d = d.dropna(subset=[x, y])
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -159,7 +170,7 @@ def plot_memory(df, path, x: str | None = None, where: str | None = None, series
     ax.stackplot(d[x], d["weights_gib"], d["kv_gib"], d["workspace_gib"],
                  labels=["weights", "KV cache", "workspace"], alpha=0.85)
     if series:
-        base = df.query(where) if where else df
+        base = apply_filter(df, where)
         base = base[base["error"].isna()] if "error" in base.columns else base
         keep = base["struct_id"] == d["struct_id"].iloc[0] if "struct_id" in base.columns else True
         for v in sorted(base.loc[keep, series].unique())[:10]:
@@ -186,11 +197,11 @@ def plot_kinds(source, path, rows: int = 8, where: str | None = None) -> str:
         kinds = sorted(source.breakdown, key=lambda k: -source.breakdown[k])
         values = np.array([[source.breakdown[k] for k in kinds]])
     else:
-        d = source.query(where) if where else source
+        d = apply_filter(source, where)
         d = d[d["error"].isna()] if "error" in d.columns else d
         cols = [c for c in d.columns if c.startswith("kind_s.") and d[c].notna().any()]
         if not cols:
-            raise ValueError("kinds: the table has no kind_s.* columns; run the sweep with outputs = [\"kinds\"]")
+            raise GraphsimError("kinds", "the table has no kind_s.* columns; run the sweep with outputs = [\"kinds\"]")
         d = d.head(rows)
         kinds = [c[len("kind_s."):] for c in sorted(cols, key=lambda c: -d[c].sum())]
         values = d[[f"kind_s.{k}" for k in kinds]].fillna(0.0).to_numpy()

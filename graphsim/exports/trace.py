@@ -87,9 +87,10 @@ def trace_of(compiled, point: int = 0) -> dict:
 
 
 def write_trace(trace: dict, path: str) -> str:
-    with open(path, "w") as f:
-        json.dump(trace, f, default=str)
-    return str(path)
+    """Write the trace JSON (strict: no NaN/Infinity), atomically."""
+    from graphsim.outputs import write_text
+
+    return write_text(path, json.dumps(trace, default=str, allow_nan=False))
 
 
 __all__ = ["TRACKS", "rank_events", "to_trace", "trace_of", "write_trace"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+import uuid
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
@@ -23,18 +24,27 @@ def run(spec: SweepSpec | Mapping | str | Path, output: str | Path | None = None
     structural point is written to ``<output>.parts/<struct_id>.parquet`` once complete, and the parts of
     this spec are merged into ``output`` at the end. The parts stay: re-running skips every structural point
     whose part exists (an interrupted run resumes; a grown spec computes only what is new);
-    ``resume=False`` deletes them and starts over."""
-    import pyarrow.parquet as pq
-
+    ``resume=False`` deletes them and starts over. Writing to ``output`` holds an exclusive lock on it: a
+    second run on the same output fails with a one-line error; files are replaced atomically."""
     if not isinstance(spec, SweepSpec):
         spec = SweepSpec.from_dict(spec) if isinstance(spec, Mapping) else SweepSpec.load(spec)
     require(executor in ("local", "ray"), "executor", f"must be local or ray, got {executor!r}")
+    if output is None:
+        return _run(spec, None, executor, address, progress, resume)
+    from ..outputs import exclusive, output_path
+
+    out = output_path(output, suffixes=(".parquet", ".csv"))
+    with exclusive(out):  # a second sweep on the same output fails at once instead of losing results
+        return _run(spec, out, executor, address, progress, resume)
+
+
+def _run(spec: SweepSpec, out: Path | None, executor: str, address, progress, resume: bool) -> SweepResult:
+    import pyarrow.parquet as pq
+
     t0 = time.perf_counter()
     points = spec.structural_points()
     keys = [sp.key(spec) for sp in points]
-    out = Path(output) if output is not None else None
     if out is not None:
-        require(out.suffix in (".parquet", ".csv"), "output", f"must end in .parquet or .csv, got {str(out)!r}")
         parts = out.with_name(out.name + ".parts")
         if not resume:
             shutil.rmtree(parts, ignore_errors=True)
@@ -54,7 +64,7 @@ def run(spec: SweepSpec | Mapping | str | Path, output: str | Path | None = None
         if parts is None:
             memory_tables[key] = list(tables)
             return
-        tmp = parts / f"{key}.parquet.tmp"
+        tmp = parts / f"{key}.parquet.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         writer = None
         try:
             for t in tables:

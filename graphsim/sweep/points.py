@@ -85,9 +85,8 @@ def representative_requests(spec: SweepSpec, kinds: tuple) -> tuple:
     return tuple(out)
 
 
-def _error_of(e: Exception) -> tuple[str, str]:
-    field = getattr(e, "field", None)
-    return str(e) if field else f"{type(e).__name__}: {e}", field or ""
+def _error_of(e: GraphsimError) -> tuple[str, str]:
+    return str(e), e.field
 
 
 class _Rates:
@@ -228,7 +227,7 @@ def structural_tables(spec: SweepSpec, sp: StructuralPoint, programs: _Programs 
     try:
         compiled, kv = programs.get(sp, representative_requests(spec, sp.kinds))
         profile = None if sp.profile == "SOL" else load_profile(sp.profile)
-    except Exception as e:  # noqa: BLE001 - any failure to build this program is this point's error row
+    except GraphsimError as e:  # bad input for this program: its error row; anything else is a bug and raises
         msg, field = _error_of(e)
         cols = {k: _const(v, 1) for k, v in ident.items()}
         cols.update(point=pa.nulls(1, pa.int64()), error=_const(msg, 1), error_field=_const(field, 1))

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
 import attrs
 import numpy as np
 
+from ..errors import GraphsimError
 from .spec import MEMORY_COLUMNS, TOKEN_COLUMNS, identity_columns
 
 def _table(columns: dict):
@@ -98,15 +100,24 @@ class SweepResult:
 
 
 def read_results(path: str | Path, columns: list | None = None):
-    """A results file (Parquet or CSV) as a pandas DataFrame."""
+    """A results file (Parquet or CSV) as a pandas DataFrame; an unreadable one is a one-line error."""
     p = str(path)
-    if p.endswith(".csv"):
-        import pandas as pd
+    try:
+        ok = Path(p).is_file()
+    except (OSError, ValueError):
+        ok = False
+    if not ok:
+        raise GraphsimError("results", f"no such file {p[:100]!r}")
+    try:
+        if p.endswith(".csv"):
+            import pandas as pd
 
-        return pd.read_csv(p, usecols=columns)
-    import pyarrow.parquet as pq
+            return pd.read_csv(p, usecols=columns)
+        import pyarrow.parquet as pq
 
-    return pq.read_table(p, columns=columns).to_pandas()
+        return pq.read_table(p, columns=columns).to_pandas()
+    except (OSError, ValueError, UnicodeDecodeError) as e:  # pyarrow's and pandas' parse errors are ValueErrors
+        raise GraphsimError("results", f"cannot read {p[:100]}: {' '.join(str(e).split())[:200]}") from None
 
 
 def _counts(tables: Iterable) -> tuple[int, int, int]:
@@ -127,7 +138,7 @@ def _merge(out: Path, parts: Path, keys: list, axes: list) -> tuple[int, int, in
     files = [parts / f"{k}.parquet" for k in dict.fromkeys(keys)]
     files = [f for f in files if f.is_file()]
     schema, _ = unify([pq.read_schema(f).empty_table() for f in files], axes)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     if out.suffix == ".csv":
         import pyarrow.csv as pcsv
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -13,6 +14,7 @@ import numpy as np
 
 from ..errors import GraphsimError, require
 from ..ir import REQUEST_KINDS
+from ..limits import MAX_SWEEP_POINTS
 
 #: Fields of a request group per kind, their defaults (None = required) and whether they are integers.
 GROUP_FIELDS = {
@@ -80,20 +82,38 @@ class Axis:
         return self.name.split(".", 1)[1]
 
 
+#: Values one axis may take (a range's num or (stop - start) / step): bounds what a spec can allocate.
+MAX_AXIS_VALUES = 10_000_000
+
+
+def _finite(field: str, x: Any) -> float:
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool)
+    require(ok, field, f"must be a number, got {x!r}")
+    try:
+        v = float(x)
+    except OverflowError:
+        v = math.inf
+    require(math.isfinite(v), field, f"must be finite, got {x!r}")
+    return v
+
+
 def _values(name: str, v: Any) -> tuple:
     """A list, a scalar, or a range table {start, stop, num[, scale=lin|log]} / {start, stop, step}."""
     if isinstance(v, Mapping):
         keys = set(v)
         require(keys <= {"start", "stop", "num", "step", "scale"} and {"start", "stop"} <= keys, f"axes.{name}",
                 "a range needs start, stop and num (scale = lin|log) or step")
-        lo, hi = float(v["start"]), float(v["stop"])
+        lo, hi = _finite(f"axes.{name}.start", v["start"]), _finite(f"axes.{name}.stop", v["stop"])
         if "step" in v:
-            step = float(v["step"])
+            step = _finite(f"axes.{name}.step", v["step"])
             require(step > 0, f"axes.{name}.step", f"must be > 0, got {step}")
+            require((hi - lo) / step < MAX_AXIS_VALUES, f"axes.{name}.step",
+                    f"gives {(hi - lo) / step:.3g} values; at most {MAX_AXIS_VALUES:,} per axis")
             out = np.arange(lo, hi + step / 2, step)
         else:
             num = v.get("num")
-            require(isinstance(num, int) and num >= 1, f"axes.{name}.num", f"must be an integer >= 1, got {num!r}")
+            require(isinstance(num, int) and not isinstance(num, bool) and 1 <= num <= MAX_AXIS_VALUES,
+                    f"axes.{name}.num", f"must be an integer in [1, {MAX_AXIS_VALUES:,}], got {num!r}")
             scale = v.get("scale", "lin")
             require(scale in ("lin", "log"), f"axes.{name}.scale", f"must be lin or log, got {scale!r}")
             if scale == "log":
@@ -105,11 +125,15 @@ def _values(name: str, v: Any) -> tuple:
         return tuple(float(x) for x in out)
     seq = v if isinstance(v, (list, tuple)) else [v]
     require(len(seq) > 0, f"axes.{name}", "needs at least one value")
+    require(len(seq) <= MAX_AXIS_VALUES, f"axes.{name}", f"at most {MAX_AXIS_VALUES:,} values per axis")
     out = []
     for x in seq:
         ok = isinstance(x, (int, float, bool)) or (isinstance(x, str) and _is_number(x))
         require(ok, f"axes.{name}", f"values must be numbers (or true/false), got {x!r}")
-        out.append(float(x))
+        try:
+            out.append(float(x))
+        except OverflowError:
+            raise GraphsimError(f"axes.{name}", f"{str(x)[:30]} is too large") from None
     return tuple(out)
 
 
@@ -158,6 +182,8 @@ def _typed(default, value):
 
 
 def _parse_structure(v: Any) -> tuple:
+    require(isinstance(v, (str, list, tuple)), "structure.requests",
+            f"a request structure is 'decode', 'prefill+decode' or a list of kinds, got {v!r}")
     kinds = tuple(v.split("+")) if isinstance(v, str) else tuple(v)
     require(len(kinds) > 0, "structure.requests", "a request structure needs at least one group")
     for k in kinds:
@@ -185,17 +211,33 @@ class SweepSpec:
 
     @staticmethod
     def load(path: str | Path) -> "SweepSpec":
+        """A spec file: ``.toml`` (anything but .yaml/.yml/.json), ``.yaml``/``.yml`` or ``.json``."""
         p = Path(path)
-        require(p.is_file(), "spec", f"no such file {str(p)!r}")
-        text = p.read_text()
+        try:
+            found = p.is_file()
+        except (OSError, ValueError):
+            found = False
+        require(found, "spec", f"no such file {str(p)[:120]!r}")
+        try:
+            text = p.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise GraphsimError("spec", f"{p.name} is not UTF-8 text (byte {e.start})") from None
+        except OSError as e:
+            raise GraphsimError("spec", f"cannot read {p.name}: {e.strerror}") from None
         if p.suffix in (".yaml", ".yml"):
             try:
                 import yaml
             except ImportError:
                 raise GraphsimError("spec", "YAML specs need pyyaml (pip install pyyaml); TOML needs nothing") from None
-            data = yaml.safe_load(text)
+            try:
+                data = yaml.safe_load(text)
+            except yaml.YAMLError as e:
+                raise GraphsimError("spec", f"cannot parse {p.name}: {' '.join(str(e).split())}") from None
         elif p.suffix == ".json":
-            data = json.loads(text)
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise GraphsimError("spec", f"cannot parse {p.name}: {e}") from None
         else:
             try:
                 import tomllib
@@ -204,18 +246,25 @@ class SweepSpec:
             try:
                 data = tomllib.loads(text)
             except tomllib.TOMLDecodeError as e:
-                raise GraphsimError("spec", f"cannot parse {p}: {e}") from None
+                raise GraphsimError("spec", f"cannot parse {p.name}: {e}") from None
+        require(isinstance(data, Mapping), "spec", f"{p.name}: the top level must be a table, got {type(data).__name__}")
+        data = dict(data)
         data.setdefault("name", p.stem)
         return SweepSpec.from_dict(data)
 
     @staticmethod
     def from_dict(d: Mapping) -> "SweepSpec":
-        bad = set(d) - set(SPEC_KEYS)
+        require(isinstance(d, Mapping), "spec", f"must be a table, got {type(d).__name__}")
+        bad = set(map(str, d)) - set(SPEC_KEYS)
         require(not bad, "spec", f"unknown keys {sorted(bad)}; allowed {SPEC_KEYS}")
+        for key in ("structure", "axes"):
+            require(isinstance(d.get(key, {}), Mapping), key, f"must be a table, got {type(d.get(key)).__name__}")
         s = dict(d.get("structure", {}))
-        bad = set(s) - set(STRUCT_KEYS)
+        bad = set(map(str, s)) - set(STRUCT_KEYS)
         require(not bad, "structure", f"unknown keys {sorted(bad)}; allowed {STRUCT_KEYS}")
         require("model" in s, "structure.model", "name at least one model")
+        require(isinstance(s.get("policies", {}), Mapping), "structure.policies",
+                f"must be a table of policy -> value(s), got {s.get('policies')!r}")
         pol_fields = _policy_fields()
         pol = dict(s.get("policies", {}))
         bad = set(pol) - set(pol_fields)
@@ -225,11 +274,19 @@ class SweepSpec:
         combos = [tuple(zip(names, (_hashable(x) for x in c)))
                   for c in itertools.product(*(_listify(pol[n]) for n in names))]
         axes = tuple(Axis(str(k), _values(str(k), v)) for k, v in dict(d.get("axes", {})).items())
-        outputs = tuple(d.get("outputs", ("stages",)))
+        outputs = d.get("outputs", ("stages",))
+        require(isinstance(outputs, (list, tuple)) and all(isinstance(o, str) for o in outputs), "outputs",
+                f"must be a list of names from {EXTRA_OUTPUTS}, got {outputs!r}")
+        outputs = tuple(outputs)
         bad = set(outputs) - set(EXTRA_OUTPUTS)
         require(not bad, "outputs", f"unknown outputs {sorted(bad)}; allowed {EXTRA_OUTPUTS}")
+        zips = d.get("zip", ())
+        require(isinstance(zips, (list, tuple)) and all(
+            isinstance(z, (list, tuple)) and all(isinstance(n, str) for n in z) for z in zips), "zip",
+            f"must be a list of lists of axis names, got {zips!r}")
         chunk = d.get("chunk", 16384)
-        require(isinstance(chunk, int) and chunk >= 1, "chunk", f"must be an integer >= 1, got {chunk!r}")
+        require(isinstance(chunk, int) and not isinstance(chunk, bool) and 1 <= chunk <= 1 << 22, "chunk",
+                f"must be an integer in [1, {1 << 22:,}], got {chunk!r}")
         spec = SweepSpec(
             name=str(d.get("name", "sweep")),
             models=tuple(str(m) for m in _listify(s["model"])),
@@ -240,11 +297,15 @@ class SweepSpec:
             policies=tuple(combos),
             structures=tuple(_parse_structure(r) for r in _listify(s.get("requests", "decode"))),
             axes=axes,
-            zips=tuple(tuple(z) for z in d.get("zip", ())),
+            zips=tuple(tuple(z) for z in zips),
             outputs=outputs,
             chunk=chunk,
         )
         spec._check_axes()
+        for kinds in spec.structures:
+            size = spec.grid(kinds).size
+            require(size <= MAX_SWEEP_POINTS, "axes",
+                    f"{size:,} points per structural point; at most {MAX_SWEEP_POINTS:,} (split the sweep)")
         return spec
 
     def _check_axes(self) -> None:
@@ -338,7 +399,7 @@ class Grid:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.dims else 1
+        return math.prod(self.shape) if self.dims else 1  # exact (Python ints), however large
 
     def take(self, lo: int, hi: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Points [lo, hi): per axis, (value index, value) arrays."""
