@@ -142,7 +142,8 @@ class GraphBuilder:
         wt = self._tensors[weight]
         prec = precision or wider(fmt(act_in).compute, wt.format.compute)
         t = Feature("tokens", token_set)
-        cost = (Cost.of(ONE, bytes_weight=wt.format.nbytes(k * n * copies))
+        # weights are read once per forward by an op that runs (any request has positions in its token set)
+        cost = (Cost.of(Feature("active", token_set), bytes_weight=wt.format.nbytes(k * n * copies))
                 + Cost.of(t, **{f"flops_{prec}": 2.0 * k * n * copies,
                                 "bytes_act": copies * (fmt(act_in).nbytes(k) + fmt(act_out).nbytes(n))}))
         times = f"{copies}·" if copies > 1 else ""

@@ -192,7 +192,8 @@ class TokenSet:
 # --------------------------------------------------------------------------------------------------
 
 FEATURE_KINDS = (
-    "one",  # constant 1 (weights read once per forward, fixed launch work)
+    "one",  # constant 1 (fixed per-forward work: collective latencies)
+    "active",  # 1 when any request has positions in the set, else 0 (weights read once per forward that runs)
     "tokens",  # Σ_requests count · |positions|
     "requests",  # Σ count · [request has positions in the set]
     "kv_len",  # Σ count · (last position + 1): visible context at the end of the set

@@ -11,8 +11,9 @@ from typing import Sequence
 import attrs
 import numpy as np
 
-from .errors import positive_int
+from .errors import require
 from .ir import Graph
+from .limits import MAX_CHUNK_STEPS, MAX_CONTEXT, check_int
 from .lowering.features import interval
 from .plan import Request
 
@@ -22,9 +23,13 @@ def chunk_prefill(req: Request, chunk: int) -> list[Request]:
     (and any cached prefix) cached, with their SWA state present, in HBM: the first step copies a host or
     disk prefix hit in, later steps read it and the earlier chunks' KV where it already is. Image tokens
     lead the prompt and spread over the first chunks; the vision encoder runs in the first."""
-    positive_int(chunk, "chunk")
+    check_int("chunk", chunk, 1, MAX_CONTEXT)
     if req.kind != "prefill" or req.new_tokens <= chunk:
         return [req]
+    steps = -(-req.new_tokens // chunk)
+    require(steps <= MAX_CHUNK_STEPS, "chunk", f"{req}: {req.new_tokens:,} tokens in chunks of {chunk:,} are "
+            f"{steps:,} forward steps; at most {MAX_CHUNK_STEPS:,} (use chunks of at least "
+            f"{-(-req.new_tokens // MAX_CHUNK_STEPS):,})")
     out, done = [], req.cached
     first = True
     images = req.image_tokens  # images lead the uncached prompt; the ViT runs once, in the first chunk
@@ -96,31 +101,29 @@ def layer_token_sets(graph: Graph) -> dict:
 
 def ledger_for(compile_logical, requests: Sequence[Request], *, chunk: int | None = None, workload_of=None) -> Ledger:
     """Rows for every step (chunk) of ``requests``. ``compile_logical(kinds, step_requests)`` returns the
-    policy-rewritten logical graph; ``workload_of(step_requests)`` its workload point."""
-    steps: list[list[tuple[str, Request]]] = []
+    policy-rewritten logical graph; ``workload_of(step_requests)`` its workload point. Every step has the same
+    groups (a prompt that has finished keeps its last chunk and contributes nothing), so one graph serves
+    all of them."""
     chunked = [(str(r), chunk_prefill(r, chunk) if chunk else [r]) for r in requests]
     depth = max(len(c) for _, c in chunked)
-    for i in range(depth):
-        steps.append([(name, parts[i]) for name, parts in chunked if i < len(parts)])
+    first = [parts[0] for _, parts in chunked]
+    graph = compile_logical(tuple(r.kind for r in first), first)
+    tsm = graph.token_set_map
+    layer_sets = [(key, tsm[ts]) for key, ts in layer_token_sets(graph).items()
+                  if key[1] is not None]  # embedding, head: not layers of the token x layer count
     rows = []
-    for s, step in enumerate(steps):
-        reqs = [r for _, r in step]
-        graph = compile_logical(tuple(r.kind for r in reqs), reqs)
-        wl = workload_of(reqs)
-        a = wl.arrays()
-        tsm = graph.token_set_map
-        for (stage, layer), ts_name in layer_token_sets(graph).items():
-            if layer is None:  # embedding, head, restore copies: not layers of the token x layer count
-                continue
-            ts = tsm[ts_name]
-            for g, (name, r) in enumerate(step):
+    for s in range(depth):
+        step = [parts[min(s, len(parts) - 1)] for _, parts in chunked]
+        a = workload_of(step).arrays()
+        for (stage, layer), ts in layer_sets:
+            for g, ((name, parts), r) in enumerate(zip(chunked, step)):
                 rule = ts.rule(r.kind)
-                if rule == "none":
+                if rule == "none" or s >= len(parts):
                     continue
                 lo, hi = interval(rule, a, g, np)
                 n = int(round(float(hi[0] - lo[0])))
                 if n:
-                    rows.append(LedgerRow(s, name, r.count, stage, layer, ts_name, n))
+                    rows.append(LedgerRow(s, name, r.count, stage, layer, ts.name, n))
     return Ledger(tuple(rows))
 
 

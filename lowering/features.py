@@ -139,6 +139,9 @@ def feature_column(f: Feature, token_sets: dict, kinds: Sequence[str], a: dict, 
     if f.kind == "one":
         return xp.ones(count.shape[0])
     ts: TokenSet = token_sets[f.token_set]
+    if f.kind == "active":  # any position in the set at all (micro-batch fractions do not matter)
+        n = sum(count[:, g] * _n(ts, kinds[g], a, g, xp) for g in range(len(kinds)))
+        return xp.where(n > 0, 1.0, 0.0)
     if f.kind == "experts_touched":
         e, k = float(f.params[0]), float(f.params[1])
         t = sum(f.frac * count[:, g] * _n(ts, kinds[g], a, g, xp) for g in range(len(kinds)))

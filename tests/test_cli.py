@@ -123,4 +123,31 @@ def test_chunked_prefill_with_an_image_larger_than_a_chunk(capsys):
                "--json"])
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and len(d["steps"]) == 10
-    assert "vision" in d["steps"][0]["stages"] and "vision" not in d["steps"][1]["stages"]
+    # the ViT runs in the first step only (its patches); later steps project only their own image tokens
+    vision = [st["stages"].get("vision", 0.0) for st in d["steps"]]
+    assert vision[0] > 0 and vision[1] < 0.01 * vision[0] and vision[2] == 0.0
+
+
+def test_chunked_steps_are_one_program_that_matches_step_by_step_plans(capsys):
+    """All chunk steps evaluate as points of one program; a prompt that has finished is a group with count 0,
+    which runs nothing and reads no weights ('active' features) — the same times as compiling every step's
+    own plan."""
+    import graphsim as gs
+    from graphsim.ledger import chunk_prefill
+
+    reqs = ["prefill:1000", "prefill:300@100", "decode:4096x8"]
+    rc = main(["estimate", "--model", "deepseek-v3", "--tp", "2", "--chunk", "256", "--json"]
+              + [x for r in reqs for x in ("--request", r)])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and len(d["steps"]) == 4
+    a, b = (chunk_prefill(gs.Request.parse(r), 256) for r in reqs[:2])
+    for i, step in enumerate(d["steps"]):
+        plan = gs.Plan([p[i] for p in (a, b) if i < len(p)] + [reqs[2]], gs.ParallelMapping(tp=2))
+        want = gs.compile_plan("deepseek-v3", plan, "gb200").report().forward_s
+        assert step["forward_s"] == pytest.approx(want, rel=1e-9), i
+    assert d["ttft_s"] == pytest.approx(sum(s["forward_s"] for s in d["steps"]))
+
+
+def test_chunk_steps_are_bounded():
+    rc = main(["estimate", "--model", "deepseek-v3", "--chunk", "1", "--request", "prefill:100000"])
+    assert rc == 2

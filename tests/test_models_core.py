@@ -24,7 +24,7 @@ def test_gemm_flops_and_bytes():
         b.gemm("u", "all", 7168, 1536, weight="w", act_in="bf16", act_out="bf16")
         b.moe_experts("e", "all", experts=8, top_k=2, hidden=64, inter=32, weight_format="fp4_ue8m0_32", act_in="fp8")
     g = b.build()
-    vals = {Feature("one"): 1.0, Feature("tokens", "all"): 100.0}
+    vals = {Feature("one"): 1.0, Feature("active", "all"): 1.0, Feature("tokens", "all"): 100.0}
     c = g.op("w").cost.evaluate(vals)
     assert c["flops_fp8"] == 2 * 7168 * 1536 * 100
     assert c["bytes_weight"] == 7168 * 1536

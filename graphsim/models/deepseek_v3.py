@@ -198,7 +198,7 @@ class DeepSeekV3(Model):
         up = c.heads * (c.nope + c.v_dim)
         w = b._tensors[p + "attn.wkv_b"]
         ab = attention_act_bytes(prec)
-        cost = (Cost.of(Feature("one"), bytes_weight=w.nbytes)
+        cost = (Cost.of(Feature("active", "pf"), bytes_weight=w.nbytes)
                 + Cost.of(kv_len, flops_fp8=2.0 * c.kv_lora * up, bytes_kv=kvb, bytes_act=ab * up))
         reader = b.op("wkv_b", "gemm", cost, token_set="pf", precision="fp8", split=("tp", "dp"),
                       reads=(p + "attn.wkv_b", p + "kv"), formula=f"2·{c.kv_lora}·{up} flops per visible position",

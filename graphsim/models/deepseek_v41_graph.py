@@ -232,7 +232,7 @@ class DeepSeekV41(Model):
         # matrix; the (2+n)n outputs stay on chip (not charged as traffic)
         fn = b._tensors[f"{p}.fn"]
         k, rows = n * d, c.hc_mix_rows
-        b.op(f"{sub}.coeff", "mhc", Cost.of(ONE, bytes_weight=fn.nbytes)
+        b.op(f"{sub}.coeff", "mhc", Cost.of(Feature("active", ts), bytes_weight=fn.nbytes)
              + Cost.of(tokens(ts), **{f"flops_{self.fp32_gemm}": 2.0 * k * rows, "bytes_act": n * d * BF16}),
              token_set=ts, precision=self.fp32_gemm, split=("dp",), reads=(fn.name,),
              params={"k": k, "n": rows, "mhc_elems": n * d, "role": "coeff"},
@@ -351,7 +351,7 @@ class DeepSeekV41(Model):
         idx = b.tensor(f"layers.{L}.index_k", "index_cache", c.index_k_format, elems_per_token=c.index_head_dim, module=p)
         wk = b._tensors[f"{p}.indexer.wk"]
         return b.op("indexer.k_write", "indexer",
-                    Cost.of(ONE, bytes_weight=wk.nbytes)
+                    Cost.of(Feature("active", "kv"), bytes_weight=wk.nbytes)
                     + Cost.of(entries, flops_bf16=2.0 * c.head_dim * c.index_head_dim,
                               bytes_act=in_bytes * c.kv_dim, bytes_kv=self.sem.index_k_entry_bytes(c)),
                     token_set="kv", split=("dp",), reads=(wk.name,), writes=(idx,),
