@@ -13,7 +13,7 @@ print(f"ITL {report.forward_s * 1e3:.3f} ms, {report.tokens['tokens_per_s_per_us
       f"{report.tokens['tokens_per_s_per_gpu']:.0f} tok/s/GPU, memory fits: {report.memory['fits']}")
 
 # The same program at 10,000 workload points in one vectorized call: batch per rank x context.
-batch, ctx = np.meshgrid(np.arange(1, 101), np.linspace(1024, 131072, 100))
+batch, ctx = np.meshgrid(np.arange(1, 101), np.round(np.linspace(1024, 131072, 100)))  # whole positions
 dp = plan.mapping.dp
 wl = gs.Workload(("decode",), batch.reshape(-1, 1) * dp, np.ones((batch.size, 1)), ctx.reshape(-1, 1))
 step = compiled.evaluate(wl)["forward"]

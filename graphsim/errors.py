@@ -25,3 +25,18 @@ def positive_int(value, field: str, *, allow_zero: bool = False) -> int:
         lo = "a non-negative" if allow_zero else "a positive"
         raise GraphsimError(field, f"must be {lo} integer, got {value!r}")
     return value
+
+
+def one_of(scope: str, allowed):
+    """attrs validator: the value is one of ``allowed``, else a one-line GraphsimError naming
+    ``<scope>.<field>`` and what is allowed."""
+    allowed = tuple(allowed)
+
+    def check(_inst, attr, value):
+        try:
+            ok = value in allowed
+        except TypeError:
+            ok = False
+        require(ok, f"{scope}.{attr.name}", f"must be one of {', '.join(map(str, allowed))}, got {value!r}")
+
+    return check

@@ -8,12 +8,13 @@ be evaluated at millions of workload points in one vectorized call (see ``graphs
 from __future__ import annotations
 
 import functools
+import math
 from typing import Iterable, Mapping
 
 import attrs
 import networkx as nx
 
-from .errors import GraphsimError, require
+from .errors import GraphsimError, one_of, require
 
 # --------------------------------------------------------------------------------------------------
 # Precisions and storage formats
@@ -111,6 +112,11 @@ def fmt(name: str | StorageFormat) -> StorageFormat:
 # Tensors
 # --------------------------------------------------------------------------------------------------
 
+def _count(field: str, v) -> None:
+    require(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 53, field,
+            f"must be a whole number in [0, 2^53), got {v!r}")
+
+
 ROLES = ("weight", "activation", "kv_cache", "index_cache", "swa_cache", "table", "workspace", "state")
 RESIDENT_ROLES = ("weight", "table")
 
@@ -124,10 +130,10 @@ class Tensor:
     """
 
     name: str
-    role: str = attrs.field(validator=attrs.validators.in_(ROLES))
+    role: str = attrs.field(validator=one_of("tensor", ROLES))
     format: StorageFormat = attrs.field(converter=fmt)
-    elems: int = 0
-    elems_per_token: int = 0
+    elems: int = attrs.field(default=0, validator=lambda _i, a, v: _count(f"tensor.{a.name}", v))
+    elems_per_token: int = attrs.field(default=0, validator=lambda _i, a, v: _count(f"tensor.{a.name}", v))
     module: str = ""
     group: str = "trunk"
 
@@ -217,7 +223,7 @@ class Feature:
     chunk j of m of every prefill request's new positions (micro-batch splitting of long prompts: chunk j
     covers new positions [⌊j·n/m⌋, ⌊(j+1)·n/m⌋) with everything before it cached in HBM)."""
 
-    kind: str = attrs.field(validator=attrs.validators.in_(FEATURE_KINDS))
+    kind: str = attrs.field(validator=one_of("feature", FEATURE_KINDS))
     token_set: str = ""
     params: tuple = ()
     frac: float = 1.0
@@ -235,9 +241,15 @@ ONE = Feature("one")
 
 def _norm_terms(terms: Iterable[tuple[str, Feature, float]]) -> tuple:
     acc: dict[tuple[str, Feature], float] = {}
-    for comp, feat, coef in terms:
+    for term in terms:
+        require(isinstance(term, tuple) and len(term) == 3, "cost.terms", f"each term is (component, Feature, "
+                f"coefficient), got {term!r}")
+        comp, feat, coef = term
         if comp not in COMPONENT_INDEX:
             raise GraphsimError("cost.component", f"unknown component {comp!r}; allowed: {COMPONENTS}")
+        require(isinstance(feat, Feature), "cost.feature", f"must be a Feature, got {feat!r}")
+        ok = isinstance(coef, (int, float)) and not isinstance(coef, bool) and math.isfinite(coef)
+        require(ok, "cost.coefficient", f"must be a finite number, got {coef!r}")
         if coef:
             acc[(comp, feat)] = acc.get((comp, feat), 0.0) + float(coef)
     return tuple(sorted(((c, f, v) for (c, f), v in acc.items() if v), key=lambda t: (t[0], repr(t[1]))))
@@ -306,11 +318,11 @@ class CommSpec:
     turns it into a comm op on the comm stream with algorithm-specific link bytes and hops.
     """
 
-    collective: str = attrs.field(validator=attrs.validators.in_(COLLECTIVES))
-    group: str = attrs.field(validator=attrs.validators.in_(("tp", "ep", "dp", "world", "moe_tp", "pp")))
+    collective: str = attrs.field(validator=one_of("comm", COLLECTIVES))
+    group: str = attrs.field(validator=one_of("comm", ("tp", "ep", "dp", "world", "moe_tp", "pp")))
     payload: Cost = Cost()
-    where: str = attrs.field(default="after", validator=attrs.validators.in_(("before", "after")))
-    algorithm: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "ring", "tree", "direct")))
+    where: str = attrs.field(default="after", validator=one_of("comm", ("before", "after")))
+    algorithm: str = attrs.field(default="auto", validator=one_of("comm", ("auto", "ring", "tree", "direct")))
     note: str = ""
     #: collectives of one layer with the same ``merge`` key that land on the same ranks are one collective
     #: (e.g. routed and shared expert outputs summed before a single all-reduce): the later one carries it
@@ -333,7 +345,7 @@ class Op:
     stage: str
     cost: Cost = Cost()
     layer: int | None = None
-    stream: str = attrs.field(default="compute", validator=attrs.validators.in_(STREAMS))
+    stream: str = attrs.field(default="compute", validator=one_of("op", STREAMS))
     token_set: str = ""
     precision: str = ""
     split: frozenset = attrs.field(default=frozenset(), converter=frozenset)
@@ -360,7 +372,7 @@ class Op:
 class Edge:
     src: str
     dst: str
-    kind: str = attrs.field(default="data", validator=attrs.validators.in_(EDGE_KINDS))
+    kind: str = attrs.field(default="data", validator=one_of("edge", EDGE_KINDS))
 
 
 @attrs.frozen(slots=False, eq=False)

@@ -6,7 +6,7 @@ from typing import Callable, Sequence
 import attrs
 import numpy as np
 
-from .errors import GraphsimError, require
+from .errors import GraphsimError, one_of, require
 from .ir import ATTENTION_PRECISIONS, Graph
 from .limits import MAX_CONTEXT, MAX_LAYERS, MAX_MICRO_BATCHES, MAX_RANKS, check_int, check_number
 from .plan import ParallelMapping, Request, workload_of
@@ -44,13 +44,6 @@ def _floats(v):
     return v
 
 
-def _one_of(allowed: tuple):
-    """attrs validator: one of ``allowed``, else a one-line GraphsimError naming ``policies.<field>``."""
-    def check(_inst, attr, v):
-        require(v in allowed, f"policies.{attr.name}", f"must be one of {', '.join(allowed)}, got {v!r}")
-    return check
-
-
 def _algorithms(value) -> tuple:
     from .passes.sharding import check_algorithms
 
@@ -61,14 +54,14 @@ def _algorithms(value) -> tuple:
 class Policies:
     """Runtime strategies a result is computed under (recorded in every report)."""
 
-    decoder_replay: str = attrs.field(default="off", validator=_one_of(("off", "sglang", "paper")))
-    encoder_replay: str = attrs.field(default="on", validator=_one_of(("on", "off")))
-    fusion: str = attrs.field(default="unfused", validator=_one_of(("unfused", "two-pass", "single-pass")))
-    overlap: str = attrs.field(default="none", validator=_one_of(("none", "two-batch")))
-    engram: str = attrs.field(default="hbm", validator=_one_of(("hbm", "host")))
+    decoder_replay: str = attrs.field(default="off", validator=one_of("policies", ("off", "sglang", "paper")))
+    encoder_replay: str = attrs.field(default="on", validator=one_of("policies", ("on", "off")))
+    fusion: str = attrs.field(default="unfused", validator=one_of("policies", ("unfused", "two-pass", "single-pass")))
+    overlap: str = attrs.field(default="none", validator=one_of("policies", ("none", "two-batch")))
+    engram: str = attrs.field(default="hbm", validator=one_of("policies", ("hbm", "host")))
     #: Engram host residency: blocks ahead the row copy may start
     prefetch_distance: int = attrs.field(default=1, validator=_int_in(0, MAX_LAYERS))
-    dspark: str = attrs.field(default="off", validator=_one_of(("off", "on")))
+    dspark: str = attrs.field(default="off", validator=one_of("policies", ("off", "on")))
     #: W of both bounded replays (the SWA window of DeepSeek-V4.1)
     replay_window: int = attrs.field(default=128, validator=_int_in(1, MAX_CONTEXT))
     #: hottest EP rank's routed work / the mean (>= 1, at most ep); scales its expert work and its
@@ -82,18 +75,18 @@ class Policies:
     acceptance: tuple = attrs.field(default=(), converter=_floats)
     #: the attention math's precision (QK^T, PV): "auto" = from the KV cache formats; an explicit narrower
     #: one also narrows a wider KV cache to what the kernel reads (FP8 attention keeps an FP8 cache)
-    attention_precision: str = attrs.field(default="auto", validator=_one_of(ATTENTION_PRECISIONS))
+    attention_precision: str = attrs.field(default="auto", validator=one_of("policies", ATTENTION_PRECISIONS))
     #: sequence parallelism: norm / mHC / elementwise runs after a TP all-reduce shard their tokens over TP
     #: (reduce-scatter in, all-gather out)
-    sp: str = attrs.field(default="off", validator=_one_of(("off", "on")))
+    sp: str = attrs.field(default="off", validator=one_of("policies", ("off", "on")))
     #: Engram table rows sharded over the TP group ("tp") or over every rank of the stage ("world", TP x EP:
     #: each rank holds 1/world of the rows; lookups become an all-to-all)
-    engram_shard: str = attrs.field(default="tp", validator=_one_of(("tp", "world")))
+    engram_shard: str = attrs.field(default="tp", validator=one_of("policies", ("tp", "world")))
     #: the Engram projection 6144 -> 25600 replicated on every rank or column-split over TP (+ all-gather)
-    engram_proj: str = attrs.field(default="replicated", validator=_one_of(("replicated", "tp")))
+    engram_proj: str = attrs.field(default="replicated", validator=one_of("policies", ("replicated", "tp")))
     #: contexts beyond the model's max_position_embeddings: refused, or allowed as a what-if (up to
     #: graphsim.limits.MAX_CONTEXT; the choice is part of every result's identity)
-    beyond_context: str = attrs.field(default="refuse", validator=_one_of(("refuse", "allow")))
+    beyond_context: str = attrs.field(default="refuse", validator=one_of("policies", ("refuse", "allow")))
 
     @acceptance.validator
     def _acc(self, _, v):
@@ -104,11 +97,23 @@ class Policies:
         return attrs.asdict(self)
 
 
+def _requests(rs) -> tuple:
+    """Request strings or Requests (one alone, or a sequence of them) -> a tuple of Requests."""
+    if isinstance(rs, (str, Request)):
+        rs = (rs,)
+    require(isinstance(rs, (list, tuple)), "requests", f"a list of requests, got {type(rs).__name__}")
+    out = tuple(Request.parse(r) if isinstance(r, str) else r for r in rs)
+    bad = [r for r in out if not isinstance(r, Request)]
+    require(not bad, "requests", f"each request is a string like 'decode:4096x8' or a Request, got {bad[0]!r}"
+            if bad else "")
+    return out
+
+
 @attrs.frozen
 class Plan:
     """What runs: a batch of requests (one group per request spec), a mapping and policies."""
 
-    requests: tuple = attrs.field(converter=lambda rs: tuple(Request.parse(r) if isinstance(r, str) else r for r in rs))
+    requests: tuple = attrs.field(converter=_requests)
     mapping: ParallelMapping = ParallelMapping()
     policies: Policies = Policies()
 

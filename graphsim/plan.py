@@ -7,7 +7,7 @@ from typing import Sequence
 import attrs
 import numpy as np
 
-from .errors import GraphsimError, require
+from .errors import GraphsimError, one_of, require
 from .limits import MAX_CONTEXT, MAX_RANKS, MAX_REQUESTS, check_int
 from .workload import TIERS, Workload
 
@@ -35,7 +35,7 @@ class Request:
     them). Decode: a step at context ``length`` emitting ``new`` positions (1, or 1 + verify length with
     speculative decoding); its images were encoded at prefill and are part of the context."""
 
-    kind: str = attrs.field(validator=attrs.validators.in_(("prefill", "decode")))
+    kind: str = attrs.field(validator=one_of("request", ("prefill", "decode")))
     length: int = attrs.field()
     count: int = 1
     cached: int = 0

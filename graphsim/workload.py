@@ -22,7 +22,11 @@ HOST = float(TIERS.index("host"))
 
 
 def _arr(x) -> np.ndarray:
-    a = np.asarray(x, dtype=np.float64)
+    try:
+        a = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise GraphsimError("workload", f"arrays must hold numbers, got {str(x)[:60]}") from None
+    require(a.ndim <= 2, "workload", f"arrays are (points, groups), got {a.ndim} dimensions")
     return a.reshape(-1, 1) if a.ndim == 1 else np.atleast_2d(a)
 
 
@@ -61,13 +65,18 @@ class Workload:
         self.check()
 
     def check(self) -> np.ndarray:
-        """Raise on invalid values (names the field and the first bad point)."""
+        """Raise on invalid values (names the field and the first bad point): whole numbers, within the
+        bounds of graphsim.limits (counts of requests, positions of a context)."""
+        from .limits import MAX_CONTEXT, MAX_REQUESTS
+
         for name in FIELDS:
             a = getattr(self, name)
-            bad = ~np.isfinite(a) | (a < 0)
+            hi = MAX_REQUESTS if name == "count" else MAX_CONTEXT
+            bad = ~np.isfinite(a) | (a < 0) | (a > hi) | (a != np.floor(a))
             if bad.any():
                 p, g = np.argwhere(bad)[0]
-                raise GraphsimError(f"workload.{name}", f"must be a finite non-negative number; point {p}, group {g} has {a[p, g]!r}")
+                raise GraphsimError(f"workload.{name}", f"must be a whole number in [0, {hi:,}]; point {p}, group {g} "
+                                    f"has {a[p, g]!r}")
         bad = self.image > self.new
         if bad.any():
             p, g = np.argwhere(bad)[0]

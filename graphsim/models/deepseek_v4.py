@@ -15,7 +15,7 @@ from typing import Mapping
 
 import attrs
 
-from graphsim.errors import require
+from graphsim.errors import one_of, require
 from graphsim.ir import Tensor, fmt
 from graphsim.limits import MAX_CONTEXT
 
@@ -154,7 +154,7 @@ class V4Config:
 @attrs.frozen
 class V4LayerInfo:
     layer: int
-    attn: str = attrs.field(validator=attrs.validators.in_(ATTN_KINDS))
+    attn: str = attrs.field(validator=one_of("layer", ATTN_KINDS))
     ratio: int
     kv_owner: int | None  #: itself for every compressed layer (no sharing in V4)
     topk_producer: int | None  #: itself for CSA; None for HCA (reads every entry) and SWA-only

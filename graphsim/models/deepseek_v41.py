@@ -35,7 +35,7 @@ from typing import Any, Mapping
 
 import attrs
 
-from graphsim.errors import GraphsimError, require
+from graphsim.errors import GraphsimError, one_of, require
 from graphsim.ir import FORMATS, Tensor, fmt
 from graphsim.limits import MAX_LAYERS, check_config_int, check_number
 
@@ -333,8 +333,8 @@ class LayerInfo:
     """One trunk layer's role (V41_FACTS §2)."""
 
     layer: int
-    path: str = attrs.field(validator=attrs.validators.in_(PATHS))
-    stage: str = attrs.field(validator=attrs.validators.in_(STAGES))
+    path: str = attrs.field(validator=one_of("layer", PATHS))
+    stage: str = attrs.field(validator=one_of("layer", STAGES))
     ratio: int
     kv_owner: int | None  #: latest Full layer ≤ this one whose main KV / index K it reads (itself if Full)
     topk_producer: int | None  #: whose Top-K it attends with (itself for Full/Reindex)
