@@ -149,6 +149,9 @@ def cmd_hw(a) -> None:
     from .hw import list_hw, load_hw
 
     if a.action == "list":
+        if a.json:
+            print(json.dumps([{"name": n, "description": load_hw(n).description} for n in list_hw()], indent=2))
+            return
         for n in list_hw():
             h = load_hw(n)
             print(f"{n:<8} {h.description}")

@@ -17,14 +17,13 @@ import numpy as np
 
 from .errors import require
 from .ir import COMPONENT_INDEX
+from .limits import MAX_CONTEXT, MAX_REQUESTS
 from .lowering.features import feature_matrix
 from .memory import DEFAULT_RESERVE_GIB, device_weights, kv_per_device
 from .pipeline import Plan, Policies, compile_plan
 from .plan import ParallelMapping
 
 GiB = 2.0**30
-#: Contexts beyond this are not searched (the answer is reported as "at least").
-MAX_CONTEXT = 1 << 24
 
 
 @attrs.frozen
@@ -134,13 +133,12 @@ class MemoryModel:
 
     def max_batch(self, context: int) -> int:
         """Largest replica batch (requests at ``context`` tokens) that fits; 0 if not even one does."""
-        return _largest(lambda b: self._fits(b, context), 1 << 30)
+        return _largest(lambda b: self._fits(b, context), MAX_REQUESTS)
 
     @property
     def context_cap(self) -> int:
-        """The model's longest context (``max_position_embeddings``), else :data:`MAX_CONTEXT`."""
-        cfg = getattr(self.model, "cfg", None)
-        return int(getattr(cfg, "max_position_embeddings", 0) or getattr(self.model, "max_context", 0) or MAX_CONTEXT)
+        """The model's longest context (``max_position_embeddings``, else graphsim's bound)."""
+        return self.model.max_context() if hasattr(self.model, "max_context") else MAX_CONTEXT
 
     def max_context(self, batch: int = 1) -> int:
         """Largest context at which ``batch`` requests fit, at most :attr:`context_cap`; 0 if none."""

@@ -165,6 +165,11 @@ class V4LayerInfo:
         """In CSA2 terms every compressed V4 layer is a Full layer."""
         return "swa_only" if self.ratio == 0 else "full"
 
+    @property
+    def kv_source(self) -> bool:
+        """Every compressed layer owns (produces and stores) its KV."""
+        return self.ratio > 0
+
 
 def _attn_kind(cfg: V4Config, m: int) -> str:
     return "swa_only" if m == 0 else ("csa" if cfg.has_indexer(m) else "hca")
@@ -336,6 +341,19 @@ def _state_bytes(cfg: V4Config, m: int, width: int, n_tokens: int) -> float:
         return 0.0
     c = cfg.coff(m)
     return 2 * (c * m) * fmt(cfg.compressor_state_format).nbytes(c * width)
+
+
+def owner_kv_bytes(cfg: V4Config, li: V4LayerInfo, n_tokens: int) -> float:
+    """One compressed layer's own global cache for one request: main KV (+ index K on CSA) per completed
+    group, and its compressors' state buffers."""
+    if not li.ratio:
+        return 0.0
+    csa = li.attn == "csa"
+    entry = main_kv_entry_bytes(cfg) + (index_k_entry_bytes(cfg) if csa else 0.0)
+    state = _state_bytes(cfg, li.ratio, cfg.head_dim, n_tokens)
+    if csa:
+        state += _state_bytes(cfg, li.ratio, cfg.index_head_dim, n_tokens)
+    return (n_tokens // li.ratio) * entry + state
 
 
 def kv_capacity(cfg: V4Config, n_tokens: int, *, mtp: bool = False) -> KVCapacity:

@@ -26,6 +26,10 @@ class DeepSeekV4(DeepSeekV41):
     def kv_formats(self) -> tuple[str, ...]:
         return (self.cfg.kv_nope_format, self.cfg.kv_rope_format)
 
+    def owner_kv_bytes(self, context: int, layer: int) -> float:
+        """A compressed layer's own global cache (every compressed V4 layer owns its KV)."""
+        return sem4.owner_kv_bytes(self.cfg, self.layers[layer], context)
+
     def resident_groups(self, policies) -> tuple[str, ...]:
         return ("embed", "trunk")
 

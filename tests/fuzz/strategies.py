@@ -36,6 +36,27 @@ num_text = st.one_of(ints.map(str), st.sampled_from(["", "abc", "1e3", "1_000", 
 
 
 @st.composite
+def valid_request(draw) -> str:
+    """A request a user would write: a real kind, length, count, sometimes a prefix hit or a verify length."""
+    kind = draw(st.sampled_from(["decode", "prefill"]))
+    n = draw(st.sampled_from([1, 2, 127, 128, 129, 1000, 4096, 8192, 32768, 131072]))
+    s = f"{kind}:{n}"
+    if draw(st.booleans()):
+        s += f"x{draw(st.sampled_from([1, 2, 8, 64, 256]))}"
+    if kind == "prefill" and n > 1 and rare(draw, 3):
+        s += f"@{draw(st.integers(1, n - 1))}"
+        if draw(st.booleans()):
+            s += ":" + draw(st.sampled_from(["hbm", "host", "disk"]))
+        if draw(st.booleans()):
+            s += "/noswa"
+    return s
+
+
+VALID_MAPPINGS = ({}, {"tp": 2}, {"tp": 4}, {"tp": 8}, {"tp": 4, "ep": 4}, {"dp": 8, "ep": 8}, {"tp": 2, "dp": 2, "ep": 4},
+                  {"pp": 2}, {"tp": 4, "pp": 2}, {"cp": 2}, {"tp": 8, "ep": 8})
+
+
+@st.composite
 def request_string(draw) -> str:
     """``KIND:LEN[xCOUNT][vK][@CACHED[:TIER][/noswa]][+img:WxH]``, each part possibly malformed."""
     kind = draw(st.sampled_from(["prefill", "decode", "prefill", "decode", "Prefill", "encode", ""]))
@@ -86,9 +107,24 @@ def mapping(draw) -> dict:
 
 @st.composite
 def api_case(draw) -> dict:
-    return {"model": draw(st.one_of(st.sampled_from(MODELS), name)), "hw": draw(hw_name),
-            "requests": draw(st.lists(request_string(), max_size=3)), "mapping": draw(mapping()),
-            "policies": draw(policies())}
+    """Mostly real plans (so inputs reach deep code), one field broken one time in three, all of them broken
+    one time in eight."""
+    case = {"model": draw(st.sampled_from(MODELS)), "hw": draw(st.sampled_from(HWS)),
+            "requests": draw(st.lists(valid_request(), min_size=1, max_size=3)),
+            "mapping": dict(draw(st.sampled_from(VALID_MAPPINGS))),
+            "policies": {k: draw(st.sampled_from(v)) for k, v in sorted(POLICY_VALUES.items())
+                         if draw(st.integers(0, 5)) == 5}}
+    mode = draw(st.integers(0, 7))
+    if mode == 7:
+        return {"model": draw(st.one_of(st.sampled_from(MODELS), name)), "hw": draw(hw_name),
+                "requests": draw(st.lists(request_string(), max_size=3)), "mapping": draw(mapping()),
+                "policies": draw(policies())}
+    if mode >= 5:
+        what = draw(st.sampled_from(["model", "hw", "requests", "mapping", "policies"]))
+        case[what] = {"model": lambda: draw(name), "hw": lambda: draw(hw_name),
+                      "requests": lambda: draw(st.lists(request_string(), max_size=3)),
+                      "mapping": lambda: draw(mapping()), "policies": lambda: draw(policies())}[what]()
+    return case
 
 
 # --------------------------------------------------------------------------------------------------
@@ -104,9 +140,10 @@ WHERE = ["`decode.count` == 64", "forward_s > 0.01 and mapping == 'tp4'", "@df.t
 
 
 def _plan_flags(draw) -> list:
-    argv = ["--model", draw(st.one_of(st.sampled_from(MODELS), name)), "--hw", draw(hw_name)]
+    argv = ["--model", draw(st.one_of(st.sampled_from(MODELS), st.sampled_from(MODELS), name)),
+            "--hw", draw(st.one_of(st.sampled_from(HWS), hw_name))]
     for ax in draw(st.lists(st.sampled_from(["--tp", "--dp", "--ep", "--pp", "--cp"]), max_size=2, unique=True)):
-        argv += [ax, draw(st.one_of(st.sampled_from(["1", "2", "4", "8"]), num_text))]
+        argv += [ax, draw(st.one_of(st.sampled_from(["1", "2", "4", "8"]), st.sampled_from(["1", "2", "4"]), num_text))]
     for _ in range(draw(st.integers(0, 2))):
         flag, vals = draw(st.sampled_from([
             ("--decoder-replay", ["sglang", "paper", "on"]), ("--fusion", ["single-pass", "x"]),
@@ -127,7 +164,8 @@ def cli_case(draw) -> dict:
     files: dict = {}
     if cmd == "estimate":
         argv = ["estimate", *_plan_flags(draw)]
-        argv += [x for r in draw(st.lists(request_string(), min_size=0, max_size=3)) for x in ("--request", r)]
+        reqs = draw(st.lists(st.one_of(valid_request(), valid_request(), request_string()), min_size=0, max_size=3))
+        argv += [x for r in reqs for x in ("--request", r)]
         if draw(st.booleans()):
             argv.append("--json")
         if rare(draw, 5):
