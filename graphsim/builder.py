@@ -23,6 +23,7 @@ from .ir import (
     Tensor,
     TokenSet,
     fmt,
+    split_params,
     wider,
 )
 
@@ -114,8 +115,9 @@ class GraphBuilder:
         if st not in self._stages:
             self._stages.append(st)
         full = self._prefix + name
+        info, notes = split_params(params)
         o = Op(full, kind, st, cost, self._layer, stream, token_set, precision, frozenset(split),
-               tuple(reads), tuple(writes), tuple(comm), tuple((params or {}).items()), formula)
+               tuple(reads), tuple(writes), tuple(comm), notes, formula, info=info)
         if deps is None:
             d = self._last.get("compute")
             deps = (d,) if d else ()
@@ -243,4 +245,4 @@ class GraphBuilder:
     # ---- result -----------------------------------------------------------------------------------
     def build(self) -> Graph:
         return Graph(self.name, tuple(self._ops), tuple(self._edges), tuple(self._tensors.values()),
-                     tuple(self._token_sets.values()), tuple(self._stages), tuple(self.meta.items())).validate()
+                     tuple(self._token_sets.values()), tuple(self._stages), self.meta).validate()

@@ -335,10 +335,72 @@ def _frozen_params(p) -> tuple:
     return tuple(p)
 
 
+def _nonneg_int(field: str):
+    def check(_inst, attr, v):
+        require(isinstance(v, int) and not isinstance(v, bool) and v >= 0, f"{field}.{attr.name}",
+                f"must be a whole number >= 0, got {v!r}")
+    return check
+
+
+def _nonneg_num(field: str):
+    def check(_inst, attr, v):
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        require(ok, f"{field}.{attr.name}", f"must be a finite number >= 0, got {v!r}")
+    return check
+
+
+def _info_int():
+    return attrs.field(default=0, validator=_nonneg_int("op.info"))
+
+
+@attrs.frozen
+class OpInfo:
+    """The typed facts about an op that passes and reports read (0 / "" = not applicable). Free-form notes
+    for people live in ``Op.params``; nothing reads those to decide anything."""
+
+    #: GEMM shape: ``copies`` independent k x n products per token (block-diagonal / per-head when > 1)
+    k: int = _info_int()
+    n: int = _info_int()
+    copies: int = _info_int()
+    weight_format: str = ""
+    #: routed experts: how many, how many per token, their hidden and intermediate widths
+    experts: int = _info_int()
+    top_k: int = _info_int()
+    hidden: int = _info_int()
+    inter: int = _info_int()
+    #: elementwise ops: elements per token and bytes read / written per element
+    elems: int = _info_int()
+    bytes_in: float = attrs.field(default=0.0, validator=_nonneg_num("op.info"))
+    bytes_out: float = attrs.field(default=0.0, validator=_nonneg_num("op.info"))
+    #: attention: query heads, and the KV heads of the cache it reads (fewer than TP ranks: read whole)
+    heads: int = _info_int()
+    kv_heads: int = _info_int()
+    #: a role inside a fusable unit (mHC: coeff, sinkhorn, premix, prenorm, residual) and its element traffic
+    role: str = ""
+    mhc_elems: int = _info_int()
+
+    def items(self) -> dict:
+        """The fields that apply (non-default), for display."""
+        default = OpInfo()
+        return {a.name: getattr(self, a.name) for a in attrs.fields(OpInfo)
+                if getattr(self, a.name) != getattr(default, a.name)}
+
+
+INFO_FIELDS = frozenset(a.name for a in attrs.fields(OpInfo))
+
+
+def split_params(params) -> tuple[OpInfo, tuple]:
+    """(typed OpInfo, remaining display notes) from a params mapping or pairs."""
+    d = dict(params or {})
+    info = OpInfo(**{k: d.pop(k) for k in list(d) if k in INFO_FIELDS})
+    return info, tuple(d.items())
+
+
 @attrs.frozen
 class Op:
-    """One operation: what it computes (``kind``, ``params``, ``formula``), on which tokens, where
-    (``stage``, ``layer``, ``stream``), its linear ``cost`` and how it splits across parallel ranks."""
+    """One operation: what it computes (``kind``, typed ``info``, ``formula``), on which tokens, where
+    (``stage``, ``layer``, ``stream``), its linear ``cost`` and how it splits across parallel ranks.
+    ``params`` are free-form notes for reports (the collective and group of a comm op, a micro-batch index)."""
 
     name: str
     kind: str
@@ -357,15 +419,22 @@ class Op:
     #: which device of the representative timeline runs it (pipeline stages are different GPUs): ops of
     #: one stream issue in program order per device
     device: int = 0
+    #: the logical op this one is a copy of (a two-batch half, a pipeline micro-batch), "" for an original:
+    #: copies share the original's tensor writes, each for its own tokens
+    origin: str = ""
+    info: OpInfo = OpInfo()
 
     def __attrs_post_init__(self):
-        require(bool(self.name), "op.name", "must be a non-empty string")
+        require(isinstance(self.name, str) and bool(self.name), "op.name", "must be a non-empty string")
         bad = set(self.split) - set(SPLIT_AXES)
         require(not bad, f"op[{self.name}].split", f"unknown axes {sorted(bad)}; allowed {SPLIT_AXES}")
+        clash = INFO_FIELDS & {k for k, _ in self.params}
+        require(not clash, f"op[{self.name}].params", f"{sorted(clash)} are typed facts: give them in info")
 
     @property
     def param_dict(self) -> dict:
-        return dict(self.params)
+        """Typed facts and display notes together (for reports and exports)."""
+        return {**self.info.items(), **dict(self.params)}
 
 
 @attrs.frozen
@@ -373,6 +442,51 @@ class Edge:
     src: str
     dst: str
     kind: str = attrs.field(default="data", validator=one_of("edge", EDGE_KINDS))
+
+
+def _str_tuple(v) -> tuple:
+    if isinstance(v, str):
+        return tuple(x for x in v.split(",") if x)
+    return tuple(v)
+
+
+@attrs.frozen
+class GraphMeta:
+    """What a graph records about how it was made — typed, read by passes and reports (no side channel)."""
+
+    model: str = ""
+    #: request kind of each group of the batch the graph was built for
+    kinds: tuple = attrs.field(default=(), converter=_str_tuple)
+    #: the precision the attention math runs at (resolved from the policies and the checkpoint)
+    attention_precision: str = "bf16"
+    #: bytes of the residual state one token carries between layers (BF16; mHC keeps several streams)
+    residual_bytes: float = 0.0
+    #: the verified passes that made this graph, in order
+    passes: tuple = attrs.field(default=(), converter=_str_tuple)
+    #: token-set rewrites of the replay passes ("decoder_replay=sglang:W=128", ...)
+    token_set_rewrites: tuple = attrs.field(default=(), converter=_str_tuple)
+    mapping: str = ""
+    hw: str = ""
+    policies: str = ""
+    #: token layouts the sharding pass picked for MoE blocks ("scatter", "replicated")
+    moe_layout: tuple = attrs.field(default=(), converter=_str_tuple)
+    #: pipeline parallelism: layers per stage, micro-batches, how the batch was split, the bottleneck stage
+    pp_stages: tuple = ()
+    pp_micro_batches: int = 0
+    pp_split: str = ""
+    pp_bottleneck_stage: int | None = None
+    #: Engram host prefetch distance (blocks ahead), when the tables live on the host
+    prefetch_distance: int | None = None
+
+
+def _meta(v) -> GraphMeta:
+    if isinstance(v, GraphMeta):
+        return v
+    d = dict(v)
+    known = {a.name for a in attrs.fields(GraphMeta)}
+    bad = set(d) - known
+    require(not bad, "graph.meta", f"unknown fields {sorted(bad)}; known: {', '.join(sorted(known))}")
+    return GraphMeta(**d)
 
 
 @attrs.frozen(slots=False, eq=False)
@@ -388,7 +502,7 @@ class Graph:
     tensors: tuple = attrs.field(default=(), converter=tuple)
     token_sets: tuple = attrs.field(default=(), converter=tuple)
     stages: tuple = attrs.field(default=(), converter=tuple)
-    meta: tuple = attrs.field(default=(), converter=_frozen_params)
+    meta: GraphMeta = attrs.field(default=GraphMeta(), converter=_meta)
 
     def evolve(self, **changes) -> "Graph":
         return attrs.evolve(self, **changes)
@@ -414,7 +528,7 @@ class Graph:
 
     @property
     def meta_dict(self) -> dict:
-        return dict(self.meta)
+        return attrs.asdict(self.meta)
 
     def weights(self) -> tuple[Tensor, ...]:
         """The resident inventory: weights and tables, each counted once."""

@@ -16,9 +16,8 @@ from .workload import Workload
 from .hw import EfficiencyProfile, HardwareSpec, load_hw
 from .lowering.evaluate import Evaluator, Schedule, evaluate_reference, unit_time
 from .lowering.program import CostProgram, lower
-from .passes.pipeline import PassPipeline
-from .passes.runtime import apply_runtime_passes
-from .passes.sharding import apply_mapping
+from .passes.pipeline import PassContext, PassPipeline
+from .passes.runtime import plan_passes
 
 
 def _int_in(lo: int, hi: int):
@@ -213,15 +212,16 @@ def check_hardware(plan: Plan, hw: HardwareSpec) -> None:
                 f"{hw.name} has no {p} tensor rate; allowed on it: {', '.join(['auto', *have])}")
 
 
-def default_passes(model, policies: Policies) -> list[tuple[str, Callable[[Graph], Graph]]]:
+def default_passes(model, policies: Policies) -> list[tuple[str, Callable]]:
     """The model's policy passes (replay, fusion, overlap…), in order; models add theirs via ``passes``."""
     hook = getattr(model, "passes", None)
     return list(hook(policies)) if hook else []
 
 
 def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyProfile | None = None,
-                 *, extra_passes: Sequence[tuple[str, Callable[[Graph], Graph]]] = (), chunk: int = 65536) -> Compiled:
-    """build -> passes (verified) -> shard for the mapping -> lower."""
+                 *, extra_passes: Sequence[tuple[str, Callable]] = (), chunk: int = 65536) -> Compiled:
+    """build -> passes (policy, ``extra_passes``, sharding, runtime; each ``(graph, ctx) -> graph`` and
+    verified) -> lower."""
     if isinstance(hw, str):
         hw = load_hw(hw)
     if isinstance(model, str):
@@ -233,12 +233,10 @@ def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyP
     check_context(model, plan)
     check_hardware(plan, hw)
     logical = model.build(plan.kinds, policies=plan.policies, requests=plan.requests)
-    pipeline = PassPipeline([*default_passes(model, plan.policies), *extra_passes])
-    rewritten = pipeline.run(logical)
-    graph = apply_mapping(rewritten, plan.mapping, hw.nvlink_domain, policies=plan.policies, hw=hw)
-    graph = apply_runtime_passes(graph, plan, hw, model=model)
-    meta = dict(graph.meta)
-    meta.update(hw=hw.name, policies=str(plan.policies.identity()))
-    graph = graph.evolve(meta=tuple(meta.items()))
+    ctx = PassContext(model, plan, hw)
+    # one verified pipeline: the model's policy passes, the caller's, then sharding and the runtime passes
+    passes = [*default_passes(model, plan.policies), *extra_passes, *plan_passes(ctx)]
+    graph = PassPipeline(passes).run(logical, ctx)
+    graph = graph.evolve(meta=attrs.evolve(graph.meta, hw=hw.name, policies=str(plan.policies.identity())))
     program = lower(graph)
     return Compiled(model, plan, hw, profile, logical, graph, program, Evaluator(program, plan.kinds, chunk))

@@ -11,7 +11,9 @@ from __future__ import annotations
 import attrs
 
 from graphsim.errors import GraphsimError
-from graphsim.ir import Cost, Edge, Feature, Graph, Op
+from graphsim.ir import Cost, Edge, Feature, Graph, Op, OpInfo
+
+from .pipeline import NO_CONTEXT, PassContext
 
 MHC_PROFILES = ("unfused", "two-pass", "single-pass")
 ROLES_PRE = ("coeff", "sinkhorn", "premix", "prenorm")
@@ -69,10 +71,10 @@ def fuse_mhc(profile: str, *, n: int, d: int, stream_bytes: float = 2.0, norm_ou
     whole = ((2 * n + 2) * d, (n + 1) * d * sb + n * d * sb + d * nb)  # both in one pass
 
     def mhc(op: Op) -> bool:
-        return op.kind == "mhc" and dict(op.params).get("role") in (*ROLES_PRE, "residual")
+        return op.kind == "mhc" and op.info.role in (*ROLES_PRE, "residual")
 
     def make(ops: list[Op]) -> Op:
-        roles = [dict(o.params)["role"] for o in ops]
+        roles = [o.info.role for o in ops]
         ts = ops[0].token_set
         has_res, has_pre = "residual" in roles, all(r in roles for r in ROLES_PRE)
         elems, nbytes = whole if (has_res and has_pre) else residual if has_res else pre
@@ -81,13 +83,13 @@ def fuse_mhc(profile: str, *, n: int, d: int, stream_bytes: float = 2.0, norm_ou
         name = head.name.rsplit(".", 1)[0] + (".fused" if has_res and has_pre else ".pre" if has_pre else ".res")
         return Op(name, "mhc", ops[0].stage, cost, head.layer, ops[0].stream, ts, ops[0].precision,
                   ops[0].split, tuple(t for o in ops for t in o.reads), tuple(t for o in ops for t in o.writes), (),
-                  (("mhc_elems", elems), ("role", "+".join(roles)), ("profile", profile)),
-                  f"fused mHC ({profile}): {elems // d} d elements per token")
+                  (("profile", profile),), f"fused mHC ({profile}): {elems // d} d elements per token",
+                  info=OpInfo(role="+".join(roles), mhc_elems=elems))
 
     def groups_for(graph: Graph) -> list[list[int]]:
         out = []
         for run in _runs(graph, mhc, lambda o: (o.token_set, o.stage)):
-            roles = [dict(graph.ops[i].params)["role"] for i in run]
+            roles = [graph.ops[i].info.role for i in run]
             if profile == "single-pass":
                 out.append(run)
             else:  # two-pass: the residual update alone, the pre-trio fused
@@ -96,7 +98,7 @@ def fuse_mhc(profile: str, *, n: int, d: int, stream_bytes: float = 2.0, norm_ou
                     out.append(pre_idx)
         return out
 
-    def run(graph: Graph) -> Graph:
+    def run(graph: Graph, ctx: PassContext = NO_CONTEXT) -> Graph:
         if profile == "unfused":
             return graph
         # a lone residual update (two-pass) keeps its op: its traffic, (2n+1)d, is already the kernel's
@@ -106,16 +108,16 @@ def fuse_mhc(profile: str, *, n: int, d: int, stream_bytes: float = 2.0, norm_ou
     return run
 
 
-def fuse_norm_quant(graph: Graph) -> Graph:
+def fuse_norm_quant(graph: Graph, ctx: PassContext = NO_CONTEXT) -> Graph:
     """RMSNorm followed by FP8 quantization of its output: one kernel, read bf16 once, write FP8 once."""
 
     def make(ops: list[Op]) -> Op:
         norm, quant = ops
-        pn, pq = dict(norm.params), dict(quant.params)
-        fused_act = pn["elems"] * pn["bytes_in"] + pq["elems"] * pq["bytes_out"]  # read once, write FP8 once
+        n, q = norm.info, quant.info
+        fused_act = n.elems * n.bytes_in + q.elems * q.bytes_out  # read once, write FP8 once
         cost = _without_act(norm.cost) + _without_act(quant.cost) + Cost.of(Feature("tokens", norm.token_set), bytes_act=fused_act)
         return attrs.evolve(norm, name=norm.name + "+quant", kind="norm", cost=cost,
-                            params=tuple({**pn, "bytes_out": pq["bytes_out"]}.items()),
+                            info=attrs.evolve(n, bytes_out=q.bytes_out),
                             writes=norm.writes + quant.writes, formula=f"{norm.formula}; FP8 output fused")
 
     groups = []

@@ -114,7 +114,7 @@ def plan_layout(graph: Graph, mapping, domain: int, *, sp: bool = False, residua
 
 def _moe_choice(ops, attn, ep, mapping, domain, weights, residual_bytes) -> str | None:
     expert = ops[ep]
-    top_k = int(expert.param_dict.get("top_k", 0))
+    top_k = expert.info.top_k
     ar = _tp_reduce(ops[attn])
     a2a = sum(_link_time(s, s.group, mapping, domain, weights, top_k) for s in expert.comm
               if s.collective == "all_to_all")
@@ -134,7 +134,7 @@ def _moe_choice(ops, attn, ep, mapping, domain, weights, residual_bytes) -> str 
 
 
 def _routed_reduce_payload(expert: Op) -> Cost:
-    return Cost.of(Feature("tokens", expert.token_set), bytes_act=2.0 * int(expert.param_dict["hidden"]))
+    return Cost.of(Feature("tokens", expert.token_set), bytes_act=2.0 * expert.info.hidden)
 
 
 def _shared_reduce(ops, ep) -> bool:
@@ -168,10 +168,7 @@ def _moe_layout(ops, attn, ep, choice, t, residual_bytes) -> dict:
 
 
 def _sp_out_bytes(op: Op) -> float:
-    p = op.param_dict
-    if "elems" in p and "bytes_out" in p:
-        return float(p["elems"]) * float(p["bytes_out"])
-    return 0.0
+    return op.info.elems * op.info.bytes_out
 
 
 def _merged_with(compute: list[Op], op: Op, spec: CommSpec) -> list[Op]:

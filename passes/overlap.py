@@ -5,15 +5,16 @@
   dispatch/combine/all-reduce hides behind the other's compute.
 * :func:`prefetch_engram` — host-resident Engram tables: the rows a block looks up are copied host→device
   over NVLink-C2C on the host_copy stream, up to ``distance`` blocks ahead, and the lookup waits for them.
-* :func:`prefetch_report` — per copy: how long it took and how much of it the consumer waited for;
-  :func:`prefetch_study` — host-resident vs all-HBM tables over prefetch distances for one batch.
+The analyses of what a prefetch hides (per-copy exposure, studies over distances) are in
+:mod:`graphsim.studies`.
 """
 from __future__ import annotations
 
 import attrs
 
-from graphsim.errors import require
 from graphsim.ir import Cost, Edge, Graph, Op
+
+from .pipeline import NO_CONTEXT, PassContext
 
 #: Name suffixes of the two halves (pipeline micro-batch replicas use ``.mb{j}``).
 HALVES = ("tbo0", "tbo1")
@@ -41,24 +42,17 @@ def _units(ops) -> list[list[int]]:
     return [u for u in units if u]
 
 
-def two_batch_overlap(graph: Graph) -> Graph:
+def two_batch_overlap(graph: Graph, ctx: PassContext = NO_CONTEXT) -> Graph:
     """Split every op into two half-batch copies (``.tbo0``, ``.tbo1``) and interleave them unit by unit:
     tbo0.u0, tbo1.u0, tbo0.u1, tbo1.u1, … Program order is stream order, so while half 0's collectives of
     unit k run on the comm stream, half 1's compute of unit k runs on the compute stream; each copy
     keeps its own data dependencies. Weights are read once per half."""
     order = [(i, h) for unit in _units(graph.ops) for h in HALVES for i in unit]
     ops = tuple(attrs.evolve(graph.ops[i], name=f"{graph.ops[i].name}.{h}", cost=scale_batch(graph.ops[i].cost, 0.5),
-                             params=graph.ops[i].params + (("half", h),))
+                             params=graph.ops[i].params + (("half", h),), origin=graph.ops[i].origin or graph.ops[i].name)
                 for i, h in order)
     edges = tuple(Edge(f"{e.src}.{h}", f"{e.dst}.{h}", e.kind) for h in HALVES for e in graph.edges)
-    return _with_meta(graph.evolve(ops=ops, edges=edges), "two-batch-overlap")
-
-
-def _with_meta(graph: Graph, name: str, **extra) -> Graph:
-    meta = graph.meta_dict
-    meta["runtime_passes"] = ",".join(filter(None, [meta.get("runtime_passes", ""), name]))
-    meta.update(extra)
-    return graph.evolve(meta=tuple(meta.items()))
+    return graph.evolve(ops=ops, edges=edges)
 
 
 def table_readers(graph: Graph) -> list[int]:
@@ -67,15 +61,14 @@ def table_readers(graph: Graph) -> list[int]:
     return [i for i, op in enumerate(graph.ops) if any(tensors[t].role == "table" for t in op.reads)]
 
 
-def prefetch_engram(graph: Graph, distance: int) -> Graph:
+def prefetch_engram(graph: Graph, ctx: PassContext) -> Graph:
     """Host-resident tables: before each table lookup in block L, copy the rows it reads host→device on the
     host_copy stream (C2C bytes = the lookup's table bytes). Row addresses depend only on token ids
     (deterministic hashing), so the copy needs no result of the forward: it may start when block
     L - ``distance`` starts (with no wait at all if that block precedes the trunk; ``distance`` 0 = on
     demand, fully exposed). Copies are issued on the host_copy stream in the order of the blocks they
     start with. The lookup then reads the staged rows from HBM as before."""
-    require(isinstance(distance, int) and not isinstance(distance, bool) and distance >= 0,
-            "policies.prefetch_distance", f"must be an integer >= 0 (blocks ahead), got {distance!r}")
+    distance = ctx.need("plan", "engram_prefetch").policies.prefetch_distance
     readers = table_readers(graph)
     if not readers:
         return graph
@@ -108,74 +101,5 @@ def prefetch_engram(graph: Graph, distance: int) -> Graph:
     for i, op in enumerate(ops):
         out.extend(inserts.get(i, ()))
         out.append(op)
-    return _with_meta(graph.evolve(ops=tuple(out), edges=tuple(edges)), "engram-host-prefetch",
-                      prefetch_distance=distance)
-
-
-@attrs.frozen
-class PrefetchRow:
-    """One host→device copy: its duration and how long its consumer waited for it beyond its other inputs."""
-
-    copy: str
-    consumer: str
-    copy_s: float
-    exposed_s: float
-
-    @property
-    def hidden(self) -> bool:
-        return self.exposed_s <= 1e-12
-
-
-def prefetch_report(schedule, point: int = 0) -> list[PrefetchRow]:
-    """Exposure of every host_copy feeding an op, from a reference :class:`Schedule` (full graph)."""
-    g = schedule.graph
-    idx = g.op_index
-    preds: dict[int, list[int]] = {}
-    for a, b in g.schedule_edges():
-        preds.setdefault(b, []).append(a)
-    fin = schedule.finish[point]
-    rows = []
-    tables = {t.name for t in g.tensors if t.role == "table"}
-    for e in g.edges:
-        src = g.ops[idx[e.src]]
-        if src.stream != "host_copy" or not tables & set(g.ops[idx[e.dst]].reads):
-            continue  # only copies that feed a table lookup (not e.g. a prefix-cache restore)
-        i, j = idx[e.src], idx[e.dst]
-        others = [fin[p] for p in preds.get(j, ()) if p != i]
-        ready = max(others, default=0.0)
-        rows.append(PrefetchRow(e.src, e.dst, float(schedule.duration[point, i]), float(max(0.0, fin[i] - ready))))
-    return rows
-
-
-@attrs.frozen
-class PrefetchStudy:
-    """One prefetch distance: the forward with host-resident tables vs all-HBM tables, and every copy."""
-
-    distance: int
-    forward_s: float
-    forward_hbm_s: float
-    copies: tuple
-
-    @property
-    def exposed_s(self) -> float:
-        """Time the table lookups waited for their copies (summed over copies)."""
-        return sum(r.exposed_s for r in self.copies)
-
-    @property
-    def hidden(self) -> bool:
-        return all(r.hidden for r in self.copies)
-
-
-def prefetch_study(model, hw, requests, mapping, distances=(0, 1, 2, 4), policies=None) -> list[PrefetchStudy]:
-    """Host-resident Engram at each prefetch distance against the all-HBM baseline, for one batch."""
-    import graphsim as gs
-
-    pol = policies or gs.Policies()
-    base = gs.compile_plan(model, gs.Plan(requests, mapping, attrs.evolve(pol, engram="hbm")), hw).schedule()
-    out = []
-    for d in distances:
-        s = gs.compile_plan(model, gs.Plan(requests, mapping, attrs.evolve(pol, engram="host", prefetch_distance=d)),
-                            hw).schedule()
-        rows = tuple(r for r in prefetch_report(s) if ".h2d" in r.copy)  # the Engram copies only
-        out.append(PrefetchStudy(d, float(s.forward[0]), float(base.forward[0]), rows))
-    return out
+    return graph.evolve(ops=tuple(out), edges=tuple(edges),
+                        meta=attrs.evolve(graph.meta, prefetch_distance=distance))

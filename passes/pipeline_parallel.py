@@ -34,7 +34,8 @@ import numpy as np
 from graphsim.errors import GraphsimError, require
 from graphsim.ir import Cost, Edge, Feature, Graph, Op
 
-from .overlap import _with_meta, scale_batch
+from .overlap import scale_batch
+from .pipeline import PassContext
 from .sharding import link_cost
 
 #: Caches a later stage may read from an earlier one's writer.
@@ -122,28 +123,35 @@ def chunk_batch(cost: Cost, j: int, m: int) -> Cost:
     return cost.map_features(lambda f: f if f.kind == "one" else attrs.evolve(f, chunk=(j, m)))
 
 
-def pipeline_parallel(graph: Graph, plan, hw, model) -> Graph:
-    """Cut the sharded graph into ``pp`` stages with p2p sends and the bottleneck stage's replicas."""
-    from graphsim.lowering.evaluate import evaluate_reference, unit_time
-    from graphsim.lowering.program import lower
-
+def pipeline_parallel(graph: Graph, ctx: PassContext) -> Graph:
+    """Pass: cut the sharded graph into ``pp`` stages with p2p sends, and either the bottleneck stage's
+    replicas (micro-batches of requests) or the full grid (causal chunks of long prompts)."""
+    plan, hw, model = (ctx.need(f, "pipeline_parallel") for f in ("plan", "hw", "model"))
     sizes = stage_sizes(trunk_layers(model, graph), plan.mapping.pp)
     m = micro_batches(plan)
     stage = stage_of_ops(graph, sizes)
     sends = _sends(graph, stage, plan.mapping, hw.nvlink_domain, residual_bytes_per_token(model))
-    info = {"pp_stages": "+".join(map(str, sizes)), "pp_micro_batches": m}
+    meta = attrs.evolve(graph.meta, pp_stages=sizes, pp_micro_batches=m)
     if chunked(plan, m):
-        return _with_meta(_grid(graph, stage, sends, m), "pipeline-parallel", pp_split="causal-chunks", **info)
+        return _grid(graph, stage, sends, m).evolve(meta=attrs.evolve(meta, pp_split="causal-chunks"))
     scaled = graph.evolve(ops=tuple(attrs.evolve(op, cost=scale_batch(op.cost, 1.0 / m)) for op in graph.ops))
     sends = [attrs.evolve(s, cost=scale_batch(s.cost, 1.0 / m)) for s in sends]
     chain = _assemble(scaled, stage, sends, None, m)
-    info["pp_split"] = "requests"
+    meta = attrs.evolve(meta, pp_split="requests")
     if m == 1:
-        return _with_meta(chain, "pipeline-parallel", **info)
-    sched = evaluate_reference(lower(chain), plan.workload(), unit_time(hw.rates()))
-    bottleneck = int(np.argmax(_stage_periods(chain, sched, len(sizes))))
-    return _with_meta(_assemble(scaled, stage, sends, bottleneck, m), "pipeline-parallel",
-                      pp_bottleneck_stage=bottleneck, **info)
+        return chain.evolve(meta=meta)
+    bottleneck = bottleneck_stage(chain, len(sizes), plan.workload(), hw)
+    return _assemble(scaled, stage, sends, bottleneck, m).evolve(meta=attrs.evolve(meta, pp_bottleneck_stage=bottleneck))
+
+
+def bottleneck_stage(chain: Graph, pp: int, workload, hw) -> int:
+    """Analysis: the stage with the longest period per micro-batch (compute, or its outgoing send) when the
+    one-micro-batch chain is evaluated at ``workload`` (SOL rates)."""
+    from graphsim.lowering.evaluate import evaluate_reference, unit_time
+    from graphsim.lowering.program import lower
+
+    sched = evaluate_reference(lower(chain), workload, unit_time(hw.rates()))
+    return int(np.argmax(_stage_periods(chain, sched, pp)))
 
 
 def _sends(graph: Graph, stage: np.ndarray, mapping, domain: int, act_bytes: float) -> list[Op]:
@@ -199,13 +207,14 @@ def _assemble(graph: Graph, stage: np.ndarray, sends: list[Op], bottleneck: int 
             if j == 0:
                 out.extend(ops[i] for i in members)
             else:
-                out.extend(attrs.evolve(ops[i], name=names[i], params=ops[i].params + (("micro_batch", j),))
-                           for i in members)
+                out.extend(attrs.evolve(ops[i], name=names[i], params=ops[i].params + (("micro_batch", j),),
+                                        origin=ops[i].origin or ops[i].name) for i in members)
                 edges += [Edge(names[idx[e.src]], names[idx[e.dst]], e.kind) for e in inner if stage[idx[e.src]] == s]
                 # micro-batch j enters the stage after micro-batch j-1 did
                 edges += [Edge(prev[i], names[i], "order") for i in members if i not in has_pred]
             if s < pp - 1:  # each copy's send follows it, overlapping the next copy's compute
-                send = sends[s] if s != bottleneck else attrs.evolve(sends[s], name=f"{sends[s].name}.mb{j}")
+                send = sends[s] if s != bottleneck else attrs.evolve(sends[s], name=f"{sends[s].name}.mb{j}",
+                                                                     origin=sends[s].name if j else "")
                 out.append(send)
                 edges += [Edge(names[i], send.name, "data") for i in members if i not in has_succ]
                 incoming = send.name
@@ -232,14 +241,16 @@ def _grid(graph: Graph, stage: np.ndarray, sends: list[Op], m: int) -> Graph:
         for s in range(pp):
             names = {i: graph.ops[i].name + suffix for i in members[s]}
             ops += [attrs.evolve(graph.ops[i], name=names[i], cost=chunk_batch(graph.ops[i].cost, j, m), device=s,
-                                 params=graph.ops[i].params + ((("micro_batch", j),) if j else ()))
+                                 params=graph.ops[i].params + ((("micro_batch", j),) if j else ()),
+                                 origin=(graph.ops[i].origin or graph.ops[i].name) if j else graph.ops[i].origin)
                     for i in members[s]]
             edges += [Edge(names[idx[e.src]], names[idx[e.dst]], e.kind) for e in inner if stage[idx[e.src]] == s]
             if incoming:
                 edges += [Edge(incoming, names[i], "data") for i in members[s] if i in fed]
             if s < pp - 1:
                 send = attrs.evolve(sends[s], name=sends[s].name + suffix, cost=chunk_batch(sends[s].cost, j, m),
-                                    device=s, params=sends[s].params + ((("micro_batch", j),) if j else ()))
+                                    device=s, params=sends[s].params + ((("micro_batch", j),) if j else ()),
+                                    origin=sends[s].name if j else "")
                 ops.append(send)
                 edges += [Edge(names[i], send.name, "data") for i in members[s] if i not in has_succ]
                 incoming = send.name

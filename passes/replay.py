@@ -8,6 +8,8 @@ import attrs
 from graphsim.errors import GraphsimError
 from graphsim.ir import Graph, TokenSet
 
+from .pipeline import NO_CONTEXT, PassContext
+
 #: profile -> which query-side token sets run only the per-request tail
 DECODER_REPLAY = {
     "off": (),
@@ -20,10 +22,8 @@ def _rewrite(graph: Graph, names, fn, note: str) -> Graph:
     out = []
     for ts in graph.token_sets:
         out.append(attrs.evolve(ts, prefill=fn(ts.prefill)) if ts.name in names else ts)
-    meta = dict(graph.meta)
-    meta.setdefault("token_set_rewrites", "")
-    meta["token_set_rewrites"] = ";".join(filter(None, [meta["token_set_rewrites"], note]))
-    return graph.evolve(token_sets=tuple(out), meta=tuple(meta.items()))
+    meta = attrs.evolve(graph.meta, token_set_rewrites=(*graph.meta.token_set_rewrites, note))
+    return graph.evolve(token_sets=tuple(out), meta=meta)
 
 
 def apply_decoder_replay(profile: str, window: int, sets=DECODER_REPLAY):
@@ -40,7 +40,7 @@ def apply_decoder_replay(profile: str, window: int, sets=DECODER_REPLAY):
         # dtail: the tail's SWA history is truncated at the replay start (V41_FACTS §4: approximate)
         return f"{prefix}dtail:{window}"
 
-    def run(graph: Graph) -> Graph:
+    def run(graph: Graph, ctx: PassContext = NO_CONTEXT) -> Graph:
         names = set(sets[profile]) & set(graph.token_set_map)
         return _rewrite(graph, names, tail, f"decoder_replay={profile}:W={window}")
 
@@ -56,7 +56,7 @@ def apply_encoder_replay(query_sets: tuple[str, ...]):
     def add(rule: str) -> str:
         return rule if rule.startswith("replay+") or rule == "none" else f"replay+{rule}"
 
-    def run(graph: Graph) -> Graph:
+    def run(graph: Graph, ctx: PassContext = NO_CONTEXT) -> Graph:
         names = set(query_sets) & set(graph.token_set_map)
         return _rewrite(graph, names, add, "encoder_replay=on")
 

@@ -1,25 +1,24 @@
-"""Runtime passes applied after sharding (they need collectives to exist): host-resident prefetch, pipeline
-parallelism, stream overlap. Each is pure and named in the graph's ``runtime_passes`` meta entry.
-
-Order matters: prefetch copies are inserted first (every later pass treats them as ordinary ops); the
-pipeline cut comes before two-batch overlap because it needs ops in layer order, and overlap then splits
-each pipeline micro-batch (sends included) into two interleaved halves.
+"""The passes a plan's mapping and policies add after the model's own: sharding first (it materializes the
+collectives), then host-resident prefetch, the pipeline cut, stream overlap. Order matters: prefetch copies
+are inserted before the pipeline cut (every later pass treats them as ordinary ops); the cut needs ops in
+layer order, and two-batch overlap then splits each pipeline micro-batch (sends included) into halves.
 """
 from __future__ import annotations
 
-from graphsim.ir import Graph
-
 from .overlap import prefetch_engram, two_batch_overlap
+from .pipeline import PassContext
 from .pipeline_parallel import pipeline_parallel
+from .sharding import shard
 
 
-def apply_runtime_passes(graph: Graph, plan, hw, model=None) -> Graph:
-    """The post-mapping passes a plan's policies and mapping ask for."""
-    p = plan.policies
+def plan_passes(ctx: PassContext) -> list:
+    """(name, pass) pairs the plan in ``ctx`` needs after the model's policy passes."""
+    p, m = ctx.plan.policies, ctx.plan.mapping
+    out = [("shard", shard)]
     if p.engram == "host":
-        graph = prefetch_engram(graph, p.prefetch_distance)
-    if plan.mapping.pp > 1:
-        graph = pipeline_parallel(graph, plan, hw, model)
+        out.append(("engram_prefetch", prefetch_engram))
+    if m.pp > 1:
+        out.append(("pipeline_parallel", pipeline_parallel))
     if p.overlap == "two-batch":
-        graph = two_batch_overlap(graph)
-    return graph
+        out.append(("two_batch_overlap", two_batch_overlap))
+    return out

@@ -24,6 +24,7 @@ from graphsim.ir import ONE, CommSpec, Cost, Edge, Graph, Op
 from graphsim.plan import ParallelMapping
 
 from .layout import OpLayout, plan_layout
+from .pipeline import PassContext
 
 WORK = ("flops", "exps", "bytes_kv", "bytes_act", "bytes_c2c", "bytes_disk")
 #: Cache traffic: a cache with fewer KV heads than TP ranks is read (and restored) whole on every rank.
@@ -105,7 +106,7 @@ def shard_cost(op: Op, m: ParallelMapping, ep_imbalance: float = 1.0, layout: Op
     cp = (m.cp if "dp" in split and "ep" not in split else 1) * layout.token_div
     # A cache with fewer KV heads than TP ranks is replicated: each rank reads all the heads it holds
     # (one shared latent for MLA / V4.1 -> every rank reads the whole cache).
-    kv_heads = dict(op.params).get("kv_heads")
+    kv_heads = op.info.kv_heads
     kv_work = work / m.tp * min(m.tp, kv_heads) if kv_heads and "tp" in split else work
 
     def share(c: str, f, v: float) -> float:
@@ -214,7 +215,7 @@ def _group_size(group: str, m: ParallelMapping) -> int:
 
 def check_mapping(graph: Graph, m: ParallelMapping) -> None:
     """Reject mappings that cannot exist for this graph (clear field names)."""
-    kinds = set(filter(None, graph.meta_dict.get("kinds", "").split(",")))
+    kinds = set(graph.meta.kinds)
     if m.cp > 1 and "decode" in kinds:
         raise GraphsimError("mapping.cp", f"context parallelism (cp={m.cp}) is modelled for long prefill only; "
                             "this batch has decode requests: use cp=1 or a prefill-only batch")
@@ -240,8 +241,14 @@ def layout_of(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, polici
     """The token layouts (:mod:`graphsim.passes.layout`) ``apply_mapping`` uses for this graph; ``hw`` (optional)
     weighs scale-out bytes against NVLink bytes when two layouts are compared."""
     return plan_layout(graph, mapping, nvlink_domain, sp=getattr(policies, "sp", "off") == "on",
-                       residual_bytes=float(graph.meta_dict.get("residual_bytes", 0.0)),
+                       residual_bytes=graph.meta.residual_bytes,
                        scaleout_cost=hw.nvlink_bw / hw.scaleout_bw if hw is not None else 1.0)
+
+
+def shard(graph: Graph, ctx: PassContext) -> Graph:
+    """Pass: :func:`apply_mapping` with the plan's mapping and policies on the context's hardware."""
+    plan, hw = ctx.need("plan", "shard"), ctx.need("hw", "shard")
+    return apply_mapping(graph, plan.mapping, hw.nvlink_domain, policies=plan.policies, hw=hw)
 
 
 def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *, policies=None, hw=None) -> Graph:
@@ -261,7 +268,7 @@ def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *,
         base = attrs.evolve(op, cost=shard_cost(op, mapping, imb, lay), comm=())
         if op.kind in TP_REPLICATED_KINDS and "tp" in op.split and mapping.tp > 1:
             base = attrs.evolve(base, formula=f"{op.formula} [replicated across TP]".strip())
-        top_k = int(op.param_dict.get("top_k", 0))
+        top_k = op.info.top_k
         hot = imb if "ep" in op.split else 1.0
         specs = (*(op.comm if lay.comm is None else lay.comm), *lay.before, *lay.after)
         needs = [(s.group, s) for s in specs]
@@ -302,11 +309,8 @@ def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *,
         ops.extend(before)
         ops.append(base)
         ops.extend(after)
-    meta = dict(graph.meta)
-    meta["mapping"] = str(mapping)
-    if layout.moe:
-        meta["moe_layout"] = ",".join(sorted(set(layout.moe.values())))
-    return graph.evolve(ops=tuple(ops), edges=tuple(edges), meta=tuple(meta.items()))
+    meta = attrs.evolve(graph.meta, mapping=str(mapping), moe_layout=tuple(sorted(set(layout.moe.values()))))
+    return graph.evolve(ops=tuple(ops), edges=tuple(edges), meta=meta)
 
 
 def _rewire(edges: list[Edge], name: str, before: list[Op], after: list[Op]) -> list[Edge]:

@@ -58,7 +58,7 @@ def test_v3_tp_and_ep_on_the_same_gpus_move_the_data_once(tp, dp, ep):
     assert not (kinds.count("all_reduce") >= 2 and kinds.count("all_to_all") >= 2), rows
     assert sum(r[1] for r in rows) == pytest.approx(min(scatter, replicated), rel=1e-12)
     want = "scatter" if scatter < replicated else "replicated"
-    assert c.graph.meta_dict["moe_layout"] == want
+    assert c.graph.meta.moe_layout == (want,)
     if want == "scatter":  # reduce-scatter into dispatch, combine into all-gather
         assert kinds == ["reduce_scatter", "all_to_all", "all_to_all", "all_gather"]
     else:
@@ -75,7 +75,7 @@ def test_v41_tp4_ep4_keeps_tokens_replicated():
     scatter = (_half(4, 2 * H41) + _a2a(4, K41, H41 * (1 + 1 / 32) * K41 / 4) + _a2a(4, K41, 2 * H41 * K41 / 4)
                + _half(4, 2 * H41 * N41))  # RS of the output, FP8 dispatch + BF16 combine, AG of 4 streams
     assert sum(r[1] for r in rows) < scatter
-    assert c.graph.meta_dict["moe_layout"] == "replicated"
+    assert c.graph.meta.moe_layout == ("replicated",)
 
 
 def test_scattered_block_runs_on_the_owner_tokens():

@@ -81,7 +81,7 @@ def test_shards_sum_to_whole(mapping):
         if lay.replicate_weights:  # the scattered MoE block's shared expert: its weights whole on every TP rank
             weight /= mapping.tp
         sharded = s.op(op.name)
-        kvh = dict(op.params).get("kv_heads")
+        kvh = op.info.kv_heads
         for (c, f, v), (c2, f2, v2) in zip(op.cost.terms, sharded.cost.terms):
             ranks = weight if c == "bytes_weight" else work
             if c != "bytes_weight" and f.kind in QUERY_FEATURES:

@@ -4,11 +4,13 @@ import numpy as np
 import pytest
 
 import graphsim as gs
+from graphsim.passes.pipeline import PassContext
 from graphsim.builder import GraphBuilder
 from graphsim.ir import COMPONENTS, Cost, Feature
 from graphsim.lowering.evaluate import evaluate_reference, unit_time
 from graphsim.lowering.program import lower
-from graphsim.passes.overlap import prefetch_study, two_batch_overlap
+from graphsim.passes.overlap import two_batch_overlap
+from graphsim.studies import prefetch_study
 
 UT = unit_time({c: (1.0 if not c.startswith("hops") else 0.0) for c in COMPONENTS})  # 1 unit = 1 s
 T = 100.0  # tokens
@@ -158,7 +160,7 @@ def test_runtime_passes_lower_exactly(gb200):
     g = layered(1.0, 0.7, layers=8)
     model = SimpleNamespace(cfg=SimpleNamespace(layers=8, hidden=64), name="toy")
     plan = gs.Plan(["decode:10x100"], gs.ParallelMapping(pp=2), gs.Policies(pp_micro_batches=3))
-    out = two_batch_overlap(pipeline_parallel(g, plan, gb200, model))
+    out = two_batch_overlap(pipeline_parallel(g, PassContext(model, plan, gb200)))
     p = lower(out)
     wl = gs.Workload(("decode",), [[100], [37], [400]], [[1], [1], [1]], [[10], [900], [5]])
     ut = unit_time(gb200.rates())

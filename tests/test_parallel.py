@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import graphsim as gs
+from graphsim.passes.pipeline import PassContext
 from graphsim.builder import GraphBuilder
 from graphsim.config import load_config
 from graphsim.ir import COMPONENTS, ONE, Cost, Feature, fmt
@@ -109,7 +110,7 @@ def _divisor(op, comp, feat, m, lay):
     if not comp.startswith(("flops", "exps", "bytes_kv", "bytes_act", "bytes_c2c", "bytes_disk")):
         return 1
     tp = m.tp if "tp" in split else 1
-    kvh = dict(op.params).get("kv_heads")
+    kvh = op.info.kv_heads
     if comp in ("bytes_kv", "bytes_c2c", "bytes_disk") and kvh and "tp" in split:
         tp = min(m.tp, kvh)  # a cache with fewer KV heads than TP ranks is read whole per rank
     d = tp * (m.dp if "dp" in split else 1) * (m.world if "ep" in split else 1)
@@ -300,7 +301,7 @@ def test_pipeline_bubble_formula(gb200, pp, m):
     g = _layers_graph([per_layer] * L)
     model = SimpleNamespace(cfg=SimpleNamespace(layers=L, hidden=1), name="toy")
     plan = gs.Plan([f"prefill:{T}x{m}"], gs.ParallelMapping(pp=pp), gs.Policies(pp_micro_batches=m))
-    out = pipeline_parallel(g, plan, gb200, model)
+    out = pipeline_parallel(g, PassContext(model, plan, gb200))
     t = evaluate_reference(lower(out), plan.workload(), unit_time(gb200.rates())).forward[0]
     stage = L / pp / m  # one micro-batch through one stage; sends add ~2 us of latency each
     assert t == pytest.approx((m + pp - 1) * stage, abs=(m + pp) * 3e-6)
@@ -312,11 +313,11 @@ def test_pipeline_uneven_stages_take_the_bottleneck(gb200):
     costs = [2.5e15 / T / 4] * 7 + [3 * 2.5e15 / T / 4]  # last layer 3 s: stage 1 (layers 4-7) takes 6 s, stage 0 4 s
     model = SimpleNamespace(cfg=SimpleNamespace(layers=8, hidden=1), name="toy")
     plan = gs.Plan([f"prefill:{T}x4"], gs.ParallelMapping(pp=2), gs.Policies(pp_micro_batches=4))
-    out = pipeline_parallel(_layers_graph(costs), plan, gb200, model)
+    out = pipeline_parallel(_layers_graph(costs), PassContext(model, plan, gb200))
     t = evaluate_reference(lower(out), plan.workload(), unit_time(gb200.rates())).forward[0]
     t0, t1 = 4 / 4, 6 / 4
     assert t == pytest.approx(t0 + t1 + 3 * max(t0, t1), abs=1e-4)  # Σ t_s + (m-1)·max t_s
-    assert dict(out.meta)["pp_bottleneck_stage"] == 1
+    assert out.meta.pp_bottleneck_stage == 1
 
 
 @pytest.mark.parametrize("hw,mapping,links", [
@@ -344,7 +345,7 @@ def test_pipeline_decode_v3(gb200):
     c = gs.compile_plan("deepseek-v3", gs.Plan(["decode:4096x64"], gs.ParallelMapping(tp=8, pp=4)), gb200)
     s = c.schedule()
     meta = c.graph.meta_dict
-    assert meta["pp_stages"] == "16+15+15+15" and meta["pp_micro_batches"] == 4
+    assert meta["pp_stages"] == (16, 15, 15, 15) and meta["pp_micro_batches"] == 4
     # weight-bound decode: each micro-batch re-reads its stage's weights, so (m+pp-1)/m·(1/pp) of the
     # unsplit step is a lower bound, and the bubble makes PP slower per GPU than TP alone
     assert s.forward[0] > base.forward[0] * (4 + 3) / 4 / 4
@@ -394,8 +395,8 @@ def test_one_prompt_splits_into_causal_chunks(gb200, pp, m):
     g = _layers_graph([per_layer] * L)
     model = SimpleNamespace(cfg=SimpleNamespace(layers=L, hidden=1), name="toy")
     plan = gs.Plan([f"prefill:{T}"], gs.ParallelMapping(pp=pp), gs.Policies(pp_micro_batches=m))
-    out = pipeline_parallel(g, plan, gb200, model)
-    assert out.meta_dict["pp_split"] == "causal-chunks" and {op.device for op in out.ops} == set(range(pp))
+    out = pipeline_parallel(g, PassContext(model, plan, gb200))
+    assert out.meta.pp_split == "causal-chunks" and {op.device for op in out.ops} == set(range(pp))
     t = evaluate_reference(lower(out), plan.workload(), unit_time(gb200.rates())).forward[0]
     c = [(j + 1) * T // m - j * T // m for j in range(m)]
     tau = L / pp / T  # seconds per token per stage

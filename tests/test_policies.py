@@ -105,9 +105,9 @@ def test_mhc_fusion_traffic():
     elems = {}
     for prof in ("unfused", "two-pass", "single-pass"):
         g = PassPipeline([("fuse", fuse_mhc(prof, n=4, d=5120))]).run(g0)
-        elems[prof] = sum(dict(op.params)["mhc_elems"] for op in g.ops
+        elems[prof] = sum(op.info.mhc_elems for op in g.ops
                           if op.name.startswith("layers.5.hc_attn.res")
-                          or (op.name.startswith("layers.5.hc_ffn.") and dict(op.params)["role"] != "residual"))
+                          or (op.name.startswith("layers.5.hc_ffn.") and op.info.role != "residual"))
     assert elems == {"unfused": 102_400, "two-pass": 71_680, "single-pass": 51_200}
 
 
@@ -139,19 +139,19 @@ def test_pipeline_names_the_pass_that_breaks_an_invariant():
 
     g = M.build(("decode",))
 
-    def shrink_weights(graph):
+    def shrink_weights(graph, ctx):
         return graph.evolve(tensors=tuple(attrs.evolve(t, elems=t.elems // 2) if t.resident else t for t in graph.tensors))
 
     with pytest.raises(GraphsimError, match=r"pass\[shrink\].*resident weights changed"):
         PassPipeline([("shrink", shrink_weights)]).run(g)
 
-    def double_write(graph):
+    def double_write(graph, ctx):
         ops = list(graph.ops)
         i = graph.op_index["layers.3.attn.swa_write"]
         ops[i + 1] = attrs.evolve(ops[i + 1], writes=ops[i].writes)
         return graph.evolve(ops=tuple(ops))
 
-    with pytest.raises(GraphsimError, match=r"pass\[dup\].*written twice"):
+    with pytest.raises(GraphsimError, match=r"pass\[dup\].*written by two ops"):
         PassPipeline([("dup", double_write)]).run(g)
 
 

@@ -77,7 +77,7 @@ class Model:
         kinds = tuple(kinds)
         if not kinds:
             raise GraphsimError("requests", "give at least one request")
-        b = GraphBuilder(self.name, meta={"model": self.name, "kinds": ",".join(kinds),
+        b = GraphBuilder(self.name, meta={"model": self.name, "kinds": kinds,
                                           "attention_precision": self.attention_precision(options.get("policies")),
                                           "residual_bytes": self.residual_bytes_per_token()})
         for t in self.weights():
