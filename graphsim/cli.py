@@ -35,6 +35,8 @@ def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
                    help="sequence parallelism: norms/mHC/elementwise shard their tokens over TP (RS in, AG out)")
     p.add_argument("--engram-shard", default="tp", choices=("tp", "world"),
                    help="Engram table rows over the TP group, or over every rank of the stage (TP x EP)")
+    p.add_argument("--beyond-context", dest="beyond_context", action="store_const", const="allow", default="refuse",
+                   help="allow contexts beyond the model's max_position_embeddings as a what-if (recorded)")
     p.add_argument("--engram-proj", default="replicated", choices=("replicated", "tp"),
                    help="Engram 6144->25600 projection replicated, or column-split over TP (+ all-gather)")
     p.add_argument("--engram", default="hbm", choices=("hbm", "host"))
@@ -67,7 +69,7 @@ def _compile(a, requests=None):
     policies = Policies(a.decoder_replay, a.encoder_replay, a.fusion, a.overlap, a.engram, a.prefetch_distance,
                         a.dspark, ep_imbalance=a.ep_imbalance, pp_micro_batches=a.pp_micro_batches,
                         algorithms=algos, acceptance=acc, attention_precision=a.attention_precision, sp=a.sp,
-                        engram_shard=a.engram_shard, engram_proj=a.engram_proj)
+                        engram_shard=a.engram_shard, engram_proj=a.engram_proj, beyond_context=a.beyond_context)
     if a.verify < 0:
         raise GraphsimError("verify", f"must be >= 0, got {a.verify}")
     reqs = [r if isinstance(r, Request) else Request.parse(r) for r in (a.request if requests is None else requests)]

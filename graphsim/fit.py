@@ -17,7 +17,7 @@ import numpy as np
 
 from .errors import require
 from .ir import COMPONENT_INDEX
-from .limits import MAX_CONTEXT, MAX_REQUESTS
+from .limits import MAX_CONTEXT, MAX_REQUESTS, check_int, check_number
 from .lowering.features import feature_matrix
 from .memory import DEFAULT_RESERVE_GIB, device_weights, kv_per_device
 from .pipeline import Plan, Policies, compile_plan
@@ -85,7 +85,7 @@ class MemoryModel:
 
     def __init__(self, model, hw, mapping: ParallelMapping, policies: Policies = Policies(), *,
                  kind: str = "decode", reserve_gib: float = DEFAULT_RESERVE_GIB):
-        require(reserve_gib >= 0, "reserve_gib", f"must be >= 0, got {reserve_gib!r}")
+        check_number("reserve_gib", reserve_gib, 0.0, 1 << 20)
         require(kind in ("decode", "prefill"), "kind", f"must be decode or prefill, got {kind!r}")
         self.kind = kind
         # the structure only: memory is evaluated at any (batch, context) below, never at this point
@@ -121,8 +121,8 @@ class MemoryModel:
         return (feats @ self._act).max(axis=1)
 
     def fit(self, batch: int, context: int) -> FitResult:
-        require(int(batch) >= 1, "batch", f"must be >= 1, got {batch!r}")
-        require(int(context) >= 1, "context", f"must be >= 1, got {context!r}")
+        check_int("batch", batch, 1, MAX_REQUESTS)
+        check_int("context", context, 1, MAX_CONTEXT)
         return FitResult(
             self.model.name, self.hw.name, str(self.mapping), self.policies.engram, int(context), int(batch),
             dict(self.weights), self.tables, batch * self.kv_per_request(context),
