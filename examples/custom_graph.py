@@ -2,9 +2,11 @@
 next chunk's compute, then a second stage. Same passes, lowering, scheduler and exports as the shipped models."""
 import graphsim as gs
 from graphsim.ir import Cost, Feature
-from graphsim.lowering.evaluate import evaluate_reference
+from graphsim.lowering.evaluate import evaluate_reference, unit_time
 from graphsim.lowering.program import lower
-from graphsim.passes.sharding import apply_mapping
+from graphsim.passes.overlap import two_batch_overlap
+from graphsim.passes.pipeline import PassContext, PassPipeline
+from graphsim.passes.sharding import shard
 
 b = gs.GraphBuilder("toy-pipeline")
 b.token_set("all")
@@ -23,12 +25,13 @@ with b.stage("decode"):
 graph = b.build()
 
 hw = gs.load_hw("gb200")
-sharded = apply_mapping(graph, gs.ParallelMapping(tp=8), hw.nvlink_domain)
+plan = gs.Plan(["prefill:8192"], gs.ParallelMapping(tp=8))
+# the same verified pass pipeline compile_plan runs: every pass is (graph, ctx) -> graph
+passes = PassPipeline([("shard", shard), ("two_batch_overlap", two_batch_overlap)])
+sharded = passes.run(graph, PassContext(plan=plan, hw=hw))
 program = lower(sharded)
-from graphsim.lowering.evaluate import unit_time
-
 sched = evaluate_reference(program, gs.Workload(("prefill",), [[1]], [[8192]], [[0]]), unit_time(hw.rates()))
-print(f"{len(sharded.ops)} ops, forward {sched.forward[0] * 1e6:.1f} us")
+print(f"{len(sharded.ops)} ops after {', '.join(sharded.meta.passes)}, forward {sched.forward[0] * 1e6:.1f} us")
 print("critical path:")
 for i in sched.critical_path(0):
     op = sharded.ops[i]
