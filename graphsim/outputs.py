@@ -19,8 +19,10 @@ def _short(p) -> str:
     return s if len(s) <= 100 else s[:97] + "..."
 
 
-def output_path(path, *, field: str = "output", suffixes: Sequence[str] = ()) -> Path:
-    """A writable target: a file name (not a directory) in an existing folder, with one of ``suffixes``."""
+def output_path(path, *, field: str = "output", suffixes: Sequence[str] = (), regular: bool = False) -> Path:
+    """A writable target: a file name (not a directory) in an existing folder, with one of ``suffixes``;
+    ``regular``: it must also be (or become) a regular file — a sweep's resumable Parquet, with its parts and
+    lock beside it, cannot stream to a device."""
     require(isinstance(path, (str, Path)) and str(path) != "", field, f"must be a file name, got {path!r}")
     p = Path(path)
     try:
@@ -30,6 +32,9 @@ def output_path(path, *, field: str = "output", suffixes: Sequence[str] = ()) ->
         raise GraphsimError(field, f"{_short(p)}: not a usable path ({e})") from None
     require(not is_dir, field, f"{_short(p)} is a directory; name a file in it")
     require(folder_ok, field, f"the folder {_short(p.parent)} does not exist")
+    if regular:
+        require(not _is_device(p), field, f"{_short(p)} is a device, not a file: a sweep writes a Parquet file "
+                "(with resumable parts and a lock beside it); name a file")
     if suffixes:
         require(p.suffix.lower() in suffixes or _is_device(p), field,
                 f"{_short(p)}: the file type must be one of {', '.join(suffixes)}")

@@ -97,7 +97,7 @@ def test_display_and_repr_svg_fall_back_without_dot(llama, monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)  # as on a machine without Graphviz
     assert view._repr_svg_() is None and view._repr_html_().startswith("<pre>digraph")
     assert llama.graph._repr_svg_() is None
-    with pytest.raises(RuntimeError, match="apt-get install graphviz"):
+    with pytest.raises(gs.GraphsimError, match="output: an SVG needs the graphviz 'dot' binary.*apt-get install graphviz"):
         render_svg(view.dot)
 
 

@@ -185,6 +185,21 @@ def test_outputs_that_cannot_be_written(tmp_path, target, capsys):
     assert rc == 2 and err.startswith("graphsim: error: output:"), err
 
 
+def test_sweep_to_a_device_is_refused_and_leaves_it_a_device(tmp_path, capsys):
+    # a sweep's resumable Parquet (parts, lock, atomic rename) cannot go to a device: before the fix the
+    # rename replaced /dev/full itself with a regular file
+    import stat
+
+    dev = Path("/dev/full")
+    if not dev.exists() or not stat.S_ISCHR(dev.stat().st_mode):
+        pytest.skip("no /dev/full character device on this system")
+    spec = Path(__file__).parents[1] / "examples" / "sweep_spec.toml"
+    rc, _, err = _cli(["sweep", str(spec), "-o", str(dev)], capsys)
+    assert rc == 2 and err.startswith("graphsim: error: output: /dev/full is a device"), err
+    assert stat.S_ISCHR(dev.stat().st_mode)
+    assert not Path("/dev/full.lock").exists() and not Path("/dev/full.parts").exists()
+
+
 def test_plot_where_is_a_filter_not_code(tmp_path, capsys):
     res = tmp_path / "r.csv"
     res.write_text(S.RESULTS_CSV)

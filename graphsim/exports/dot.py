@@ -164,10 +164,14 @@ def dot_available() -> bool:
 
 
 def render_svg(dot_text: str) -> str:
-    """SVG via the ``dot`` binary; raises RuntimeError with a clear message when it is missing."""
+    """SVG via the ``dot`` binary; a missing binary is the user's environment, not a bug: a GraphsimError
+    naming the output and the fix."""
+    from ..errors import GraphsimError
+
     exe = shutil.which("dot")
     if exe is None:
-        raise RuntimeError("the graphviz 'dot' binary is not installed (apt-get install graphviz); DOT text needs none")
+        raise GraphsimError("output", "an SVG needs the graphviz 'dot' binary, which is not installed "
+                            "(apt-get install graphviz); a .dot output needs none")
     r = subprocess.run([exe, "-Tsvg"], input=dot_text.encode(), capture_output=True)
     if r.returncode:
         raise RuntimeError(f"dot failed: {r.stderr.decode(errors='replace').strip()[:500]}")

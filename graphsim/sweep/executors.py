@@ -33,7 +33,7 @@ def run(spec: SweepSpec | Mapping | str | Path, output: str | Path | None = None
         return _run(spec, None, executor, address, progress, resume)
     from ..outputs import exclusive, output_path
 
-    out = output_path(output, suffixes=(".parquet", ".csv"))
+    out = output_path(output, suffixes=(".parquet", ".csv"), regular=True)
     with exclusive(out):  # a second sweep on the same output fails at once instead of losing results
         return _run(spec, out, executor, address, progress, resume)
 
