@@ -157,18 +157,21 @@ class GraphBuilder:
 
     def moe_experts(self, name: str, token_set: str, *, experts: int, top_k: int, hidden: int, inter: int,
                     weight_format: str | StorageFormat | None = None, weight: str | tuple | None = None,
-                    act_in: str = "fp8", act_out: str = "bf16", group: str = "trunk", **kw) -> str:
-        """Routed SwiGLU experts (w1, w3: hidden→inter; w2: inter→hidden). FLOPs follow token-expert pairs;
-        weight bytes follow the *expected distinct experts touched*, E·(1-(1-k/E)^T); activations as grouped
-        GEMMs with a fused SwiGLU epilogue move them."""
-        per_expert = 3 * hidden * inter
+                    act_in: str = "fp8", act_out: str = "bf16", group: str = "trunk", matrices: int = 3,
+                    exps_per_elem: float = 1.0, slots: int = 0, **kw) -> str:
+        """Routed SwiGLU experts (w1, w3: hidden→inter; w2: inter→hidden; ``matrices=2`` for a non-gated
+        expert such as ReLU²). FLOPs follow token-expert pairs; weight bytes follow the *expected distinct
+        experts touched*, E·(1-(1-k/E)^T); activations as grouped GEMMs with a fused activation epilogue move
+        them. ``slots`` > ``experts``: redundant copies held for EP load balancing (memory, not routing)."""
+        per_expert = matrices * hidden * inter
+        slots = slots or experts
         if weight is None:
             require(weight_format is not None, f"moe_experts[{name}]", "give weight_format or an existing weight")
-            weight = self.weight(name, experts * per_expert, weight_format, group=group)
+            weight = self.weight(name, slots * per_expert, weight_format, group=group)
         names = (weight,) if isinstance(weight, str) else tuple(weight)  # one stacked tensor or (w1, w3, w2)
         tensors = [self._tensors[n] for n in names]
-        require(sum(t.elems for t in tensors) == experts * per_expert, f"moe_experts[{name}]",
-                "expert weights must hold experts·3·hidden·inter elements")
+        require(sum(t.elems for t in tensors) == slots * per_expert, f"moe_experts[{name}]",
+                f"expert weights must hold slots·{matrices}·hidden·inter elements")
         f = tensors[0].format
         prec = wider(fmt(act_in).compute, f.compute)  # FP8 activations x FP4 experts run at the FP8 rate
         t = Feature("tokens", token_set)
@@ -176,12 +179,14 @@ class GraphBuilder:
         # grouped GEMMs with a fused SwiGLU epilogue: read the dispatched tokens, write the quantized SwiGLU
         # output once and read it back in w2, write the expert outputs; SiLU = one exponential per element
         act = top_k * (fmt(act_in).nbytes(hidden) + 2 * fmt(act_in).nbytes(inter) + fmt(act_out).nbytes(hidden))
-        cost = (Cost.of(touched, bytes_weight=sum(x.nbytes for x in tensors) / experts)
-                + Cost.of(t, **{f"flops_{prec}": 2.0 * per_expert * top_k, "bytes_act": act, "exps": top_k * inter}))
+        cost = (Cost.of(touched, bytes_weight=sum(x.nbytes for x in tensors) / slots)
+                + Cost.of(t, **{f"flops_{prec}": 2.0 * per_expert * top_k, "bytes_act": act,
+                                "exps": exps_per_elem * top_k * inter}))
         return self.op(name, "moe_experts", cost, token_set=token_set, precision=prec, reads=names,
-                       params={"experts": experts, "top_k": top_k, "hidden": hidden, "inter": inter,
+                       params={"experts": experts, "top_k": top_k, "hidden": hidden, "inter": inter, "slots": slots,
                                "weight_format": f.name, **kw.pop("params", {})},
-                       formula=f"2·3·{hidden}·{inter}·{top_k}·T flops, {top_k}·{inter}·T SiLU exps; weights of "
+                       formula=f"2·{matrices}·{hidden}·{inter}·{top_k}·T flops, {exps_per_elem * top_k * inter:g}·T "
+                               "activation exps; weights of "
                                "E(1-(1-k/E)^T) experts", **kw)
 
     def elementwise(self, name: str, token_set: str, elems: int, *, bytes_in: float, bytes_out: float,

@@ -15,8 +15,28 @@ from .errors import GraphsimError
 from .ir import ATTENTION_PRECISIONS
 
 
+def _model_args(p: argparse.ArgumentParser) -> None:
+    """How a checkpoint is loaded: its weight format and redundant experts."""
+    from .quant import SCHEMES
+
+    p.add_argument("--weights", default=None, choices=tuple(SCHEMES),
+                   help="override the checkpoint's weight quantization for every linear layer")
+    p.add_argument("--redundant-experts", type=int, default=0,
+                   help="extra routed-expert copies for EP load balancing (memory; EP divides experts + N)")
+
+
+def load_model_args(a):
+    """The model the flags name (``--model`` / positional), with ``--weights`` and ``--redundant-experts``."""
+    from .models import load_model
+
+    return load_model(a.model, weights=getattr(a, "weights", None),
+                      redundant_experts=getattr(a, "redundant_experts", 0))
+
+
 def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
-    p.add_argument("--model", required=True, help="shipped model name or path to a config.json")
+    p.add_argument("--model", required=True,
+                   help="shipped model name, a config.json path or a checkpoint directory (HF layout)")
+    _model_args(p)
     p.add_argument("--hw", default="gb200", help="hardware descriptor name or TOML path (default gb200)")
     for ax in ("tp", "dp", "ep", "pp", "cp"):
         p.add_argument(f"--{ax}", type=int, default=1, help=f"{ax} degree (default 1)")
@@ -43,6 +63,9 @@ def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
     p.add_argument("--prefetch-distance", type=int, default=1)
     p.add_argument("--dspark", default="off", choices=("off", "on"))
     p.add_argument("--verify", type=int, default=0, help="DSpark: draft positions each decode request verifies")
+    p.add_argument("--mtp", type=int, default=0, metavar="K",
+                   help="MTP drafting: the checkpoint's MTP module drafts K tokens per decode step and the step "
+                        "verifies 1 + K positions (give --acceptance a_1,...,a_K)")
     p.add_argument("--acceptance", default="", help="DSpark: a_1,...,a_D conditional acceptance per position")
     p.add_argument("--ep-imbalance", type=float, default=1.0, help="busiest EP rank's routed work / mean")
     p.add_argument("--pp-micro-batches", type=int, default=0, help="pipeline micro-batches (0 = pp)")
@@ -69,17 +92,20 @@ def _compile(a, requests=None):
     policies = Policies(a.decoder_replay, a.encoder_replay, a.fusion, a.overlap, a.engram, a.prefetch_distance,
                         a.dspark, ep_imbalance=a.ep_imbalance, pp_micro_batches=a.pp_micro_batches,
                         algorithms=algos, acceptance=acc, attention_precision=a.attention_precision, sp=a.sp,
-                        engram_shard=a.engram_shard, engram_proj=a.engram_proj, beyond_context=a.beyond_context)
+                        engram_shard=a.engram_shard, engram_proj=a.engram_proj, beyond_context=a.beyond_context,
+                        mtp=a.mtp)
     if a.verify < 0:
         raise GraphsimError("verify", f"must be >= 0, got {a.verify}")
     reqs = [r if isinstance(r, Request) else Request.parse(r) for r in (a.request if requests is None else requests)]
     if a.verify:
         if a.dspark != "on":
-            raise GraphsimError("verify", "verify lengths need --dspark on")
+            raise GraphsimError("verify", "verify lengths need --dspark on (or --mtp K)")
         reqs = [attrs.evolve(r, new=1 + a.verify) if r.kind == "decode" else r for r in reqs]
+    elif a.mtp:  # MTP-K: every decode step verifies the K drafted positions
+        reqs = [attrs.evolve(r, new=1 + a.mtp) if r.kind == "decode" and r.new == 1 else r for r in reqs]
     plan = Plan(reqs, ParallelMapping(a.tp, a.dp, a.ep, a.pp, a.cp), policies)
     profile = load_profile(a.profile) if a.profile else None
-    return compile_plan(a.model, plan, a.hw, profile)
+    return compile_plan(load_model_args(a), plan, a.hw, profile)
 
 
 def cmd_estimate(a) -> None:

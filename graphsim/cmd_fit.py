@@ -9,7 +9,10 @@ GiB = 2.0**30
 
 def register(sub) -> None:
     p = sub.add_parser("fit", help="memory per device: fits or not, largest batch and context")
-    p.add_argument("--model", required=True, help="shipped model name or path to a config.json")
+    p.add_argument("--model", required=True, help="shipped model name, a config.json path or a checkpoint directory")
+    from .cli import _model_args
+
+    _model_args(p)
     p.add_argument("--hw", default="gb200", help="hardware descriptor name or TOML path (default gb200)")
     for ax in ("tp", "dp", "ep", "pp", "cp"):
         p.add_argument(f"--{ax}", type=int, default=1)
@@ -25,10 +28,12 @@ def register(sub) -> None:
 
 
 def run(a) -> None:
-    from . import ParallelMapping, Policies, load_hw, load_model
+    from . import ParallelMapping, Policies, load_hw
     from .fit import DEFAULT_RESERVE_GIB, MemoryModel
 
-    model, hw = load_model(a.model), load_hw(a.hw)
+    from .cli import load_model_args
+
+    model, hw = load_model_args(a), load_hw(a.hw)
     mapping = ParallelMapping(a.tp, a.dp, a.ep, a.pp, a.cp)
     reserve = DEFAULT_RESERVE_GIB if a.reserve_gib is None else a.reserve_gib
     table_bytes = sum(t.nbytes for t in model.weights() if t.role == "table")

@@ -17,9 +17,13 @@ def register(sub) -> None:
     p.add_argument("model")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_layers)
-    p = sub.add_parser("memory", help="resident weights by module/format, KV capacity and KV read traffic")
+    p = sub.add_parser("memory", help="resident weights by module/format, parameter counts, KV capacity and KV "
+                       "read traffic")
     p.add_argument("model")
     p.add_argument("--context", type=int, required=True, help="tokens held per request")
+    from .cli import _model_args
+
+    _model_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_memory)
 
@@ -28,7 +32,7 @@ def _v41(name):
     from .models import load_model
 
     m = load_model(name)
-    if not hasattr(m, "layers"):
+    if m.layer_table() is None:
         raise GraphsimError("model", f"{name!r} has no CSA2 layer table (supported: deepseek-v4.1-flash, deepseek-v4-flash)")
     return m
 
@@ -66,14 +70,20 @@ def memory_summary(model, context: int) -> dict:
         by_group[t.group] = by_group.get(t.group, 0.0) + t.nbytes
         by_format[t.format.name] = by_format.get(t.format.name, 0.0) + t.nbytes
         params[t.group] = params.get(t.group, 0) + t.elems
-    out = {"model": model.name, "context": context,
+    params_by_format: dict[str, int] = {}
+    for t in model.weights():
+        params_by_format[t.format.name] = params_by_format.get(t.format.name, 0) + t.elems
+    counts = model.param_counts()
+    quant = getattr(model, "quant", None)
+    out = {"model": model.name, "family": model.family, "context": context,
            "weights": {"bytes_by_group": by_group, "bytes_by_format": by_format, "params_by_group": params,
-                       "total_bytes": sum(by_group.values()), "total_params": sum(params.values())}}
-    if hasattr(model, "kv_capacity"):
-        cap = model.kv_capacity(context)
-        d = attrs.asdict(cap)
-        d.update(global_bytes=cap.global_bytes, total_bytes=cap.total)
-        out["kv_capacity"] = d
+                       "params_by_format": params_by_format,
+                       "bytes_per_param_by_format": {f: by_format[f] / n for f, n in params_by_format.items() if n},
+                       "quantization": quant.source if quant is not None else "model",
+                       "total_bytes": sum(by_group.values()), **counts}}
+    detail = model.kv_breakdown(context)
+    if detail is not None:
+        out["kv_capacity"] = detail
         out["kv_read_per_decode_token"] = kv_read_per_token(model, context)
     else:
         out["kv_capacity"] = {"total_bytes": model.kv_bytes(context)}
@@ -95,16 +105,22 @@ def kv_read_per_token(model, context: int) -> dict:
 def cmd_memory(a) -> None:
     from .models import load_model
 
-    m = load_model(a.model)
+    from .cli import load_model_args
+
+    m = load_model_args(a)
     d = memory_summary(m, a.context)
     if a.json:
         print(json.dumps(d, indent=2))
         return
     w = d["weights"]
-    print(f"{m.name}: resident weights {w['total_bytes'] / GiB:,.2f} GiB ({w['total_params'] / 1e9:,.1f} B params)")
+    print(f"{m.name}: resident weights {w['total_bytes'] / GiB:,.2f} GiB ({w['total_params'] / 1e9:,.2f} B params, "
+          f"{w['active_params_per_token'] / 1e9:,.2f} B active per token, "
+          f"{w['active_params_with_embeddings'] / 1e9:,.2f} B with the embedding)")
     for g, v in w["bytes_by_group"].items():
         print(f"  {g:<8} {v / GiB:10.2f} GiB  {w['params_by_group'][g] / 1e9:8.2f} B params")
-    print("  by format: " + ", ".join(f"{k} {v / GiB:.2f} GiB" for k, v in w["bytes_by_format"].items()))
+    print(f"  by format ({w['quantization']}): " + ", ".join(
+        f"{k} {v / GiB:.2f} GiB ({w['params_by_format'][k] / 1e9:.2f} B params, {w['bytes_per_param_by_format'][k]:.4g} B/param)"
+        for k, v in w["bytes_by_format"].items()))
     kv = d["kv_capacity"]
     print(f"KV capacity at {a.context:,} tokens per request: {kv['total_bytes'] / MiB:,.2f} MiB")
     if "global_entries" in kv:

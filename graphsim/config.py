@@ -31,12 +31,14 @@ def load_config(name_or_path: str | Path | Mapping) -> dict:
     else:
         p = Path(key)
         try:
+            if p.is_dir():  # a checkpoint directory: its config.json
+                p = p / "config.json"
             found = p.is_file()
         except (OSError, ValueError):  # a name too long for a path, NUL bytes...
             found = False
         if not found:
             raise GraphsimError("model", f"unknown model {short!r}: not a shipped name ({', '.join(sorted(SHIPPED))}) "
-                                "nor a config.json path")
+                                "nor a config.json path or checkpoint directory")
         try:
             text, src = p.read_text(encoding="utf-8"), str(p)
         except UnicodeDecodeError:

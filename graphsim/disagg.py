@@ -123,11 +123,11 @@ class DisaggResult:
 def handover_bytes(model, isl: int, kv: str = "global") -> float:
     """KV bytes one request of ``isl`` tokens hands from prefill to decode."""
     require(kv in KV_MODES, "kv", f"must be one of {KV_MODES}, got {kv!r}")
-    if hasattr(model, "kv_capacity"):
-        cap = model.kv_capacity(int(isl))
+    d = model.kv_breakdown(int(isl))
+    if d is not None:
         # the pending rows of unfinished compression groups travel with the global cache: decode continues them
-        extra = cap.pending_bytes + (cap.swa_bytes if kv == "global+swa" else 0.0)
-        return cap.global_bytes + extra
+        extra = d["pending_bytes"] + (d["swa_bytes"] if kv == "global+swa" else 0.0)
+        return d["global_bytes"] + extra
     return float(model.kv_bytes(int(isl)))
 
 

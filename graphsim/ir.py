@@ -14,6 +14,7 @@ from typing import Iterable, Mapping
 import attrs
 import networkx as nx
 
+from .features import FEATURE_KINDS, FEATURES
 from .errors import GraphsimError, one_of, require
 
 # --------------------------------------------------------------------------------------------------
@@ -94,6 +95,16 @@ FORMATS: dict[str, StorageFormat] = {
         StorageFormat("mxfp4", 4, 8, 32, compute="fp4"),
         # V4.1 Engram tables/projections: FP8 with one e8m0 scale per 32 elements (V41_FACTS §6).
         StorageFormat("fp8_e8m0_32", 8, 8, 32, compute="fp8"),
+        # Checkpoint weight schemes (graphsim.quant): NVFP4 = E2M1 + one E4M3 scale per 16 (ModelOpt), on the
+        # FP4 tensor rate with FP4 activations; its W4A16 variant dequantizes to BF16; int4 weight-only
+        # (AWQ/GPTQ/compressed-tensors) with one BF16 scale per group of 32/64/128, BF16 activations.
+        # DeepSeek-V3.2 / GLM-5 indexer keys: FP8 + one fp32 scale per 128 -> 132 B per 128-entry key.
+        StorageFormat("fp8_s128", 8, 32, 128, compute="fp8"),
+        StorageFormat("nvfp4", 4, 8, 16, compute="fp4"),
+        StorageFormat("nvfp4_w4a16", 4, 8, 16, compute="bf16"),
+        StorageFormat("w4a16_g32", 4, 16, 32, compute="bf16"),
+        StorageFormat("w4a16_g64", 4, 16, 64, compute="bf16"),
+        StorageFormat("w4a16_g128", 4, 16, 128, compute="bf16"),
     )
 }
 
@@ -197,23 +208,8 @@ class TokenSet:
 # Features and costs
 # --------------------------------------------------------------------------------------------------
 
-FEATURE_KINDS = (
-    "one",  # constant 1 (fixed per-forward work: collective latencies)
-    "active",  # 1 when any request has positions in the set, else 0 (weights read once per forward that runs)
-    "tokens",  # Σ_requests count · |positions|
-    "requests",  # Σ count · [request has positions in the set]
-    "kv_len",  # Σ count · (last position + 1): visible context at the end of the set
-    "causal_pairs",  # Σ count · Σ_i (i+1): dense causal attention
-    "full_pairs",  # Σ count · n²: bidirectional attention within the set (vision)
-    "window_read",  # params (W,): Σ count · distinct positions a window of W reads for the set
-    "window_pairs",  # params (W,): Σ count · Σ_i min(i+1, W)
-    "compressed",  # params (m,): Σ count · ⌊(last+1)/m⌋: compressed entries visible at the end
-    "compressed_pairs",  # params (m,): Σ count · Σ_i ⌊(i+1)/m⌋: a full scan over compressed entries
-    "topk_pairs",  # params (m, K): Σ count · Σ_i min(K, ⌊(i+1)/m⌋): sparse top-K selections
-    "sparse_read",  # params (m, K): Σ count · min(Σ_i min(K,⌊(i+1)/m⌋), ⌊(last+1)/m⌋) entries read once
-    "new_groups",  # params (m,): Σ count · (⌊end/m⌋ - ⌊start/m⌋): compression groups completed
-    "experts_touched",  # params (E, k): E·(1-(1-k/E)^T), T = tokens of the set over the batch
-)
+#: Every feature kind (FEATURE_KINDS), with its closed form, parameters and CP/window flags (FEATURES): the
+#: registry in graphsim.features.
 
 
 @attrs.frozen
@@ -228,6 +224,11 @@ class Feature:
     params: tuple = ()
     frac: float = 1.0
     chunk: tuple = ()
+
+    def __attrs_post_init__(self):
+        want = FEATURES[self.kind].params
+        if len(self.params) != len(want):
+            raise GraphsimError(f"feature[{self.kind}].params", f"takes ({', '.join(want)}), got {self.params!r}")
 
     def __str__(self) -> str:
         p = ",".join(str(x) for x in self.params)
@@ -368,6 +369,8 @@ class OpInfo:
     top_k: int = _info_int()
     hidden: int = _info_int()
     inter: int = _info_int()
+    #: routed-expert weight slots held (experts + redundant copies for EP load balancing)
+    slots: int = _info_int()
     #: elementwise ops: elements per token and bytes read / written per element
     elems: int = _info_int()
     bytes_in: float = attrs.field(default=0.0, validator=_nonneg_num("op.info"))

@@ -31,56 +31,36 @@ DEFAULT_RESERVE_GIB = 8.0
 
 
 def kv_request_bytes(model, context, policies=None) -> float:
-    """KV bytes one request holds at ``context`` tokens under ``policies`` (DSpark adds its SWA blocks)."""
-    if policies is not None and getattr(policies, "dspark", "off") == "on" and hasattr(model, "kv_capacity"):
-        return model.kv_capacity(int(context), dspark=True).total
-    return model.kv_bytes(context, policies)
-
-
-def _trunk_layers(model) -> int:
-    layers = getattr(model, "layers", None)
-    if layers is not None and not isinstance(layers, int):
-        return len(layers)
-    cfg = getattr(model, "cfg", None)
-    for name in ("layers", "num_hidden_layers"):
-        if isinstance(getattr(cfg, name, None), int):
-            return getattr(cfg, name)
-    raise GraphsimError("model", f"{model.name}: cannot tell how many trunk layers it has")
+    """KV bytes one request holds at ``context`` tokens under ``policies`` (drafters' caches included)."""
+    return model.kv_request_bytes(context, policies)  # arrays stay arrays where the model's formula takes them
 
 
 def kv_layer_bytes(model, context, policies=None) -> dict:
     """One request's KV bytes per layer (owners hold the shared global KV; extra keys sort after the
-    trunk, e.g. draft blocks). Uniform over the trunk when the model has no per-layer breakdown."""
-    hook = getattr(model, "kv_bytes_by_layer", None)
-    if hook is not None:
-        return hook(int(context), policies)
-    n = _trunk_layers(model)
-    per = kv_request_bytes(model, context, policies) / n
-    return {i: per for i in range(n)}
+    trunk, e.g. draft blocks)."""
+    return model.kv_bytes_by_layer(int(context), policies)
 
 
 def kv_per_device(model, context, mapping: ParallelMapping, policies=None) -> float:
     """One request's KV bytes on the most loaded device: split as ``model.kv_split`` says (attention-DP by
     default), not by cp (context parallelism all-gathers each layer's KV), and with pipeline parallelism
     the stage holding the most — its own layers' caches plus copies of owners' KV its layers read."""
-    split = model.kv_split(mapping) if hasattr(model, "kv_split") else mapping.dp
+    split = model.kv_split(mapping)
     if mapping.pp == 1:
         return kv_request_bytes(model, context, policies) / split
     from .passes.pipeline_parallel import stage_sizes
 
     per = kv_layer_bytes(model, context, policies)
-    n = _trunk_layers(model)
+    n = model.num_layers()
     bounds = np.cumsum(stage_sizes(n, mapping.pp))
     stage = {k: min(int(np.searchsorted(bounds, k, side="right")), mapping.pp - 1) for k in per}
     load = np.zeros(mapping.pp)
     for k, v in per.items():
         load[stage[k]] += v
-    owners = {li.layer: li.kv_owner for li in getattr(model, "layers", ()) if getattr(li, "kv_owner", None) is not None}
-    owned = getattr(model, "owner_kv_bytes", None)
-    if owned is not None:
-        for s in range(mapping.pp):  # a stage keeps a copy of every earlier owner's KV its layers read
-            for o in {own for lay, own in owners.items() if stage[lay] == s and stage[own] != s}:
-                load[s] += owned(int(context), o)
+    owners = model.kv_owners()
+    for s in range(mapping.pp):  # a stage keeps a copy of every earlier owner's KV its layers read
+        for o in {own for lay, own in owners.items() if stage[lay] == s and stage[own] != s}:
+            load[s] += model.owner_kv_bytes(int(context), o)
     return float(load.max()) / split
 
 
@@ -92,10 +72,7 @@ def _reference_splits(model, mapping: ParallelMapping, policies=None, hw=None) -
     expert whole on every TP rank)."""
     from .passes.sharding import layout_of, split_factors
 
-    if hasattr(model, "reference_graph"):
-        graph = model.reference_graph(policies)
-    else:
-        graph = model.build(("prefill", "decode"), policies=policies)
+    graph = model.reference_graph(policies)
     layout = layout_of(graph, mapping, hw.nvlink_domain if hw is not None else 1 << 30, policies, hw)
     div: dict[str, float] = {}
     for op in graph.ops:
@@ -138,7 +115,7 @@ def device_weights(compiled) -> DeviceWeights:
     model, plan = compiled.model, compiled.plan
     m, policies = plan.mapping, plan.policies
     div = _reference_splits(model, attrs.evolve(m, pp=1), policies, compiled.hw)
-    groups = model.resident_groups(policies) if hasattr(model, "resident_groups") else None
+    groups = model.resident_groups(policies)
     host_tables = getattr(policies, "engram", "hbm") == "host"
     tensors = {t.name: t for t in compiled.logical.weights()}
     best = None

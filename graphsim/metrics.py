@@ -69,11 +69,11 @@ def kv_bytes_per_device(kv: KVTable, count: np.ndarray, new: np.ndarray, past: n
 
 
 def emitted(kinds: tuple, new: np.ndarray, policies=None) -> np.ndarray:
-    """Tokens each request gets from this step: prefill positions, or for decode with DSpark the expected
+    """Tokens each request gets from this step: prefill positions, or for decode with DSpark or MTP the expected
     emitted tokens E[emitted | k = new - 1] under ``policies.acceptance`` (bonus-token convention,
     graphsim.dspark) — never the verified positions themselves."""
     new = np.asarray(new, dtype=np.float64)
-    if policies is None or getattr(policies, "dspark", "off") != "on":
+    if policies is None or (getattr(policies, "dspark", "off") != "on" and not getattr(policies, "mtp", 0)):
         return new
     from .dspark import AcceptanceProfile
     from .errors import GraphsimError
@@ -85,7 +85,7 @@ def emitted(kinds: tuple, new: np.ndarray, policies=None) -> np.ndarray:
         k = new[..., g] - 1.0
         if not policies.acceptance:
             if np.any(k > 0):
-                raise GraphsimError("policies.acceptance", "DSpark verify lengths > 0 need a_1..a_D to turn verified "
+                raise GraphsimError("policies.acceptance", "verify lengths > 0 (DSpark, MTP) need a_1..a_D to turn verified "
                                     "positions into expected emitted tokens (e.g. --acceptance 0.9,0.8,0.7,0.6,0.5)")
             continue
         table = AcceptanceProfile.constant(policies.acceptance).expected_emitted_table()[0]

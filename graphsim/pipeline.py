@@ -61,6 +61,9 @@ class Policies:
     #: Engram host residency: blocks ahead the row copy may start
     prefetch_distance: int = attrs.field(default=1, validator=_int_in(0, MAX_LAYERS))
     dspark: str = attrs.field(default="off", validator=one_of("policies", ("off", "on")))
+    #: MTP drafting depth K (0 = off): the checkpoint's MTP module drafts K tokens per decode request and the
+    #: verify forward checks 1 + K positions; ``acceptance`` a_1..a_K turns them into expected emitted tokens
+    mtp: int = attrs.field(default=0, validator=_int_in(0, 16))
     #: W of both bounded replays (the SWA window of DeepSeek-V4.1)
     replay_window: int = attrs.field(default=128, validator=_int_in(1, MAX_CONTEXT))
     #: hottest EP rank's routed work / the mean (>= 1, at most ep); scales its expert work and its
@@ -170,19 +173,26 @@ BASE_SUPPORT = {"decoder_replay": ("off",), "fusion": ("unfused",), "dspark": ("
 
 def check_policies(model, plan: Plan) -> None:
     """Reject policies the model cannot honour instead of silently ignoring them."""
-    support = {**BASE_SUPPORT, **getattr(model, "POLICY_SUPPORT", {})}
+    support = {**BASE_SUPPORT, **model.POLICY_SUPPORT}
     for field, allowed in support.items():
         v = getattr(plan.policies, field)
         require(v in allowed, f"policies.{field}",
                 f"{model.name} supports {field} in {allowed}, got {v!r}")
+    k = plan.policies.mtp
+    if k:
+        most = model.max_mtp()
+        require(most > 0, "policies.mtp", f"{model.name} ships no MTP module (num_nextn_predict_layers = 0)")
+        require(k <= most, "policies.mtp", f"{model.name} drafts at most {most} tokens with its MTP module, got {k}")
+        require(plan.policies.dspark != "on", "policies.mtp", "MTP and DSpark are two drafters: choose one")
+        acc = plan.policies.acceptance
+        require(not acc or len(acc) == k, "policies.acceptance", f"give {k} values a_1..a_{k} for MTP-{k}, got {len(acc)}")
     if plan.policies.dspark != "on":
         for r in plan.requests:
-            if r.kind == "decode" and r.new > 1:
+            if r.kind == "decode" and r.new - 1 > k:
                 raise GraphsimError("request.verify", f"{r} verifies {r.new - 1} draft positions: speculative decoding "
-                                    "needs policies.dspark='on' and an acceptance profile (MTP is not modelled)")
-    hook = getattr(model, "validate_plan", None)
-    if hook:
-        hook(plan)
+                                    "needs policies.dspark='on' or policies.mtp >= the draft length, and an "
+                                    "acceptance profile")
+    model.validate_plan(plan)
 
 
 def check_context(model, plan: Plan) -> None:
@@ -193,7 +203,7 @@ def check_context(model, plan: Plan) -> None:
 
     allow = plan.policies.beyond_context == "allow"
     cap = MAX_CONTEXT if allow else model.max_context()
-    ahead = getattr(model.cfg, "dspark_block_size", 0) if plan.policies.dspark == "on" else 0
+    ahead = model.draft_ahead(plan.policies)
     for r in plan.requests:
         ctx = r.past_tokens + r.new_tokens + ahead
         if ctx > cap:
@@ -214,8 +224,7 @@ def check_hardware(plan: Plan, hw: HardwareSpec) -> None:
 
 def default_passes(model, policies: Policies) -> list[tuple[str, Callable]]:
     """The model's policy passes (replay, fusion, overlap…), in order; models add theirs via ``passes``."""
-    hook = getattr(model, "passes", None)
-    return list(hook(policies)) if hook else []
+    return list(model.passes(policies))
 
 
 def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyProfile | None = None,

@@ -148,7 +148,7 @@ class StepCurve:
             model = load_model(model)
         rep, upper = bucket_contexts(contexts, counts, max_buckets)
         if policies.dspark == "on":
-            k_max = getattr(getattr(model, "cfg", None), "dspark_block_size", 0)
+            k_max = model.draft_ahead(policies)
             require(k_max > 0, "policies.dspark", f"{model.name} has no DSpark drafter")
         else:
             k_max = 0

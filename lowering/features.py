@@ -1,14 +1,13 @@
-"""Closed forms of workload features, written once for any array module (NumPy or jax.numpy).
-
-For a request whose token set covers query positions [lo, hi) (0-based), query i sees v = i + 1 positions.
-Sums over queries use prefix sums S_f(x) = Σ_{v=1..x} f(v), so Σ_{i=lo}^{hi-1} f(i+1) = S_f(hi) - S_f(lo):
-exact for every length, no loop over positions.
+"""Workload features over the points of a workload, written once for any array module (NumPy or jax.numpy):
+token-set intervals per request group, the registry's per-request closed forms (graphsim.features) summed
+with request counts, and the batch-level kinds (``one``, ``active``, ``experts_touched``).
 """
 from __future__ import annotations
 
 from typing import Sequence
 
 from graphsim.errors import GraphsimError
+from graphsim.features import FEATURES, WINDOW_KINDS, s_causal, s_chunk, s_floor, s_floor_capped, s_window  # noqa: F401
 from graphsim.ir import Feature, TokenSet
 from graphsim.workload import TIERS
 
@@ -52,62 +51,13 @@ def interval(rule: str, a: dict, g: int, xp):
     raise GraphsimError("token_set.rule", f"unknown rule {rule!r}")
 
 
-def s_causal(x):
-    return x * (x + 1.0) / 2.0
-
-
-def s_window(x, w, xp):
-    a = xp.minimum(x, w)
-    return a * (a + 1.0) / 2.0 + w * (x - a)
-
-
-def s_floor(x, m, xp):
-    """Σ_{v=1..x} ⌊v/m⌋ = m·q(q-1)/2 + q·(x - q·m + 1), q = ⌊x/m⌋."""
-    q = xp.floor(x / m)
-    return m * q * (q - 1.0) / 2.0 + q * (x - q * m + 1.0)
-
-
-def s_floor_capped(x, m, k, xp):
-    """Σ_{v=1..x} min(k, ⌊v/m⌋): the floor sum up to v = k·m - 1, then k per position."""
-    edge = k * m - 1.0
-    return s_floor(xp.minimum(x, edge), m, xp) + k * xp.maximum(x - edge, 0.0)
-
-
 def per_request(kind: str, params: tuple, lo, hi, xp):
-    """Value of a per-request feature for one group (before weighting by request count)."""
-    n = hi - lo
-    if kind == "tokens":
-        return n
-    if kind == "requests":
-        return xp.where(n > 0, 1.0, 0.0)
-    if kind == "kv_len":
-        return xp.where(n > 0, hi, 0.0)
-    if kind == "window_read":  # distinct cached positions a sliding window of W reads for queries [lo, hi)
-        (w,) = params
-        return xp.where(n > 0, hi - xp.maximum(lo - float(w) + 1.0, 0.0), 0.0)
-    if kind == "causal_pairs":
-        return s_causal(hi) - s_causal(lo)
-    if kind == "full_pairs":
-        return n * n
-    if kind == "window_pairs":
-        (w,) = params
-        return s_window(hi, float(w), xp) - s_window(lo, float(w), xp)
-    if kind == "compressed":
-        (m,) = params
-        return xp.where(n > 0, xp.floor(hi / m), 0.0)
-    if kind == "compressed_pairs":
-        (m,) = params
-        return s_floor(hi, float(m), xp) - s_floor(lo, float(m), xp)
-    if kind in ("topk_pairs", "sparse_read"):
-        m, k = float(params[0]), float(params[1])
-        pairs = s_floor_capped(hi, m, k, xp) - s_floor_capped(lo, m, k, xp)
-        if kind == "topk_pairs":
-            return pairs
-        return xp.minimum(pairs, xp.where(n > 0, xp.floor(hi / m), 0.0))
-    if kind == "new_groups":
-        (m,) = params
-        return xp.floor(hi / m) - xp.floor(lo / m)
-    raise GraphsimError("feature.kind", f"no closed form for {kind!r}")
+    """Value of a per-request feature for one group (before weighting by request count): the registry's
+    closed form (graphsim.features)."""
+    rule = FEATURES.get(kind)
+    if rule is None or rule.per_request is None:
+        raise GraphsimError("feature.kind", f"no per-request closed form for {kind!r}")
+    return rule.per_request(params, lo, hi, xp)
 
 
 def chunk_arrays(a: dict, kinds: Sequence[str], chunk: tuple, xp) -> dict:
@@ -156,10 +106,6 @@ def feature_column(f: Feature, token_sets: dict, kinds: Sequence[str], a: dict, 
             lo, hi = 0.0 * lo, hi - lo  # decoder replay: the tail's SWA history starts at the tail
         total = total + f.frac * count[:, g] * per_request(f.kind, f.params, lo, hi, xp)
     return total
-
-
-#: Features over the sliding-window (SWA) history rather than the global KV.
-WINDOW_KINDS = ("window_pairs", "window_read")
 
 
 def _n(ts: TokenSet, kind: str, a: dict, g: int, xp):

@@ -46,10 +46,8 @@ MAX_STAGE_IMBALANCE = 1.25
 
 def trunk_layers(model, graph: Graph) -> int:
     """Number of trunk layers: the model's config, else the distinct layer ids of the graph."""
-    cfg = getattr(model, "cfg", None)
-    for name in ("layers", "num_hidden_layers"):
-        if isinstance(getattr(cfg, name, None), int):
-            return getattr(cfg, name)
+    if model is not None:
+        return model.num_layers()
     return len({op.layer for op in graph.ops if op.layer is not None})
 
 
@@ -90,14 +88,9 @@ def stage_of_ops(graph: Graph, sizes: tuple[int, ...]) -> np.ndarray:
 
 def residual_bytes_per_token(model) -> float:
     """Activation one token carries between stages: the residual stream(s) in BF16 (mHC keeps hc_mult)."""
-    if hasattr(model, "residual_bytes_per_token"):
-        got = model.residual_bytes_per_token
-        return float(got() if callable(got) else got)
-    cfg = getattr(model, "cfg", None)
-    hidden = getattr(cfg, "hidden", None) or getattr(cfg, "hidden_size", None)
-    require(hidden is not None, "mapping.pp",
-            f"model {getattr(model, 'name', model)!r} exposes no hidden size for p2p sends")
-    return 2.0 * hidden * getattr(cfg, "hc_mult", 1)
+    require(model is not None, "mapping.pp", "pipeline parallelism needs the model (its residual width) in the "
+            "pass context")
+    return float(model.residual_bytes_per_token())
 
 
 def micro_batches(plan) -> int:

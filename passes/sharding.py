@@ -19,6 +19,7 @@ import math
 
 import attrs
 
+from graphsim.features import QUERY_FEATURES  # context parallelism divides these (the registry's flag)
 from graphsim.errors import GraphsimError, require
 from graphsim.ir import ONE, CommSpec, Cost, Edge, Graph, Op
 from graphsim.plan import ParallelMapping
@@ -31,11 +32,6 @@ WORK = ("flops", "exps", "bytes_kv", "bytes_act", "bytes_c2c", "bytes_disk")
 CACHE_TRAFFIC = ("bytes_kv", "bytes_c2c", "bytes_disk")
 #: Op kinds that stay whole on every TP rank whatever their ``split`` says.
 TP_REPLICATED_KINDS = ("indexer",)
-#: Features that grow with the query positions a rank processes: context parallelism divides them. The
-#: others (visible KV length, selected or compressed entries read, requests) are per-request context that
-#: every CP rank of a request reads whole once the KV is gathered.
-QUERY_FEATURES = ("tokens", "causal_pairs", "full_pairs", "window_pairs", "window_read", "compressed_pairs",
-                  "topk_pairs", "new_groups")  # window_read: a rank reads its positions' windows (halo neglected)
 #: Cache roles context parallelism all-gathers (SWA needs only a W-position halo: neglected).
 CP_GATHERED_ROLES = ("kv_cache", "index_cache")
 

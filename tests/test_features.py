@@ -23,13 +23,33 @@ def brute(kind, params, lo, hi):
         return np.floor(hi / params[0]) - np.floor(lo / params[0])
     if kind == "window_read":  # union of the windows of queries lo..hi-1
         return len({p for i in range(lo, hi) for p in range(max(0, i - params[0] + 1), i + 1)})
+    if kind == "chunk_pairs":  # query i sees the positions of its aligned chunk up to itself
+        return ((v - 1) % params[0] + 1).sum()
+    if kind == "chunk_read":  # union of the chunk prefixes queries lo..hi-1 see
+        return len({p for i in range(lo, hi) for p in range(i - i % params[0], i + 1)})
     raise AssertionError(kind)
 
 
 CASES = [("causal_pairs", ()), ("window_pairs", (128,)), ("window_pairs", (1,)), ("compressed_pairs", (2,)),
          ("compressed_pairs", (1,)), ("compressed_pairs", (4,)), ("topk_pairs", (2, 512)), ("topk_pairs", (1, 512)),
          ("topk_pairs", (4, 3)), ("sparse_read", (2, 512)), ("sparse_read", (1, 8)), ("new_groups", (2,)),
-         ("new_groups", (128,)), ("window_read", (128,)), ("window_read", (3,))]
+         ("new_groups", (128,)), ("window_read", (128,)), ("window_read", (3,)), ("chunk_pairs", (1,)),
+         ("chunk_pairs", (7,)), ("chunk_pairs", (8192,)), ("chunk_read", (5,)), ("chunk_read", (64,))]
+
+
+def test_registry_is_the_one_list_of_feature_kinds():
+    from graphsim.features import FEATURES, QUERY_FEATURES
+    from graphsim.ir import FEATURE_KINDS
+    from graphsim.errors import GraphsimError
+    import pytest
+
+    assert FEATURE_KINDS == tuple(FEATURES)
+    assert {"tokens", "causal_pairs", "chunk_pairs"} <= set(QUERY_FEATURES) and "kv_len" not in QUERY_FEATURES
+    for kind, rule in FEATURES.items():  # every per-request kind is brute-forced above
+        assert rule.per_request is None or kind in {k for k, _ in CASES} | {"tokens", "requests", "kv_len",
+                                                                            "full_pairs", "compressed"}, kind
+    with pytest.raises(GraphsimError, match=r"feature\[window_pairs\].params: takes \(W\)"):
+        Feature("window_pairs", "all", ())
 
 
 @settings(max_examples=60, deadline=None)

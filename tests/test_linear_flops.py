@@ -49,8 +49,8 @@ def _linear_params_by_layer(model) -> dict[int, float]:
     if specs is not None:
         items = [(s.name, s.elems, len(s.shape) >= 2 and s.role != "table"
                   and not s.name.endswith((".gate_norm", ".ape", ".tid2eid", ".embed"))) for s in specs(model.cfg)]
-    else:  # Llama / DeepSeek-V3 inventories: one tensor per projection, norms gathered in `norms`
-        items = [(t.name, t.elems, not t.name.endswith("norms")) for t in model.weights()]
+    else:  # Llama / DeepSeek-V3 inventories: one tensor per projection, norms gathered in `norms`, biases apart
+        items = [(t.name, t.elems, not t.name.endswith(("norms", "_bias"))) for t in model.weights()]
     out: dict[int, float] = {}
     for name, elems, linear in items:
         if not linear or not name.startswith("layers."):

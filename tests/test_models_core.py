@@ -44,12 +44,19 @@ def test_v3_params_from_config():
                                                     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
     attn = h * ql + ql * heads * (nope + rope) + h * (kl + rope) + kl * heads * (nope + v) + heads * v * h
     norms = 2 * h + ql + kl
-    moe = c["n_routed_experts"] * 3 * h * c["moe_intermediate_size"] + 3 * h * c["moe_intermediate_size"] + h * c["n_routed_experts"]
+    # routed + shared experts, the router and its per-expert score-correction bias (e_score_correction_bias)
+    moe = (c["n_routed_experts"] * 3 * h * c["moe_intermediate_size"] + 3 * h * c["moe_intermediate_size"]
+           + h * c["n_routed_experts"] + c["n_routed_experts"])
     mlp = 3 * h * c["intermediate_size"]
     total = L * (attn + norms) + dense * mlp + (L - dense) * moe + 2 * c["vocab_size"] * h + h
     m = gs.load_model("deepseek-v3")
-    assert sum(t.elems for t in m.weights()) == total
+    assert sum(t.elems for t in m.weights() if t.group != "mtp") == total
+    assert m.param_counts()["total_params"] == total
     assert abs(total / 1e9 - 671) / 671 < 0.005  # "671 B total" (DeepSeek-V3 report)
+    # the shipped MTP module (eh_proj 2h x h, three norms, one MoE layer): "685B = 671B + 14B MTP" (HF card)
+    mtp = 2 * h * h + 3 * h + attn + norms + moe
+    assert m.param_counts()["shipped_params"] == total + mtp
+    assert abs((total + mtp) / 1e9 - 685) / 685 < 0.005
     active = m.active_params_per_token()
     assert abs(active / 1e9 - 37) / 37 < 0.02  # "37 B activated" (DeepSeek-V3 report)
 

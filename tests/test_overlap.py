@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import graphsim as gs
+from conftest import toy_model
 from graphsim.passes.pipeline import PassContext
 from graphsim.builder import GraphBuilder
 from graphsim.ir import COMPONENTS, Cost, Feature
@@ -152,13 +153,11 @@ def test_prefetch_distance_validated():
 
 def test_runtime_passes_lower_exactly(gb200):
     # the reduced-graph JAX evaluation equals the full-graph NumPy reference on a pipelined, overlapped graph
-    from types import SimpleNamespace
-
     from graphsim.lowering.evaluate import evaluate
     from graphsim.passes.pipeline_parallel import pipeline_parallel
 
     g = layered(1.0, 0.7, layers=8)
-    model = SimpleNamespace(cfg=SimpleNamespace(layers=8, hidden=64), name="toy")
+    model = toy_model(8, 64)
     plan = gs.Plan(["decode:10x100"], gs.ParallelMapping(pp=2), gs.Policies(pp_micro_batches=3))
     out = two_batch_overlap(pipeline_parallel(g, PassContext(model, plan, gb200)))
     p = lower(out)

@@ -1,11 +1,11 @@
 """Parallel mappings: collective formulas against hand calculations, shards summing to the whole, EP bytes,
 imbalance, link placement (NVLink vs scale-out), CP, PP stages and bubbles, and mappings that cannot exist."""
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import graphsim as gs
+from conftest import toy_model
 from graphsim.passes.pipeline import PassContext
 from graphsim.builder import GraphBuilder
 from graphsim.config import load_config
@@ -299,7 +299,7 @@ def test_pipeline_bubble_formula(gb200, pp, m):
     L, T = 16, 1000
     per_layer = 2.5e15 / (T * m)  # 1 s per layer for the whole batch (m prompts of T) at the BF16 peak
     g = _layers_graph([per_layer] * L)
-    model = SimpleNamespace(cfg=SimpleNamespace(layers=L, hidden=1), name="toy")
+    model = toy_model(L, 1)
     plan = gs.Plan([f"prefill:{T}x{m}"], gs.ParallelMapping(pp=pp), gs.Policies(pp_micro_batches=m))
     out = pipeline_parallel(g, PassContext(model, plan, gb200))
     t = evaluate_reference(lower(out), plan.workload(), unit_time(gb200.rates())).forward[0]
@@ -311,7 +311,7 @@ def test_pipeline_bubble_formula(gb200, pp, m):
 def test_pipeline_uneven_stages_take_the_bottleneck(gb200):
     T = 1000
     costs = [2.5e15 / T / 4] * 7 + [3 * 2.5e15 / T / 4]  # last layer 3 s: stage 1 (layers 4-7) takes 6 s, stage 0 4 s
-    model = SimpleNamespace(cfg=SimpleNamespace(layers=8, hidden=1), name="toy")
+    model = toy_model(8, 1)
     plan = gs.Plan([f"prefill:{T}x4"], gs.ParallelMapping(pp=2), gs.Policies(pp_micro_batches=4))
     out = pipeline_parallel(_layers_graph(costs), PassContext(model, plan, gb200))
     t = evaluate_reference(lower(out), plan.workload(), unit_time(gb200.rates())).forward[0]
@@ -393,7 +393,7 @@ def test_one_prompt_splits_into_causal_chunks(gb200, pp, m):
     L, T = 16, 1000
     per_layer = 2.5e15 / T  # 1 s per layer for the whole prompt
     g = _layers_graph([per_layer] * L)
-    model = SimpleNamespace(cfg=SimpleNamespace(layers=L, hidden=1), name="toy")
+    model = toy_model(L, 1)
     plan = gs.Plan([f"prefill:{T}"], gs.ParallelMapping(pp=pp), gs.Policies(pp_micro_batches=m))
     out = pipeline_parallel(g, PassContext(model, plan, gb200))
     assert out.meta.pp_split == "causal-chunks" and {op.device for op in out.ops} == set(range(pp))

@@ -1,40 +1,62 @@
-"""Model registry: a shipped name or a config.json path -> a Model (picked by ``model_type``)."""
+"""Model registry: a shipped name, a ``config.json`` path or a checkpoint directory -> a Model, picked by the
+family registry (:mod:`graphsim.models.families`) from ``model_type`` / ``architectures``."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import SHIPPED, load_config
-from ..errors import GraphsimError
+from ..config import SHIPPED, kv_cache_format, load_config
+from ..errors import GraphsimError, require
+from ..quant import SCHEMES, from_config, sibling_quant_config
 from .base import Model
 
 
-def load_model(name_or_path: str | Path | dict, **options) -> Model:
-    """Load a model by shipped name (``deepseek-v3``, ``deepseek-v4.1-flash``, ``llama-3.1-70b``…) or path."""
+def load_model(name_or_path: str | Path | dict, *, weights: str | None = None, redundant_experts: int = 0,
+               **options) -> Model:
+    """Load a model by shipped name (``deepseek-v3``, ``deepseek-v4.1-flash``, ``llama-3.1-70b``…), by a
+    ``config.json`` path or a checkpoint directory (with its ``hf_quant_config.json``, if any), or from a dict.
+
+    ``weights`` overrides the checkpoint's weight quantization (a :data:`graphsim.quant.SCHEMES` name);
+    ``redundant_experts`` adds expert copies for EP load balancing (MoE models)."""
+    from .families import resolve
+
     cfg = load_config(name_or_path)
     name = str(name_or_path) if not isinstance(name_or_path, dict) else cfg.get("_name", "custom")
-    name = Path(name).stem if name.endswith(".json") else name
-    mt = cfg.get("model_type") or cfg.get("text_config", {}).get("model_type")
-    if mt in ("llama", "mistral", "qwen2"):
-        from .llama import LlamaModel
+    path = Path(name) if not isinstance(name_or_path, dict) and name.lower() not in SHIPPED else None
+    if path is not None:
+        name = path.name if path.is_dir() else path.stem.removesuffix("_config").removesuffix(".config")
+        name = name if name != "config" else path.parent.name
+    sibling = sibling_quant_config(path) if path is not None else None
+    if weights is not None:
+        require(weights in SCHEMES, "weights", f"unknown weight format {weights!r}; allowed: {', '.join(SCHEMES)}")
+    from ..limits import check_int
 
-        return LlamaModel(cfg, name, **options)
-    if mt in ("deepseek_v3", "deepseek_v32"):
-        from .deepseek_v3 import DeepSeekV3
+    redundant_experts = check_int("redundant_experts", redundant_experts, 0, 1 << 16)
+    mt, kind, fn = resolve(cfg)
+    if kind == "class":
+        cls = fn()
+        extra = {}
+        if weights is not None or redundant_experts or sibling:
+            require(hasattr(cls, "QUANT_AWARE"), "weights", f"{mt}: weight overrides and redundant experts are "
+                    "not modelled for this family")
+            extra = {"weights": weights, "redundant_experts": redundant_experts, "sibling": sibling}
+        return cls(cfg, name, **extra, **options)
+    from ..config import text_config
+    from .decoder import Decoder
 
-        return DeepSeekV3(cfg, name, **options)
-    if mt in ("deepseek_v41", "deepseek_v41_text"):
-        from .deepseek_v41_graph import DeepSeekV41
-
-        return DeepSeekV41(cfg, name, **options)
-    if mt in ("deepseek_v4", "deepseek_v4_text"):
-        from .deepseek_v4_graph import DeepSeekV4
-
-        return DeepSeekV4(cfg, name, **options)
-    raise GraphsimError("model_type", f"unsupported model_type {mt!r}; supported: llama, deepseek_v3, deepseek_v41, deepseek_v4")
+    quant = from_config(cfg, sibling)
+    if weights is not None:
+        quant = quant.override(weights)
+    spec = fn(text_config(cfg))
+    if redundant_experts:
+        spec = spec.with_redundant(redundant_experts)
+    kv = options.pop("kv_format", None) or kv_cache_format(cfg if not sibling else
+                                                            {**cfg, "quantization_config": sibling.get("quantization", sibling)})
+    require(not options, "model", f"unknown options {sorted(options)}")
+    return Decoder(spec, name, quant, kv)
 
 
 def list_models() -> tuple[str, ...]:
     return tuple(sorted(SHIPPED))
 
 
-__all__ = ["Model", "load_model", "list_models"]
+__all__ = ["Model", "load_model", "list_models", "GraphsimError"]

@@ -7,16 +7,87 @@ from ..builder import GraphBuilder
 from ..errors import GraphsimError, require
 from ..ir import ONE, CommSpec, Cost, Feature, Graph, Tensor, fmt, wider
 from ..plan import ParallelMapping
+from ..rules import MOE_OUT, all_reduce_tp, rmsnorm, tokens
 #: The cache an attention kernel at this precision reads (FP8 attention reads FP8 Q/K/V and an FP8 cache;
 #: FP4 attention an E2M1 cache with E4M3 scales per 16), where the checkpoint's cache is wider.
 KV_FORMAT_AT = {"fp8": "fp8", "fp4": "fp4_e2m1_e4m3_16"}
 
 
 class Model:
-    """Base class: subclasses set ``name``/``family`` and implement ``weights``, ``_build`` and ``kv_bytes``."""
+    """The model protocol. Subclasses set ``name``/``family``/``cfg`` and implement ``weights``, ``_build`` and
+    ``kv_bytes``; every optional capability has a declared default here (no caller probes for attributes):
+    layers, KV layout per layer and per device, resident groups, the reference graph, policy passes and
+    support, speculative drafting (MTP, DSpark) and parameter counts."""
 
     name = "model"
     family = "model"
+    #: policy field -> values this model honours (graphsim.pipeline.BASE_SUPPORT for the rest)
+    POLICY_SUPPORT: dict = {}
+
+    # ---- structure ------------------------------------------------------------------------------------
+    def num_layers(self) -> int:
+        """Trunk decoder layers (pipeline stages split them; per-layer KV is keyed by them)."""
+        cfg = getattr(self, "cfg", None)
+        for name in ("num_hidden_layers", "layers"):
+            v = getattr(cfg, name, None)
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+        raise GraphsimError("model", f"{self.name}: cannot tell how many trunk layers it has")
+
+    def layer_table(self):
+        """Per-layer roles (``graphsim layers``); None when the model has no such table."""
+        return None
+
+    def passes(self, policies) -> list:
+        """The model's policy passes (replay, fusion…) as (name, pass) pairs, in order."""
+        return []
+
+    def validate_plan(self, plan) -> None:
+        """Raise GraphsimError for plans this model cannot run (beyond the policy support table)."""
+
+    def reference_graph(self, policies=None):
+        """Every stage the model can run, for how each resident tensor is sharded."""
+        return self.build(("prefill", "decode"), policies=policies)
+
+    def resident_groups(self, policies=None) -> tuple:
+        """Inventory groups this deployment loads under ``policies`` (default: all of them)."""
+        return tuple(sorted({t.group for t in self.weights()}))
+
+    # ---- speculative decoding -----------------------------------------------------------------------------
+    def max_mtp(self) -> int:
+        """Draft depth the checkpoint's MTP module may run at (0: it ships none)."""
+        return 0
+
+    def draft_ahead(self, policies) -> int:
+        """Positions a drafter holds beyond the context under ``policies`` (DSpark's draft block)."""
+        return 0
+
+    # ---- KV layout ---------------------------------------------------------------------------------------
+    def kv_request_bytes(self, context: int, policies=None) -> float:
+        """KV bytes one request holds at ``context`` under ``policies`` (drafters' caches included)."""
+        return self.kv_bytes(context, policies)
+
+    def kv_bytes_by_layer(self, context: int, policies=None) -> dict:
+        """One request's KV bytes per layer (extra keys sort after the trunk); uniform by default."""
+        n = self.num_layers()
+        per = self.kv_request_bytes(context, policies) / n
+        return {i: per for i in range(n)}
+
+    def kv_owners(self) -> dict:
+        """layer -> the layer whose KV it reads (shared KV); empty when every layer reads its own."""
+        return {}
+
+    def owner_kv_bytes(self, context: int, layer: int) -> float:
+        """The KV an owner layer holds for the layers that share it (0 without sharing)."""
+        return 0.0
+
+    def kv_split(self, m: ParallelMapping) -> int:
+        """How many devices one request's KV is spread over (attention data parallelism by default)."""
+        return m.dp
+
+    def kv_breakdown(self, context: int) -> dict | None:
+        """A model-specific breakdown of one request's KV at ``context`` (``graphsim memory``), if any."""
+        return None
 
     def weights(self) -> tuple[Tensor, ...]:
         """Resident inventory by physical module (never depends on the workload)."""
@@ -53,13 +124,16 @@ class Model:
         cfg = getattr(self, "cfg", None)
         return int(getattr(cfg, "max_position", None) or getattr(cfg, "max_position_embeddings", None) or MAX_CONTEXT)
 
-    def residual_bytes_per_token(self) -> float:
-        """The residual state one token carries from layer to layer, in BF16 (mHC keeps ``hc_mult`` streams):
-        what a pipeline stage sends on and what a scattered layer gathers back."""
+    def hidden_size(self) -> int:
         cfg = getattr(self, "cfg", None)
         hidden = getattr(cfg, "hidden", None) or getattr(cfg, "hidden_size", None)
         require(isinstance(hidden, int), "model", f"{self.name}: no hidden size in its config")
-        return 2.0 * hidden * getattr(cfg, "hc_mult", 1)
+        return hidden
+
+    def residual_bytes_per_token(self) -> float:
+        """The residual state one token carries from layer to layer, in BF16 (mHC keeps ``hc_mult`` streams):
+        what a pipeline stage sends on and what a scattered layer gathers back."""
+        return 2.0 * self.hidden_size() * getattr(self.cfg, "hc_mult", 1)
 
     def kv_cache_format(self, policies=None) -> str:
         """The KV cache as stored under ``policies``: the checkpoint's, narrowed to what an explicitly lower
@@ -71,6 +145,36 @@ class Model:
 
     def validate_mapping(self, mapping: ParallelMapping) -> None:
         """Raise GraphsimError for mappings that cannot exist for this model."""
+
+    def param_counts(self) -> dict:
+        """Parameter counts: ``total_params`` (every weight the model loads by default, Engram tables
+        included; optional modules such as a shipped MTP/draft module apart: ``shipped_params`` has them too),
+        ``active_params_per_token`` (what one token's forward reads: all weights but the routed experts it is
+        not sent to — top_k of each MoE layer's expert slots —, the embedding and lookup tables, of which it
+        reads one row each (a tied embedding counts: the head reads it whole)) and
+        ``active_params_with_embeddings`` (the same with the embedding table, the convention of some model
+        cards). Read off the model's reference graph, so every family gets them."""
+        graph = self.reference_graph()
+        weights = {t.name: t for t in self.weights()}
+        shipped = sum(t.elems for t in weights.values())
+        idle = 0.0
+        for op in graph.ops:
+            if op.kind == "moe_experts" and op.info.slots:
+                for name in op.reads:
+                    if name in weights:
+                        idle += weights[name].elems * (1.0 - op.info.top_k / op.info.slots)
+        head_reads = {r for op in graph.ops if op.stage == "head" for r in op.reads}
+        lookup = sum(t.elems for t in weights.values()
+                     if (t.name == "embed" and "embed" not in head_reads) or t.role == "table")
+        groups = self.resident_groups(None)
+        optional = sum(t.elems for t in weights.values() if t.group not in groups)
+        total = shipped - optional
+        active = int(round(total - idle))
+        return {"total_params": total, "active_params_per_token": active - lookup,
+                "active_params_with_embeddings": active, "shipped_params": shipped}
+
+    def active_params_per_token(self) -> int:
+        return self.param_counts()["active_params_per_token"]
 
     def build(self, kinds: Sequence[str], **options) -> Graph:
         """The logical (unsharded) graph for a batch whose request groups have ``kinds``."""
@@ -93,36 +197,6 @@ def divides(field: str, parts: int, total: int, what: str) -> None:
     if total % parts:
         divisors = [d for d in range(1, total + 1) if total % d == 0]
         raise GraphsimError(field, f"{parts} does not divide {what} ({total}); allowed: {divisors}")
-
-
-def tokens(ts: str) -> Feature:
-    return Feature("tokens", ts)
-
-
-def rmsnorm(b: GraphBuilder, name: str, ts: str, d: int, *, split=("dp",), out_bytes: float = 2.0, **kw) -> str:
-    """RMSNorm: read bf16, write ``out_bytes`` (2 = bf16, 1 = fused FP8 quantization); ~4 flops/elem."""
-    return b.elementwise(name, ts, d, bytes_in=2.0, bytes_out=out_bytes, flops_per_elem=4.0, kind="norm",
-                         split=split, **kw)
-
-
-def all_reduce_tp(ts: str, hidden: int, bytes_per: float = 2.0, note: str = "", merge: str = "") -> CommSpec:
-    """TP all-reduce of a row-parallel output (batch-wide payload; the sharding pass takes the rank share)."""
-    return CommSpec("all_reduce", "tp", Cost.of(tokens(ts), bytes_act=hidden * bytes_per), note=note, merge=merge)
-
-
-#: Routed and shared expert outputs are summed before one all-reduce when their groups coincide.
-MOE_OUT = "moe_out"
-
-
-def swiglu_mlp(b: GraphBuilder, prefix: str, ts: str, hidden: int, inter: int, *, weights: tuple[str, str],
-               act_in: str = "bf16", merge: str = "") -> str:
-    """Dense SwiGLU MLP with TP: gate/up fused column-parallel, down row-parallel + all-reduce."""
-    up, down = weights
-    b.gemm(f"{prefix}gate_up", ts, hidden, 2 * inter, weight=up, act_in=act_in, split=("tp", "dp"))
-    b.elementwise(f"{prefix}swiglu", ts, inter, bytes_in=4.0, bytes_out=2.0, flops_per_elem=4.0,
-                  kind="activation", split=("tp", "dp"), exps=inter)  # SiLU: one exp per element
-    return b.gemm(f"{prefix}down", ts, inter, hidden, weight=down, act_in=act_in, split=("tp", "dp"),
-                  comm=(all_reduce_tp(ts, hidden, note="row-parallel down", merge=merge),))
 
 
 def embedding(b: GraphBuilder, ts: str, hidden: int, weight: str) -> str:
@@ -174,4 +248,4 @@ def attention_act_bytes(precision: str) -> float:
 
 
 __all__ = ["Model", "divides", "attention_act_bytes", "restore_sets", "restore_copy", "tokens", "rmsnorm",
-           "all_reduce_tp", "swiglu_mlp", "embedding", "lm_head", "ONE", "MOE_OUT"]
+           "all_reduce_tp", "embedding", "lm_head", "ONE", "MOE_OUT"]

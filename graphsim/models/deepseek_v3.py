@@ -1,6 +1,9 @@
-"""DeepSeek-V3/R1: MLA attention (prefill path with up-projected K/V, absorbed decode path over the latent
-cache), dense first layers, MoE with a sigmoid router, routed top-k + shared experts, FP8 128x128 weights.
-MTP is off (its module is not part of the 671 B trunk)."""
+"""DeepSeek-V3/R1 and the models with its shapes (Kimi K2/K2.5): MLA attention (prefill path with up-projected
+K/V, absorbed decode path over the latent cache), dense first layers, MoE with a sigmoid router, routed top-k +
+shared experts, weights in the checkpoint's quantization (FP8 128x128 blocks for DeepSeek's own release).
+DeepSeek-V3.2 and GLM-5 add DeepSeek Sparse Attention: a lightning indexer (:func:`graphsim.rules.dsa_indexer`)
+selects ``index_topk`` positions per query and MLA attends over those only.
+MTP is off (its module is not part of the trunk)."""
 from __future__ import annotations
 
 from typing import Mapping
@@ -11,22 +14,10 @@ from ..builder import GraphBuilder
 from ..config import kv_cache_format, need, text_config
 from ..errors import require
 from ..limits import MAX_CONTEXT
-from ..ir import CommSpec, Cost, Feature, Tensor, fmt
+from ..ir import Cost, Feature, Tensor, fmt, wider
 from ..plan import ParallelMapping
-from .base import (
-    MOE_OUT,
-    Model,
-    all_reduce_tp,
-    attention_act_bytes,
-    divides,
-    embedding,
-    lm_head,
-    restore_copy,
-    restore_sets,
-    rmsnorm,
-    swiglu_mlp,
-    tokens,
-)
+from ..rules import MoEShape, act_for, all_reduce_tp, dsa_indexer, linear, mlp, moe, rmsnorm, tokens
+from .base import Model, attention_act_bytes, divides, embedding, lm_head, restore_copy, restore_sets
 
 
 @attrs.frozen
@@ -48,6 +39,10 @@ class V3Config:
     vocab: int
     weight_block: tuple
     max_position: int = MAX_CONTEXT
+    index_heads: int = 0  #: DSA lightning indexer (DeepSeek-V3.2, GLM-5); 0 = dense MLA
+    index_dim: int = 0
+    index_topk: int = 0
+    mtp_layers: int = 0  #: shipped MTP modules (num_nextn_predict_layers)
 
     def __attrs_post_init__(self):
         require(self.dense_layers <= self.layers, "config.first_k_dense_replace",
@@ -71,7 +66,14 @@ class V3Config:
             need(t, "qk_nope_head_dim"), need(t, "qk_rope_head_dim"), need(t, "v_head_dim"),
             need(t, "intermediate_size"), need(t, "moe_intermediate_size"), need(t, "n_routed_experts"),
             need(t, "n_shared_experts", lo=0), need(t, "num_experts_per_tok"), need(t, "vocab_size"), block,
-            need(t, "max_position_embeddings", default=MAX_CONTEXT))
+            need(t, "max_position_embeddings", default=MAX_CONTEXT),
+            *((need(t, "index_n_heads"), need(t, "index_head_dim"), need(t, "index_topk")) if "index_topk" in t
+              else (0, 0, 0)),
+            need(t, "num_nextn_predict_layers", default=0, lo=0))
+
+    @property
+    def sparse(self) -> bool:
+        return self.index_topk > 0
 
     @property
     def qk_dim(self) -> int:
@@ -83,60 +85,106 @@ class V3Config:
         return self.kv_lora + self.rope
 
 
+#: Hugging Face module names of a layer's weights (what quantization configs name).
+HF = {"wq_a": "self_attn.q_a_proj", "wq_b": "self_attn.q_b_proj", "wkv_a": "self_attn.kv_a_proj_with_mqa",
+      "wkv_b": "self_attn.kv_b_proj", "wo": "self_attn.o_proj", "mlp.gate_up": "mlp.gate_proj",
+      "mlp.down": "mlp.down_proj", "moe.experts": "mlp.experts", "moe.shared.gate_up": "mlp.shared_experts.gate_proj",
+      "moe.shared.down": "mlp.shared_experts.down_proj", "indexer.wq_b": "self_attn.indexer.wq_b",
+      "indexer.wk": "self_attn.indexer.wk"}
+
+
 class DeepSeekV3(Model):
     family = "deepseek_v3"
+    #: takes ``weights`` / ``redundant_experts`` / ``sibling`` (hf_quant_config.json) from load_model
+    QUANT_AWARE = True
 
-    def __init__(self, cfg: dict, name: str = "deepseek-v3", kv_format: str | None = None):
+    def __init__(self, cfg: dict, name: str = "deepseek-v3", kv_format: str | None = None, *,
+                 weights: str | None = None, redundant_experts: int = 0, sibling: dict | None = None):
+        from ..quant import from_config
+
         self.name = name
         self.cfg = V3Config.from_dict(cfg)
-        # the checkpoint's KV cache (quantization_config / kv_cache_dtype), BF16 when it declares none
-        self.kv_format = kv_format or kv_cache_format(cfg)
-        b = self.cfg.weight_block
-        # FP8 e4m3 weights with one fp32 scale per block (V41_FACTS §13: FP8 128x128 blocks).
-        self.wfmt = "fp8_b128x128" if tuple(b) == (128, 128) else "fp8"
+        self.family = str(text_config(cfg).get("model_type", "deepseek_v3"))
+        # the checkpoint's KV cache (quantization_config / kv_cache_dtype / hf_quant_config), BF16 by default
+        kv_src = {**cfg, "quantization_config": sibling.get("quantization", sibling)} if sibling else cfg
+        self.kv_format = kv_format or kv_cache_format(kv_src)
+        # weights as the checkpoint stores them (DeepSeek's release: FP8 e4m3 with one fp32 scale per 128x128
+        # block, V41_FACTS §13), or as ``weights`` overrides
+        self.quant = from_config(cfg, sibling)
+        if weights is not None:
+            self.quant = self.quant.override(weights)
+        self.redundant = redundant_experts
+        require(not redundant_experts or self.cfg.layers > self.cfg.dense_layers, "redundant_experts",
+                f"{name} has no MoE layers")
+
+    def _fmt(self, i: int, key: str) -> str:
+        return self.quant.format_of(f"layers.{i}.{HF[key]}")
 
     # ---- resident inventory -------------------------------------------------------------------------
     def weights(self) -> tuple[Tensor, ...]:
-        c, wf = self.cfg, self.wfmt
+        c = self.cfg
         out = [Tensor("embed", "weight", "bf16", c.vocab * c.hidden, module="embed", group="embed")]
         for i in range(c.layers):
-            p = f"layers.{i}."
-            out += [
-                Tensor(p + "attn.wq_a", "weight", wf, c.hidden * c.q_lora, module=p + "attn"),
-                Tensor(p + "attn.wq_b", "weight", wf, c.q_lora * c.heads * c.qk_dim, module=p + "attn"),
-                Tensor(p + "attn.wkv_a", "weight", wf, c.hidden * c.latent, module=p + "attn"),
-                Tensor(p + "attn.wkv_b", "weight", wf, c.kv_lora * c.heads * (c.nope + c.v_dim), module=p + "attn"),
-                Tensor(p + "attn.wo", "weight", wf, c.heads * c.v_dim * c.hidden, module=p + "attn"),
-                Tensor(p + "norms", "weight", "bf16", 2 * c.hidden + c.q_lora + c.kv_lora, module=p + "norms"),
-            ]
-            if i < c.dense_layers:
-                out += [Tensor(p + "mlp.gate_up", "weight", wf, 2 * c.hidden * c.inter, module=p + "mlp"),
-                        Tensor(p + "mlp.down", "weight", wf, c.inter * c.hidden, module=p + "mlp")]
-            else:
-                out += [
-                    Tensor(p + "moe.router", "weight", "bf16", c.hidden * c.experts, module=p + "moe"),
-                    Tensor(p + "moe.experts", "weight", wf, c.experts * 3 * c.hidden * c.moe_inter, module=p + "moe"),
-                    Tensor(p + "moe.shared.gate_up", "weight", wf, c.shared * 2 * c.hidden * c.moe_inter, module=p + "moe"),
-                    Tensor(p + "moe.shared.down", "weight", wf, c.shared * c.moe_inter * c.hidden, module=p + "moe"),
-                ]
+            out += self._layer_weights(f"layers.{i}.", i, dense=i < c.dense_layers)
         out += [Tensor("final_norm", "weight", "bf16", c.hidden, module="final_norm", group="embed"),
-                Tensor("head", "weight", "bf16", c.hidden * c.vocab, module="head", group="embed")]
+                Tensor("head", "weight", self.quant.format_of("lm_head"), c.hidden * c.vocab, module="head",
+                       group="embed")]
+        if c.mtp_layers:  # the MTP module (HF: layers.<num_hidden_layers>): eh_proj, its norms, one MoE layer
+            i = c.layers
+            out += [Tensor("mtp.eh_proj", "weight", self.quant.format_of(f"layers.{i}.eh_proj"), 2 * c.hidden * c.hidden,
+                           module="mtp", group="mtp"),
+                    Tensor("mtp.proj_norms", "weight", "bf16", 3 * c.hidden, module="mtp", group="mtp")]
+            out += self._layer_weights("mtp.", i, dense=False, group="mtp")
         return tuple(out)
 
-    def active_params_per_token(self) -> int:
-        """Parameters one token touches: everything but the routed experts it is not sent to (and the
-        embedding table, of which it reads one row)."""
+    def _layer_weights(self, p: str, i: int, *, dense: bool, group: str = "trunk") -> list:
         c = self.cfg
-        total = sum(t.elems for t in self.weights() if t.name != "embed")
-        routed = (c.layers - c.dense_layers) * c.experts * 3 * c.hidden * c.moe_inter
-        return total - routed + (c.layers - c.dense_layers) * c.top_k * 3 * c.hidden * c.moe_inter + c.hidden
+
+        def w(key, elems, module):  # format from the HF module the tensor is (the HF table)
+            return Tensor(p + key, "weight", self._fmt(i, key.removeprefix("attn.")), elems, module=p + module,
+                          group=group)
+
+        def bf16(key, elems, module, f="bf16"):
+            return Tensor(p + key, "weight", f, elems, module=p + module, group=group)
+
+        out = [
+            w("attn.wq_a", c.hidden * c.q_lora, "attn"),
+            w("attn.wq_b", c.q_lora * c.heads * c.qk_dim, "attn"),
+            w("attn.wkv_a", c.hidden * c.latent, "attn"),
+            w("attn.wkv_b", c.kv_lora * c.heads * (c.nope + c.v_dim), "attn"),
+            w("attn.wo", c.heads * c.v_dim * c.hidden, "attn"),
+            bf16("norms", 2 * c.hidden + c.q_lora + c.kv_lora, "norms"),
+        ]
+        if c.sparse:  # lightning indexer: index queries, index keys (+ LayerNorm), per-head weights
+            out += [w("attn.indexer.wq_b", c.q_lora * c.index_heads * c.index_dim, "attn"),
+                    w("attn.indexer.wk", c.hidden * c.index_dim, "attn"),
+                    bf16("attn.indexer.weights_proj", c.hidden * c.index_heads, "attn"),
+                    bf16("attn.indexer.k_norms", 2 * c.index_dim, "norms")]
+        if dense:
+            return out + [w("mlp.gate_up", 2 * c.hidden * c.inter, "mlp"), w("mlp.down", c.inter * c.hidden, "mlp")]
+        return out + [
+            bf16("moe.router", c.hidden * c.experts, "moe"),
+            # the router's per-expert score-correction bias (e_score_correction_bias)
+            bf16("moe.router_bias", c.experts, "moe", "fp32"),
+            w("moe.experts", (c.experts + self.redundant) * 3 * c.hidden * c.moe_inter, "moe"),
+            w("moe.shared.gate_up", c.shared * 2 * c.hidden * c.moe_inter, "moe"),
+            w("moe.shared.down", c.shared * c.moe_inter * c.hidden, "moe"),
+        ]
+
+    def index_key_bytes(self) -> float:
+        """One position's index key: FP8 + an fp32 scale per 128 (DeepSeek-V3.2's indexer cache)."""
+        return fmt("fp8_s128").nbytes(self.cfg.index_dim) if self.cfg.sparse else 0.0
 
     def kv_bytes(self, context: int, policies=None) -> float:
-        return context * self.cfg.layers * self.cfg.latent * fmt(self.kv_cache_format(policies)).bytes_per_elem
+        """Latent (+ index key) per position per layer; drafting with MTP adds its layer's cache."""
+        per = self.cfg.latent * fmt(self.kv_cache_format(policies)).bytes_per_elem + self.index_key_bytes()
+        mtp = 1 if getattr(policies, "mtp", 0) else 0
+        return context * (self.cfg.layers + mtp) * per
 
     def validate_mapping(self, m: ParallelMapping) -> None:
         divides("mapping.tp", m.tp, self.cfg.heads, "attention heads")
-        divides("mapping.ep", m.ep, self.cfg.experts, "routed experts")
+        what = f"routed experts + {self.redundant} redundant" if self.redundant else "routed experts"
+        divides("mapping.ep", m.ep, self.cfg.experts + self.redundant, what)
 
     # ---- graph ------------------------------------------------------------------------------------
     def _build(self, b: GraphBuilder, kinds: tuple, policies=None, **_) -> None:
@@ -160,84 +208,130 @@ class DeepSeekV3(Model):
             embedding(b, "all", c.hidden, "embed")
         with b.stage("trunk"):
             for i in range(c.layers):
-                p = f"layers.{i}."
                 with b.layer(i):
-                    b.tensor(p + "kv", "kv_cache", kv_fmt, elems_per_token=c.latent, module=p + "attn")
-                    copy = copies.get(i)
-                    rmsnorm(b, "attn_norm", "all", c.hidden)
-                    b.gemm("wq_a", "all", c.hidden, c.q_lora, weight=p + "attn.wq_a", act_in="fp8", split=("dp",))
-                    rmsnorm(b, "q_norm", "all", c.q_lora, out_bytes=1.0)
-                    b.gemm("wq_b", "all", c.q_lora, c.heads * c.qk_dim, weight=p + "attn.wq_b", act_in="fp8", split=tp_dp)
-                    b.gemm("wkv_a", "all", c.hidden, c.latent, weight=p + "attn.wkv_a", act_in="fp8", split=("dp",))
-                    rmsnorm(b, "kv_norm", "all", c.kv_lora)
-                    b.cache_write("kv_write", "all", p + "kv", kvb, split=("dp",))
-                    readers = []
-                    if "prefill" in kinds:
-                        readers.append(self._mla_prefill(b, p, kvb, prec))
-                    if "decode" in kinds:
-                        readers.append(self._mla_decode(b, p, kvb, prec))
-                    if copy:
-                        for r in readers:  # the layer's cache readers wait for its restored prefix
-                            b.depends(copy, r, "cache_read")
-                    b.gemm("wo", "all", c.heads * c.v_dim, c.hidden, weight=p + "attn.wo", act_in="fp8", split=tp_dp,
-                           comm=(all_reduce_tp("all", c.hidden, note="row-parallel wo"),))
-                    rmsnorm(b, "mlp_norm", "all", c.hidden)
-                    if i < c.dense_layers:
-                        swiglu_mlp(b, "mlp.", "all", c.hidden, c.inter, weights=(p + "mlp.gate_up", p + "mlp.down"),
-                                   act_in="fp8")
-                    else:
-                        self._moe(b, p)
+                    self._layer(b, f"layers.{i}.", kinds, kvb, prec, kv_fmt, dense=i < c.dense_layers,
+                                copy=copies.get(i))
         with b.stage("head"):
             lm_head(b, "last", c.hidden, c.vocab, "head")
+        k = getattr(policies, "mtp", 0) if policies is not None else 0
+        if k and "decode" in kinds:
+            self._mtp(b, k, kvb, prec, kv_fmt)
 
-    def _mla_prefill(self, b: GraphBuilder, p: str, kvb: float, prec: str) -> str:
-        """Prefill: up-project every visible latent to per-head K_nope and V (written at the attention's
-        operand precision), then causal attention at ``prec``."""
+    def _layer(self, b: GraphBuilder, p: str, kinds: tuple, kvb: float, prec: str, kv_fmt: str, *, dense: bool,
+               copy: str | None = None, ts: tuple = ("all", "pf", "dec"), cache: str = "") -> None:
+        """One decoder layer (MLA + dense MLP or MoE) over token sets ``ts`` = (all, prefill path, decode
+        path), weights under the prefix ``p``, its latent cache ``cache`` (default ``p + "kv"``)."""
+        c, tp_dp = self.cfg, ("tp", "dp")
+        t_all = ts[0]
+        kv = b.tensor(cache or p + "kv", "kv_cache", kv_fmt, elems_per_token=c.latent, module=p + "attn")
+        rmsnorm(b, "attn_norm", t_all, c.hidden)
+        linear(b, "wq_a", t_all, c.hidden, c.q_lora, p + "attn.wq_a", split=("dp",))
+        rmsnorm(b, "q_norm", t_all, c.q_lora, out_bytes=fmt(act_for(b._tensors[p + "attn.wq_b"].format.name)).bytes_per_elem)
+        linear(b, "wq_b", t_all, c.q_lora, c.heads * c.qk_dim, p + "attn.wq_b", split=tp_dp)
+        linear(b, "wkv_a", t_all, c.hidden, c.latent, p + "attn.wkv_a", split=("dp",))
+        rmsnorm(b, "kv_norm", t_all, c.kv_lora)
+        b.cache_write("kv_write", t_all, kv, kvb, split=("dp",))
+        readers, topk = [], None
+        if c.sparse:
+            keys = b.tensor(p + "index_k", "index_cache", "fp8_s128", elems_per_token=c.index_dim, module=p + "attn")
+            topk = dsa_indexer(b, p + "attn.", t_all, hidden=c.hidden, q_in=c.q_lora, heads=c.index_heads,
+                               dim=c.index_dim, topk=c.index_topk, wq=p + "attn.indexer.wq_b",
+                               wk=p + "attn.indexer.wk", wproj=p + "attn.indexer.weights_proj",
+                               key_format="fp8_s128", key_cache=keys)
+            readers.append(topk)
+        if "prefill" in kinds:
+            readers.append(self._mla_prefill(b, p, kvb, prec, topk, ts[1], kv))
+        if "decode" in kinds:
+            readers.append(self._mla_decode(b, p, kvb, prec, topk, ts[2], kv))
+        if copy:
+            for r in readers:  # the layer's cache readers wait for its restored prefix
+                b.depends(copy, r, "cache_read")
+        linear(b, "wo", t_all, c.heads * c.v_dim, c.hidden, p + "attn.wo", split=tp_dp,
+               comm=(all_reduce_tp(t_all, c.hidden, note="row-parallel wo"),))
+        rmsnorm(b, "mlp_norm", t_all, c.hidden)
+        if dense:
+            mlp(b, "mlp.", t_all, c.hidden, c.inter, weights=(p + "mlp.gate_up", p + "mlp.down"))
+        else:
+            self._moe(b, p, t_all)
+
+    def _mtp(self, b: GraphBuilder, k: int, kvb: float, prec: str, kv_fmt: str) -> None:
+        """MTP drafting (DeepSeek-V3 §2.2): ``k`` sequential passes of the shipped MTP module — embed the
+        last token, concatenate with the previous hidden state (eh_proj 2h -> h), one MoE decoder layer over
+        its own latent cache, the shared LM head and sampling — one draft position per decode request each;
+        the verify forward is the trunk over 1 + k positions (graphsim's speculative-decoding accounting)."""
         c = self.cfg
-        kv_len = Feature("kv_len", "pf")
+        b.token_set("mtp", prefill="none", decode="one")
+        with b.stage("draft"):
+            for j in range(k):
+                with b.layer(None, prefix=f"mtp.{j}."):
+                    embedding(b, "mtp", c.hidden, "embed")
+                    rmsnorm(b, "enorm", "mtp", c.hidden)
+                    rmsnorm(b, "hnorm", "mtp", c.hidden)
+                    linear(b, "eh_proj", "mtp", 2 * c.hidden, c.hidden, "mtp.eh_proj", split=("dp",))
+                    # draft depth j writes (and reads up to) its own positions' entries of the MTP layer's cache
+                    self._layer(b, "mtp.", ("decode",), kvb, prec, kv_fmt, dense=False, ts=("mtp", "mtp", "mtp"),
+                                cache=f"mtp.kv.{j}")
+                    lm_head(b, "mtp", c.hidden, c.vocab, "head")
+                    b.elementwise("sample", "mtp", c.vocab, bytes_in=4.0, bytes_out=0.0, flops_per_elem=2.0,
+                                  kind="sampling", split=("dp",), exps=c.vocab)
+
+    def max_mtp(self) -> int:
+        """Draft depth MTP may run at: the shipped module reused up to 8 times (TensorRT-LLM and SGLang run
+        DeepSeek-V3/R1's single MTP layer recursively, e.g. MTP-3); 0 when the checkpoint ships none."""
+        return 8 if self.cfg.mtp_layers else 0
+
+    def resident_groups(self, policies=None) -> tuple:
+        """The MTP module is loaded only when drafting with it."""
+        return ("embed", "trunk", "mtp") if getattr(policies, "mtp", 0) else ("embed", "trunk")
+
+    def _mla_prefill(self, b: GraphBuilder, p: str, kvb: float, prec: str, topk: str | None = None,
+                     ts: str = "pf", kv: str = "") -> str:
+        """Prefill: up-project every visible latent to per-head K_nope and V (written at the attention's
+        operand precision), then causal attention at ``prec`` — with DSA, over each query's top-K selection
+        only (sparse attention in MHA form: the fewest FLOPs of the kernels that run it)."""
+        c = self.cfg
+        kv_len = Feature("kv_len", ts)
         up = c.heads * (c.nope + c.v_dim)
         w = b._tensors[p + "attn.wkv_b"]
         ab = attention_act_bytes(prec)
-        cost = (Cost.of(Feature("active", "pf"), bytes_weight=w.nbytes)
-                + Cost.of(kv_len, flops_fp8=2.0 * c.kv_lora * up, bytes_kv=kvb, bytes_act=ab * up))
-        reader = b.op("wkv_b", "gemm", cost, token_set="pf", precision="fp8", split=("tp", "dp"),
-                      reads=(p + "attn.wkv_b", p + "kv"), formula=f"2·{c.kv_lora}·{up} flops per visible position",
+        wprec = wider(fmt(act_for(w.format.name)).compute, w.format.compute)
+        cost = (Cost.of(Feature("active", ts), bytes_weight=w.nbytes)
+                + Cost.of(kv_len, **{f"flops_{wprec}": 2.0 * c.kv_lora * up, "bytes_kv": kvb, "bytes_act": ab * up}))
+        reader = b.op("wkv_b", "gemm", cost, token_set=ts, precision=wprec, split=("tp", "dp"),
+                      reads=(p + "attn.wkv_b", kv or p + "kv"), formula=f"2·{c.kv_lora}·{up} flops per visible position",
                       params={"k": c.kv_lora, "n": up, "kv_heads": 1})  # every TP rank reads the whole latent
-        b.attention("attn_prefill", "pf", pairs=Feature("causal_pairs", "pf"),
+        pairs = Feature("topk_pairs", ts, (1, c.index_topk)) if topk else Feature("causal_pairs", ts)
+        read = Feature("sparse_read", ts, (1, c.index_topk)) if topk else kv_len
+        b.attention("attn_prefill", ts, pairs=pairs,
                     flops_per_pair=2.0 * (c.qk_dim + c.v_dim) * c.heads, heads=c.heads, precision=prec,
-                    kv_read=kv_len, kv_bytes_per_entry=ab * (c.heads * (c.nope + c.v_dim) + c.rope),
+                    kv_read=read, kv_bytes_per_entry=ab * (c.heads * (c.nope + c.v_dim) + c.rope),
                     q_bytes_per_token=ab * c.heads * (c.qk_dim + c.v_dim), split=("tp", "dp"))
         return reader
 
-    def _mla_decode(self, b: GraphBuilder, p: str, kvb: float, prec: str) -> str:
-        """Decode: absorb W_UK into the query and W_UV into the output; attend over the 576-wide latent."""
+    def _mla_decode(self, b: GraphBuilder, p: str, kvb: float, prec: str, topk: str | None = None,
+                    ts: str = "dec", kv: str = "") -> str:
+        """Decode: absorb W_UK into the query and W_UV into the output; attend over the 576-wide latent
+        (with DSA, over each query's top-K selected positions)."""
         c = self.cfg
-        b.gemm("q_absorb", "dec", c.nope, c.kv_lora, weight=p + "attn.wkv_b", copies=c.heads, precision="bf16",
+        b.gemm("q_absorb", ts, c.nope, c.kv_lora, weight=p + "attn.wkv_b", copies=c.heads, precision="bf16",
                split=("tp", "dp"))
-        reader = b.attention("attn_decode", "dec", pairs=Feature("causal_pairs", "dec"),
+        K = c.index_topk
+        pairs = Feature("topk_pairs", ts, (1, K)) if topk else Feature("causal_pairs", ts)
+        read = Feature("sparse_read", ts, (1, K)) if topk else Feature("kv_len", ts)
+        reader = b.attention("attn_decode", ts, pairs=pairs,
                              flops_per_pair=2.0 * (c.latent + c.kv_lora) * c.heads, heads=c.heads, precision=prec,
-                             kv_read=Feature("kv_len", "dec"), kv_bytes_per_entry=kvb,
+                             kv_read=read, kv_bytes_per_entry=kvb,
                              q_bytes_per_token=attention_act_bytes(prec) * c.heads * (c.latent + c.kv_lora),
-                             split=("tp", "dp"), reads=(p + "kv",),
+                             split=("tp", "dp"), reads=(kv or p + "kv",),
                              params={"kv_heads": 1})  # one latent: replicated across TP
-        b.gemm("o_absorb", "dec", c.kv_lora, c.v_dim, weight=p + "attn.wkv_b", copies=c.heads, precision="bf16",
+        b.gemm("o_absorb", ts, c.kv_lora, c.v_dim, weight=p + "attn.wkv_b", copies=c.heads, precision="bf16",
                split=("tp", "dp"))
         return reader
 
-    def _moe(self, b: GraphBuilder, p: str) -> None:
+    def _moe(self, b: GraphBuilder, p: str, ts: str = "all") -> None:
+        """Sigmoid-routed top-k experts (+ redundant copies) and the shared expert(s): the ``moe`` rule."""
         c = self.cfg
-        b.gemm("router", "all", c.hidden, c.experts, weight=p + "moe.router", act_out="fp32", split=("dp",))
-        b.elementwise("topk", "all", c.experts, bytes_in=4.0, bytes_out=0.0, flops_per_elem=2.0, kind="router",
-                      split=("dp",), exps=c.experts)  # sigmoid scores: one exp per expert
-        t = tokens("all")
-        dispatch = CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=c.top_k * c.hidden * 1.0), "before",
-                            note="dispatch (FP8)")
-        combine = CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=c.top_k * c.hidden * 2.0), "after",
-                           note="combine (BF16)")
-        reduce = CommSpec("all_reduce", "moe_tp", Cost.of(t, bytes_act=c.hidden * 2.0), "after", note="expert TP",
-                          merge=MOE_OUT)
-        b.moe_experts("moe.experts", "all", experts=c.experts, top_k=c.top_k, hidden=c.hidden, inter=c.moe_inter,
-                      weight=p + "moe.experts", split=("ep",), comm=(dispatch, combine, reduce))
-        swiglu_mlp(b, "moe.shared.", "all", c.hidden, c.shared * c.moe_inter,
-                   weights=(p + "moe.shared.gate_up", p + "moe.shared.down"), act_in="fp8", merge=MOE_OUT)
+        shape = MoEShape(c.experts, c.top_k, c.moe_inter, c.shared * c.moe_inter, "silu", self.redundant, "sigmoid")
+        moe(b, p, ts, c.hidden, shape, experts=p + "moe.experts", router=p + "moe.router",
+            shared=(p + "moe.shared.gate_up", p + "moe.shared.down"))
 

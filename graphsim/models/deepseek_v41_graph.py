@@ -60,6 +60,30 @@ class DeepSeekV41(Model):
         FP8 SWA are what the model stores."""
         return self.kv_capacity(int(context)).total
 
+    def kv_request_bytes(self, context: int, policies=None) -> float:
+        """With DSpark on, the drafter's SWA blocks too."""
+        return self.kv_capacity(int(context), dspark=getattr(policies, "dspark", "off") == "on").total
+
+    def kv_breakdown(self, context: int) -> dict:
+        """The KV capacity's parts (global entries, main KV, index K, SWA, pending groups) and totals."""
+        import attrs
+
+        cap = self.kv_capacity(int(context))
+        return {**attrs.asdict(cap), "global_bytes": cap.global_bytes, "total_bytes": cap.total}
+
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def layer_table(self):
+        return self.layers
+
+    def kv_owners(self) -> dict:
+        return {li.layer: li.kv_owner for li in self.layers if li.kv_owner is not None}
+
+    def draft_ahead(self, policies) -> int:
+        """DSpark's draft block follows the context while it runs."""
+        return self.cfg.dspark_block_size if getattr(policies, "dspark", "off") == "on" else 0
+
     def kv_formats(self) -> tuple[str, ...]:
         return (self.cfg.main_kv_format, self.cfg.swa_kv_format)
 

@@ -18,7 +18,9 @@ class DeepSeekV4(DeepSeekV41):
                       "dspark": ("off",), "engram": ("hbm",)}
     config_class = sem4.V4Config
     default_name = "deepseek-v4-flash"
-    validate_plan = None
+
+    def validate_plan(self, plan) -> None:
+        """V4 has no DSpark drafter (its policy support says so); nothing more to check."""
 
     def kv_capacity(self, context: int, **_):
         return sem4.kv_capacity(self.cfg, context)

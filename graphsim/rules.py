@@ -1,0 +1,314 @@
+"""Cost rules: the op kinds a model is composed of, each one function that adds its ops to a
+:class:`~graphsim.builder.GraphBuilder` with a closed-form cost, registered by name.
+
+A family file (``graphsim/models/families.py``) turns a Hugging Face config into a stack of layers and the
+generic decoder (``graphsim/models/decoder.py``) composes these rules for them; no family writes cost
+terms. Every rule is unit-tested against its closed form (``tests/test_rules.py``); ``graphsim.rules.RULES``
+lists them with their formulas.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import attrs
+
+from .builder import GraphBuilder
+from .errors import GraphsimError
+from .ir import CommSpec, Cost, Feature, fmt
+
+
+@attrs.frozen
+class Rule:
+    name: str
+    formula: str
+    fn: Callable
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule(name: str, formula: str):
+    """Register a cost rule under ``name`` with its closed form (for ``RULES`` and the docs)."""
+
+    def deco(fn):
+        if name in RULES:
+            raise GraphsimError("rules", f"rule {name!r} registered twice")
+        RULES[name] = Rule(name, formula, fn)
+        return fn
+
+    return deco
+
+
+def tokens(ts: str) -> Feature:
+    return Feature("tokens", ts)
+
+
+#: The activation format a GEMM on weights of this format reads: FP8 weights take FP8 activations, NVFP4
+#: FP4 ones (its scales per 16); MXFP4 (gpt-oss) runs W4A8 (MXFP4 x FP8, as TensorRT-LLM and SGLang run it
+#: on Blackwell); weight-only int4/NVFP4 (W4A16) and BF16 weights take BF16.
+ACT_FOR_WEIGHTS = {"fp8": "fp8", "fp8_b128x128": "fp8", "fp8_b32x32_ue8m0": "fp8", "fp8_e8m0_32": "fp8",
+                   "nvfp4": "nvfp4", "mxfp4": "fp8", "fp4_ue8m0_32": "fp8", "int8": "int8"}
+
+
+def act_for(weight_format: str) -> str:
+    return ACT_FOR_WEIGHTS.get(fmt(weight_format).name, "bf16")
+
+
+@rule("linear", "2·k·n·T FLOPs at the weights' GEMM rate; W read once per forward; activations in and out")
+def linear(b: GraphBuilder, name: str, ts: str, k: int, n: int, weight: str, **kw) -> str:
+    """A linear layer whose activation precision follows its weights' format (:data:`ACT_FOR_WEIGHTS`)."""
+    kw.setdefault("act_in", act_for(b._tensors[weight].format.name))
+    return b.gemm(name, ts, k, n, weight=weight, **kw)
+
+
+@rule("rmsnorm", "4 FLOPs and 2+2 B per element per token")
+def rmsnorm(b: GraphBuilder, name: str, ts: str, d: int, *, split=("dp",), out_bytes: float = 2.0, **kw) -> str:
+    """RMSNorm: read bf16, write ``out_bytes`` (2 = bf16, 1 = fused FP8 quantization); ~4 flops/elem."""
+    return b.elementwise(name, ts, d, bytes_in=2.0, bytes_out=out_bytes, flops_per_elem=4.0, kind="norm",
+                         split=split, **kw)
+
+
+def all_reduce_tp(ts: str, hidden: int, bytes_per: float = 2.0, note: str = "", merge: str = "") -> CommSpec:
+    """TP all-reduce of a row-parallel output (batch-wide payload; the sharding pass takes the rank share)."""
+    return CommSpec("all_reduce", "tp", Cost.of(tokens(ts), bytes_act=hidden * bytes_per), note=note, merge=merge)
+
+
+#: Routed and shared expert outputs are summed before one all-reduce when their groups coincide.
+MOE_OUT = "moe_out"
+
+#: Activation functions: (matrices per gated/non-gated MLP, exponentials per intermediate element).
+#: SiLU = x·sigmoid(x), GELU(tanh) = one tanh, ReLU² none.
+ACTIVATIONS = {"silu": (3, 1.0), "gelu": (3, 1.0), "gelu_pytorch_tanh": (3, 1.0), "swigluoai": (3, 1.0),
+               "relu2": (2, 0.0)}
+
+
+def activation(act: str) -> tuple[int, float]:
+    if act not in ACTIVATIONS:
+        raise GraphsimError("config.hidden_act", f"unknown activation {act!r}; known: {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[act]
+
+
+@rule("mlp", "gated: 2·3·h·i·T FLOPs (gate/up column-parallel, down row-parallel + TP all-reduce), i exps "
+      "per token; non-gated (ReLU²): 2·2·h·i·T")
+def mlp(b: GraphBuilder, prefix: str, ts: str, hidden: int, inter: int, *, weights: tuple[str, str],
+        act: str = "silu", merge: str = "") -> str:
+    up, down = weights
+    mats, exps = activation(act)
+    n_up = (mats - 1) * inter
+    linear(b, f"{prefix}gate_up" if mats == 3 else f"{prefix}up", ts, hidden, n_up, up, split=("tp", "dp"))
+    b.elementwise(f"{prefix}{'swiglu' if mats == 3 else act}", ts, inter, bytes_in=2.0 * (mats - 1), bytes_out=2.0,
+                  flops_per_elem=4.0, kind="activation", split=("tp", "dp"), exps=exps * inter)
+    return linear(b, f"{prefix}down", ts, inter, hidden, down, split=("tp", "dp"),
+                  comm=(all_reduce_tp(ts, hidden, note="row-parallel down", merge=merge),))
+
+
+@attrs.frozen
+class AttentionShape:
+    """One softmax-attention layer: heads and widths, and which positions a query sees."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int = 0  #: 0 = head_dim
+    window: int = 0  #: sliding window (0 = every earlier position)
+    chunk: int = 0  #: chunked local attention: positions of the query's aligned chunk only (Llama 4)
+    sinks: bool = False  #: a learned sink logit per head (gpt-oss): one more exponential per query and head
+    qk_norm: bool = False  #: RMSNorm on each head of Q and K (Qwen3, Llama 4, Gemma 3)
+    out_gate: bool = False  #: a sigmoid gate on the attention output (Qwen3.5/Qwen3-Next): Q projection doubled
+
+    @property
+    def vd(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def kv_elems(self) -> int:
+        """Cache elements per token: K and V of every KV head."""
+        return self.kv_heads * (self.head_dim + self.vd)
+
+    def visible(self, ts: str) -> tuple[Feature, Feature]:
+        """(pairs, cache entries read) for queries of ``ts``."""
+        if self.window:
+            return Feature("window_pairs", ts, (self.window,)), Feature("window_read", ts, (self.window,))
+        if self.chunk:
+            return Feature("chunk_pairs", ts, (self.chunk,)), Feature("chunk_read", ts, (self.chunk,))
+        return Feature("causal_pairs", ts), Feature("kv_len", ts)
+
+
+@rule("gqa_attention", "projections 2·h·(H·d·(1+gate) + 2·Hkv·d)·T + 2·H·d·h·T; core 2·H·(d+dv) FLOPs and H exps "
+      "per visible (query, key) pair — causal, sliding window Σmin(i+1,W) or aligned chunk Σ(i mod C + 1) — "
+      "+ H sink exps per query; cache read once per request per layer")
+def gqa_attention(b: GraphBuilder, p: str, ts: str, hidden: int, a: AttentionShape, *, weights: tuple[str, str],
+                  cache: str, kv_format: str, precision: str, act_bytes: float, restore: str | None = None) -> str:
+    """Q/K/V projection (+ per-head QK norm), cache write, the attention core and the output projection
+    (row-parallel + TP all-reduce). ``restore``: the layer's prefix-restore copy the core waits for."""
+    wqkv, wo = weights
+    q = a.heads * a.head_dim
+    kvb = a.kv_elems * fmt(kv_format).bytes_per_elem
+    linear(b, "wqkv", ts, hidden, q * (2 if a.out_gate else 1) + a.kv_heads * (a.head_dim + a.vd), wqkv,
+           split=("tp", "dp"))
+    if a.qk_norm:
+        rmsnorm(b, "qk_norm", ts, (a.heads + a.kv_heads) * a.head_dim, split=("tp", "dp"))
+    b.cache_write("kv_write", ts, cache, kvb, split=("tp", "dp"))
+    pairs, read = a.visible(ts)
+    core = b.attention("attn", ts, pairs=pairs, flops_per_pair=2.0 * a.heads * (a.head_dim + a.vd), heads=a.heads,
+                       kv_read=read, kv_bytes_per_entry=kvb, q_bytes_per_token=act_bytes * a.heads * (a.head_dim + a.vd),
+                       precision=precision, sinks=a.sinks, split=("tp", "dp"), reads=(cache,),
+                       params={"kv_heads": a.kv_heads})
+    if restore:
+        b.depends(restore, core, "cache_read")
+    if a.out_gate:  # sigmoid(gate) * attention output: one exp per element
+        b.elementwise("out_gate", ts, q, bytes_in=4.0, bytes_out=2.0, flops_per_elem=3.0, kind="activation",
+                      split=("tp", "dp"), exps=q)
+    return linear(b, "wo", ts, a.heads * a.vd, hidden, wo, split=("tp", "dp"),
+                  comm=(all_reduce_tp(ts, hidden, note="row-parallel wo"),))
+
+
+@attrs.frozen
+class RecurrentShape:
+    """A recurrent token mixer with a fixed-size state per request: Gated DeltaNet (Qwen3.5 / Qwen3-Next
+    linear attention) or Mamba-2 (Nemotron-H)."""
+
+    kind: str  #: "gated_delta_net" | "mamba2"
+    heads: int  #: value heads (GDN) / SSM heads (Mamba-2)
+    k_heads: int  #: key heads (GDN) / B,C groups (Mamba-2)
+    k_dim: int  #: key head dim (GDN) / SSM state size (Mamba-2)
+    v_dim: int  #: value head dim (GDN) / SSM head dim (Mamba-2)
+    conv: int  #: causal conv1d kernel
+    state_bytes_per_elem: float = 4.0  #: the recurrent state's dtype (FP32 in both checkpoints' runtimes)
+
+    @property
+    def conv_dim(self) -> int:
+        if self.kind == "gated_delta_net":
+            return 2 * self.k_heads * self.k_dim + self.heads * self.v_dim
+        return self.heads * self.v_dim + 2 * self.k_heads * self.k_dim
+
+    @property
+    def in_proj(self) -> int:
+        """Input projection width: GDN q,k,v + z (output gate) + a,b (decay, beta); Mamba-2 x,z,B,C,dt."""
+        if self.kind == "gated_delta_net":
+            return self.conv_dim + self.heads * self.v_dim + 2 * self.heads
+        return 2 * self.heads * self.v_dim + 2 * self.k_heads * self.k_dim + self.heads
+
+    @property
+    def inner(self) -> int:
+        return self.heads * self.v_dim
+
+    def state_bytes(self) -> float:
+        """One request's recurrent state: heads x k_dim x v_dim at the state dtype, + the conv window (BF16)."""
+        return self.heads * self.k_dim * self.v_dim * self.state_bytes_per_elem + (self.conv - 1) * self.conv_dim * 2.0
+
+    @property
+    def flops_per_token(self) -> float:
+        """The recurrence per token and head over its k_dim x v_dim state: GDN decay (1) + S·k (2) + the
+        rank-1 delta update (2) + S·q (2) = 7; Mamba-2 decay (1) + B x outer product (2) + C contraction (2)
+        = 5 — the recurrent form, the fewest FLOPs any kernel (chunked or not) needs."""
+        return (7.0 if self.kind == "gated_delta_net" else 5.0) * self.heads * self.k_dim * self.v_dim
+
+
+@rule("recurrent_mixer", "in/out projections 2·h·(in + inner)·T; conv 2·K·conv_dim·T; recurrence 7 (GDN) or 5 "
+      "(Mamba-2) FLOPs per state element per token; state read + written once per request per forward")
+def recurrent_mixer(b: GraphBuilder, p: str, ts: str, hidden: int, r: RecurrentShape, *,
+                    weights: tuple[str, str], state: str) -> str:
+    w_in, w_out = weights
+    linear(b, "in_proj", ts, hidden, r.in_proj, w_in, split=("tp", "dp"))
+    # causal conv1d over the last K inputs + SiLU (one exp per channel)
+    b.elementwise("conv1d", ts, r.conv_dim, bytes_in=2.0, bytes_out=2.0, flops_per_elem=2.0 * r.conv + 4.0,
+                  kind="activation", split=("tp", "dp"), exps=r.conv_dim)
+    sb = r.state_bytes()
+    cost = (Cost.of(tokens(ts), flops_fp32=r.flops_per_token, exps=float(r.heads),
+                    bytes_act=2.0 * (r.conv_dim + 2 * r.inner))
+            + Cost.of(Feature("requests", ts), bytes_kv=2.0 * sb))
+    b.op("recurrence", "recurrent", cost, token_set=ts, precision="fp32", split=("tp", "dp"), reads=(state,),
+         writes=(state,), params={"heads": r.heads, "kv_heads": r.heads},
+         formula=f"{r.flops_per_token:g} FLOPs per token over a {r.heads}x{r.k_dim}x{r.v_dim} state; "
+                 f"{sb:g} B state read + written per request")
+    rmsnorm(b, "gate_norm", ts, r.inner, split=("tp", "dp"))
+    return linear(b, "out_proj", ts, r.inner, hidden, w_out, split=("tp", "dp"),
+                  comm=(all_reduce_tp(ts, hidden, note="row-parallel out_proj"),))
+
+
+@attrs.frozen
+class MoEShape:
+    experts: int
+    top_k: int
+    inter: int  #: each routed expert's intermediate size
+    shared_inter: int = 0  #: the shared expert(s)' total intermediate size (0 = none)
+    act: str = "silu"
+    redundant: int = 0  #: extra expert copies for EP load balancing (memory only; routing unchanged)
+    scoring: str = "softmax"  #: router: softmax or sigmoid, one exponential per expert either way
+    latent: int = 0  #: latent MoE (Nemotron 3): tokens projected hidden -> latent, experts work in the latent
+
+    @property
+    def slots(self) -> int:
+        return self.experts + self.redundant
+
+    def expert_width(self, hidden: int) -> int:
+        """The width routed experts read and write: the latent, or the hidden size."""
+        return self.latent or hidden
+
+
+@rule("moe", "router 2·h·E·T + E exps per token; experts 2·m·w·i·k·T FLOPs (m = 3 gated, 2 ReLU²; w = hidden or "
+      "the latent), weights of E(1-(1-k/E)^T) distinct experts; EP dispatch k·w and combine k·w·2 B per token; "
+      "latent MoE: 2·h·w·T down and up projections; shared expert as mlp")
+def moe(b: GraphBuilder, p: str, ts: str, hidden: int, s: MoEShape, *, experts: str, router: str,
+        shared: tuple[str, str] | None = None, latent: tuple[str, str] | None = None) -> None:
+    b.gemm("router", ts, hidden, s.experts, weight=router, act_out="fp32", split=("dp",))
+    b.elementwise("topk", ts, s.experts, bytes_in=4.0, bytes_out=0.0, flops_per_elem=2.0, kind="router",
+                  split=("dp",), exps=s.experts)
+    act = act_for(b._tensors[experts].format.name)
+    w = s.expert_width(hidden)
+    if s.latent:
+        linear(b, "moe.latent_down", ts, hidden, w, latent[0], split=("dp",))
+    t = tokens(ts)
+    dispatch = CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=s.top_k * fmt(act).nbytes(w)), "before",
+                        note=f"dispatch ({act})")
+    combine = CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=s.top_k * w * 2.0), "after", note="combine (BF16)")
+    reduce = CommSpec("all_reduce", "moe_tp", Cost.of(t, bytes_act=w * 2.0), "after", note="expert TP",
+                      merge="" if s.latent else MOE_OUT)
+    mats, exps = activation(s.act)
+    b.moe_experts("moe.experts", ts, experts=s.experts, top_k=s.top_k, hidden=w, inter=s.inter,
+                  weight=experts, act_in=act, split=("ep",), comm=(dispatch, combine, reduce), matrices=mats,
+                  exps_per_elem=exps, slots=s.slots)
+    if s.latent:
+        linear(b, "moe.latent_up", ts, w, hidden, latent[1], split=("dp",))
+    if shared:
+        mlp(b, "moe.shared.", ts, hidden, s.shared_inter, weights=shared, act=s.act, merge=MOE_OUT)
+
+
+@rule("dsa_indexer", "index Q 2·q_lora·H·D + weights 2·h·H per token; 2·H·D + 3·H FLOPs per scored (query, key) "
+      "pair at the index-key format's rate (ReLU scores: no exps); index keys read once per request; top-K "
+      "over the scored keys")
+def dsa_indexer(b: GraphBuilder, p: str, ts: str, *, hidden: int, q_in: int, heads: int, dim: int, topk: int,
+                wq: str, wk: str, wproj: str, key_format: str, key_cache: str, ratio: int = 1) -> str:
+    """DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2, GLM-5): scores every visible (or, with
+    ``ratio`` m > 1, every compressed) key with ReLU-gated multi-head dot products and selects the top
+    ``topk`` per query; the index keys are written once per token. Replicated across TP."""
+    linear(b, "indexer.wq_b", ts, q_in, heads * dim, wq, split=("dp",), kind="indexer")
+    b.gemm("indexer.weights_proj", ts, hidden, heads, weight=wproj, act_out="fp32", split=("dp",), kind="indexer")
+    kb = fmt(key_format)
+    entry = kb.nbytes(dim)
+    wkt = b._tensors[wk]
+    b.op("indexer.k_write", "indexer", Cost.of(Feature("active", ts), bytes_weight=wkt.nbytes)
+         + Cost.of(Feature("new_groups", ts, (ratio,)) if ratio > 1 else tokens(ts),
+                   flops_bf16=2.0 * hidden * dim, bytes_act=2.0 * hidden, bytes_kv=entry),
+         token_set=ts, split=("dp",), reads=(wk,), writes=(key_cache,), params={"k": hidden, "n": dim},
+         formula=f"wk {hidden}->{dim} + norm per new key, {entry:g} B per key")
+    if ratio > 1:
+        pairs, reads = Feature("compressed_pairs", ts, (ratio,)), Feature("compressed", ts, (ratio,))
+    else:
+        pairs, reads = Feature("causal_pairs", ts), Feature("kv_len", ts)
+    per_pair = 2.0 * heads * dim + 3.0 * heads
+    prec = kb.compute
+    b.op("indexer.score", "indexer", Cost.of(pairs, **{f"flops_{prec}": per_pair})
+         + Cost.of(reads, bytes_kv=entry) + Cost.of(tokens(ts), bytes_act=kb.nbytes(heads * dim) + heads * 4.0),
+         token_set=ts, precision=prec, split=("dp",), reads=(key_cache,),
+         formula=f"{per_pair:g} {prec} flops per scored key; ReLU scores, no exps")
+    sel = b.tensor(f"{p}topk", "workspace", "int8", elems_per_token=4 * topk, module=p.rstrip("."))
+    return b.op("indexer.topk", "topk", Cost.of(Feature("topk_pairs", ts, (ratio, topk)), bytes_act=4.0)
+                + Cost.of(pairs, flops_fp32=2.0), token_set=ts, split=("dp",), writes=(sel,),
+                formula=f"Top-{topk} of the scored keys; indices written")
+
+
+__all__ = ["RULES", "Rule", "rule", "linear", "rmsnorm", "mlp", "gqa_attention", "recurrent_mixer", "moe",
+           "dsa_indexer", "AttentionShape", "RecurrentShape", "MoEShape", "all_reduce_tp", "MOE_OUT", "act_for",
+           "tokens", "activation"]
