@@ -12,7 +12,6 @@ from typing import Iterable, Sequence
 
 from .errors import require
 from .ir import (
-    ONE,
     CommSpec,
     Cost,
     Edge,

@@ -120,11 +120,8 @@ def _estimate_chunked(a) -> None:
     prompt is the sum of its steps. Every step has the same request structure — each prompt's current chunk
     (none, count 0, once it has finished) and the decodes — so one compiled program evaluates all the steps
     as points of one vectorized call."""
-    import numpy as np
-
     from . import Request, Workload
     from .ledger import chunk_prefill
-    from .limits import MAX_CHUNK_STEPS
 
     reqs = [Request.parse(r) for r in a.request]
     prefills = [chunk_prefill(r, a.chunk) for r in reqs if r.kind == "prefill"]

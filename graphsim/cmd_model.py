@@ -103,8 +103,6 @@ def kv_read_per_token(model, context: int) -> dict:
 
 
 def cmd_memory(a) -> None:
-    from .models import load_model
-
     from .cli import load_model_args
 
     m = load_model_args(a)

@@ -1,4 +1,7 @@
-"""HF-style ``config.json`` reading: by shipped name or by path; flat or nested under ``text_config``."""
+"""HF-style ``config.json`` reading: by shipped name, path or checkpoint directory; flat or nested under
+``text_config``; and the one converter from config dicts to typed records: attrs fields declared with
+:func:`field` (a kind, a default, the HF key) and read by :func:`structure` — or one at a time by :func:`need` —
+with the same type and bound checks and the field path in every error."""
 from __future__ import annotations
 
 import json
@@ -6,7 +9,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import GraphsimError
+import attrs
+
+from .errors import GraphsimError, require
 
 #: Shipped configs: public names users type -> file in graphsim/configs.
 SHIPPED = {
@@ -66,19 +71,18 @@ def text_config(cfg: Mapping) -> Mapping:
 
 def need(cfg: Mapping, key: str, kind: type = int, *, where: str = "config", lo: int = 1,
          default: Any = None) -> Any:
-    """A required field (or ``default`` when absent and not None) of the right type and, for integers, in
-    [lo, its bound] (:data:`graphsim.limits.CONFIG_BOUNDS`); else a GraphsimError naming it."""
-    from .limits import check_config_int, check_number
+    """One field through the converter (:func:`parse`): a required field (or ``default`` when absent and not
+    None) of the right type and, for integers, in [lo, its bound] (:data:`graphsim.limits.CONFIG_BOUNDS`);
+    else a GraphsimError naming it."""
 
     if key not in cfg or cfg[key] is None:
         if default is None:
             raise GraphsimError(f"{where}.{key}", "missing required field")
         return default
     v = cfg[key]
-    if kind is int:
-        return check_config_int(f"{where}.{key}", key, v, lo)
-    if kind is float:
-        return check_number(f"{where}.{key}", v)
+    names = {int: "int", float: "float", str: "str", bool: "bool"}
+    if kind in names:
+        return parse(v, names[kind], f"{where}.{key}", lo=lo)
     if not isinstance(v, kind):
         raise GraphsimError(f"{where}.{key}", f"must be {kind.__name__}, got {v!r}")
     return v
@@ -117,3 +121,58 @@ def kv_cache_format(cfg: Mapping, default: str = "bf16") -> str:
                                 f"known: {sorted(fmts)}")
         return fmts[(bits, kind)]
     return default
+
+
+# ---- the converter ---------------------------------------------------------------------------------------
+KINDS = ("int", "float", "str", "bool", "ints", "format")
+
+
+def field(kind: str, default: Any = attrs.NOTHING, *, hf: str | None = None, lo: int = 1):
+    """An attrs field read from a config dict as ``kind`` (key ``hf``, default: the field's name); required
+    unless it has a default; integers in [lo, their bound] (:data:`graphsim.limits.CONFIG_BOUNDS`)."""
+    assert kind in KINDS
+    return attrs.field(default=default, metadata={"kind": kind, "hf": hf, "lo": lo})
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def parse(value, kind: str, where: str, *, lo: int = 1):
+    """Check ``value`` against ``kind``; return it normalised (lists become tuples)."""
+    from .ir import FORMATS
+    from .limits import MAX_LAYERS, check_config_int, check_number
+
+    name = where.rsplit(".", 1)[-1]
+    if kind == "int" and _is_int(value):
+        return check_config_int(where, name, value, lo)
+    if kind == "float" and (_is_int(value) or isinstance(value, float)):
+        return check_number(where, value)
+    if kind == "str" and isinstance(value, str):
+        return value
+    if kind == "bool" and isinstance(value, bool):
+        return value
+    if kind == "ints" and isinstance(value, (list, tuple)) and all(_is_int(v) for v in value):
+        require(len(value) <= MAX_LAYERS + 64, where, f"at most {MAX_LAYERS + 64} entries, got {len(value)}")
+        return tuple(check_config_int(f"{where}[{i}]", name, v) for i, v in enumerate(value))
+    if kind == "format" and isinstance(value, str):
+        require(value in FORMATS, where, f"unknown storage format {value!r}; known: {sorted(FORMATS)}")
+        return value
+    want = {"ints": "a list of integers", "format": "a storage format name"}.get(kind, f"a {kind}")
+    raise GraphsimError(where, f"must be {want}, got {value!r}")
+
+
+def structure(cls, section: Mapping, where: str = "config.") -> dict:
+    """Read every :func:`field` of the attrs class ``cls`` from ``section`` (missing required fields and
+    wrong types named by path); returns the keyword arguments for ``cls``."""
+    out = {}
+    for f in attrs.fields(cls):
+        kind = f.metadata.get("kind")
+        if kind is None:
+            continue
+        key = f.metadata.get("hf") or f.name
+        if key in section and section[key] is not None:
+            out[f.name] = parse(section[key], kind, where + key, lo=f.metadata.get("lo", 1))
+        elif f.default is attrs.NOTHING:
+            raise GraphsimError(where + key, "missing required field")
+    return out

@@ -19,7 +19,6 @@ import functools
 import attrs
 import numpy as np
 
-from .errors import GraphsimError
 from .ir import Graph
 from .plan import ParallelMapping
 

@@ -178,6 +178,9 @@ def check_policies(model, plan: Plan) -> None:
         v = getattr(plan.policies, field)
         require(v in allowed, f"policies.{field}",
                 f"{model.name} supports {field} in {allowed}, got {v!r}")
+    if any(r.image_tokens or r.image_patches for r in plan.requests):
+        why = model.vision()
+        require(not why, "request.image", f"{why}: image inputs cannot be priced (send text requests)")
     k = plan.policies.mtp
     if k:
         most = model.max_mtp()

@@ -38,6 +38,9 @@ class Report:
         lines = [
             f"graphsim {i['model']} on {i['hw']} x{i['gpus']} ({i['mapping']})",
             f"requests: {', '.join(i['requests'])}    policies: " + _policies_text(i["policies"]),
+            *([f"precision fallbacks on {i['hw']}: " + ", ".join(
+                f"{p} runs at {q} (no {p} tensor rate)" for p, q in i["precision_fallbacks"].items())]
+              if i.get("precision_fallbacks") else []),
             "",
             f"forward          {_ms(self.forward_s)}",
         ]
@@ -145,9 +148,15 @@ def make_report(compiled, point: int = 0) -> Report:
         "hbm_bytes": {k[6:]: totals[k] for k in ("bytes_weight", "bytes_kv", "bytes_act")},
         "link_bytes": {k[6:]: totals[k] for k in ("bytes_nvlink", "bytes_scaleout", "bytes_c2c")},
     }
+    # precisions the graph computes in that this chip has no tensor rate for: they run at the next one it has
+    from .hw.descriptor import PRECISIONS
+
+    used = sorted({op.precision for op in g.ops if op.precision in PRECISIONS}, key=PRECISIONS.index)
+    fallbacks = {p: c.hw.resolve_precision(p) for p in used if c.hw.resolve_precision(p) != p}
     identity = {
         "model": c.model.name, "hw": c.hw.name, "mapping": str(m), "gpus": m.gpus,
         "requests": [str(r) for r in reqs], "policies": plan.policies.identity(),
         "profile": c.profile.name if c.profile else "SOL", "graph_ops": len(g.ops),
+        "precision_fallbacks": fallbacks,
     }
     return Report(identity, forward, stages, kinds, layers, path, memory, tokens, traffic)

@@ -309,6 +309,65 @@ def dsa_indexer(b: GraphBuilder, p: str, ts: str, *, hidden: int, q_in: int, hea
                 formula=f"Top-{topk} of the scored keys; indices written")
 
 
-__all__ = ["RULES", "Rule", "rule", "linear", "rmsnorm", "mlp", "gqa_attention", "recurrent_mixer", "moe",
+@rule("embedding", "a row gather per token: read + write 2·d B (BF16), + 2·d B per residual stream written (mHC)")
+def embedding(b: GraphBuilder, name: str, ts: str, d: int, weight: str, *, streams: int = 0, formula: str = "",
+              **kw) -> str:
+    """Embedding gather: reads one row per token (never the whole table); ``streams`` residual copies."""
+    cost = Cost.of(tokens(ts), bytes_act=d * 2.0 * 2 + streams * d * 2.0)
+    kw.setdefault("split", ("dp",))
+    return b.op(name, "embedding", cost, token_set=ts, reads=(weight,),
+                formula=formula or f"gather {d} bf16 per token" + (f", write {streams} residual streams" if streams else ""),
+                **kw)
+
+
+def gathered_logits(ts: str, vocab: int, note: str = "logits") -> CommSpec:
+    """The vocabulary-parallel head's fp32 logits all-gathered over TP."""
+    return CommSpec("all_gather", "tp", Cost.of(tokens(ts), bytes_act=vocab * 4.0), note=note)
+
+
+@rule("lm_head", "final RMSNorm + 2·h·V·T FLOPs vocabulary-parallel, fp32 logits all-gathered (4·V B per token)")
+def lm_head(b: GraphBuilder, ts: str, hidden: int, vocab: int, weight: str) -> str:
+    """Final norm + vocabulary projection on the positions that need logits."""
+    rmsnorm(b, "final_norm", ts, hidden)
+    return b.gemm("head", ts, hidden, vocab, weight=weight, split=("tp", "dp"), act_out="fp32",
+                  comm=(gathered_logits(ts, vocab),))
+
+
+#: Where a prefix-cache hit is copied from, and the links its bytes cross: host memory over C2C/PCIe; local
+#: NVMe, then the same host link (a GPUDirect read crosses the same PCIe/C2C port). HBM hits copy nothing.
+RESTORE_LINKS = {"host": ("bytes_c2c",), "disk": ("bytes_disk", "bytes_c2c")}
+
+
+@rule("prefix_restore", "per tier, Σ bytes over the cached positions of that tier, on every link it crosses "
+      "(host: C2C/PCIe; disk: NVMe then C2C/PCIe)")
+def restore_copy(b: GraphBuilder, bytes_of, *, split=("dp",), params: dict | None = None) -> str:
+    """One layer's prefix restore on the host-copy stream: ``bytes_of(tier)`` -> [(feature, bytes)] for the
+    ``cached_<tier>`` sets of :func:`graphsim.models.base.restore_sets`. Models issue every layer's copy up
+    front, in layer order, with no data dependency (the hits are known before the forward), so later layers'
+    copies overlap earlier layers' compute; the caller makes the layer's first reader of the cache wait for it."""
+    terms = [(link, f, v) for tier, links in RESTORE_LINKS.items() for f, v in bytes_of(tier) for link in links]
+    with b.stage("restore"):
+        return b.op("restore", "host_copy", Cost(tuple(terms)), stream="host_copy", token_set="cached_host",
+                    split=split, deps=(), params=params,
+                    formula="cached KV of this layer: host hits over C2C/PCIe, disk hits from NVMe then C2C/PCIe")
+
+
+@rule("mla_kv_up", "MLA prefill: 2·r·H(dn+dv) FLOPs per visible position (latent -> per-head K_nope, V), the "
+      "latent read and K/V written once per request; W read once")
+def mla_kv_up(b: GraphBuilder, name: str, ts: str, *, rank: int, up: int, weight: str, cache: str,
+              latent_bytes: float, out_bytes: float) -> str:
+    from .ir import wider
+
+    w = b._tensors[weight]
+    prec = wider(fmt(act_for(w.format.name)).compute, w.format.compute)
+    kv_len = Feature("kv_len", ts)
+    cost = (Cost.of(Feature("active", ts), bytes_weight=w.nbytes)
+            + Cost.of(kv_len, **{f"flops_{prec}": 2.0 * rank * up, "bytes_kv": latent_bytes, "bytes_act": out_bytes * up}))
+    return b.op(name, "gemm", cost, token_set=ts, precision=prec, split=("tp", "dp"), reads=(weight, cache),
+                formula=f"2·{rank}·{up} flops per visible position",
+                params={"k": rank, "n": up, "kv_heads": 1})  # every TP rank reads the whole latent
+
+
+__all__ = ["embedding", "gathered_logits", "lm_head", "restore_copy", "mla_kv_up", "RESTORE_LINKS", "RULES", "Rule", "rule", "linear", "rmsnorm", "mlp", "gqa_attention", "recurrent_mixer", "moe",
            "dsa_indexer", "AttentionShape", "RecurrentShape", "MoEShape", "all_reduce_tp", "MOE_OUT", "act_for",
            "tokens", "activation"]

@@ -177,3 +177,121 @@ def test_dsa_indexer_closed_form():
     assert coef(score, "bytes_kv", "kv_len") == 128 + 4  # FP8 key + fp32 scale, read once per request
     assert {f.params for f in o["indexer.topk"].cost.features() if f.kind == "topk_pairs"} == {(1, 2048)}
     assert Feature("topk_pairs", "all", (1, 2048)) in o["indexer.topk"].cost.features()
+
+
+# ---- the generic rules the model files share -------------------------------------------------------------
+def test_embedding_head_restore_and_mla_up():
+    from graphsim.rules import RESTORE_LINKS, embedding, lm_head, mla_kv_up, restore_copy
+
+    b = builder()
+    b.token_set("cached_host", prefill="cached@host", decode="none")
+    b.token_set("cached_disk", prefill="cached@disk", decode="none")
+    b.weight("emb", 1000 * 64, "bf16")
+    b.weight("head", 64 * 1000, "bf16")
+    b.weight("wkv_b", 512 * 4096, "fp8_b128x128")
+    cache = b.tensor("kv", "kv_cache", "bf16", elems_per_token=576)
+    with b.stage("s"):
+        embedding(b, "embed", "all", 64, "emb", streams=4, deps=())
+        restore_copy(b, lambda tier: [(Feature("tokens", f"cached_{tier}"), 1152.0)])
+        mla_kv_up(b, "wkv_b", "all", rank=512, up=4096, weight="wkv_b", cache=cache, latent_bytes=1152.0, out_bytes=2.0)
+        lm_head(b, "all", 64, 1000, "head")
+    o = ops(b)
+    assert coef(o["embed"], "bytes_act", "tokens") == 64 * 2 * 2 + 4 * 64 * 2  # row read+write, 4 streams
+    r = o["restore"]
+    assert coef(r, "bytes_c2c") == 2 * 1152.0 and coef(r, "bytes_disk") == 1152.0  # host: C2C; disk: NVMe + C2C
+    assert set(RESTORE_LINKS) == {"host", "disk"} and r.stream == "host_copy"
+    up = o["wkv_b"]
+    assert up.precision == "fp8" and coef(up, "flops_fp8", "kv_len") == 2 * 512 * 4096
+    assert coef(up, "bytes_kv", "kv_len") == 1152.0 and coef(up, "bytes_act", "kv_len") == 2.0 * 4096
+    head = o["head"]
+    assert coef(head, "flops_bf16", "tokens") == 2 * 64 * 1000
+    assert sum(v for _, _, v in head.comm[0].payload.terms) == 4.0 * 1000  # fp32 logits all-gathered
+
+
+# ---- the DeepSeek-V4 family's rules (graphsim.rules_v4) ----------------------------------------------------
+class _Cfg:
+    """The V4.1 config fields the rules read (V41_FACTS §2, §5, §6 sizes)."""
+    hidden_size, hc_mult, sliding_window, index_topk = 4096, 4, 128, 512
+    num_attention_heads, num_key_value_heads, head_dim = 64, 1, 512
+    index_n_heads, index_head_dim, q_lora_rank, index_k_format = 64, 128, 1024, "mxfp4"
+    candidate_topk_blocks, candidate_block_size, candidate_source_layer_id = 16, 64, 3
+    engram_lookup_rows, engram_max_ngram_size, engram_lookup_dim, engram_head_dim = 8, 3, 6144, 768
+
+
+class _Sem:
+    @staticmethod
+    def swa_entry_bytes(c):
+        return 584.0
+
+    @staticmethod
+    def index_k_entry_bytes(c):
+        return 68.0
+
+    @staticmethod
+    def engram_lookup_bytes_per_token(c):
+        return 8 * (768 + 24)
+
+
+def test_v4_rules_closed_forms():
+    from graphsim.rules_v4 import (compressor_pool, dspark_commit_caches, engram_lookup, entry_write,
+                                   ep_dispatch_combine, hash_route, hierarchical_indexer, mhc_coeff,
+                                   swa_sparse_attention)
+
+    c, sem = _Cfg, _Sem
+    b = builder()
+    b.token_set("kv")
+    d, n = c.hidden_size, c.hc_mult
+    b.weight("fn", (2 + n) * n * n * d, "fp32")
+    b.weight("table", 10**6, "fp8_e8m0_32", group="engram")
+    b.weight("layers.0.attn.indexer.wq_b", c.q_lora_rank * 64 * 128, "fp8")
+    b.weight("layers.0.attn.indexer.weights_proj", d * 64, "bf16")
+    b.weight("wk", 512 * 128, "bf16")
+    b.weight("tid2eid", 10**5, "int8")
+    kv = b.tensor("kv", "kv_cache", "fp4_e2m1_e4m3_16", elems_per_token=512)
+    idx = b.tensor("layers.0.index_k", "index_cache", "mxfp4", elems_per_token=128)
+    with b.stage("s"):
+        mhc_coeff(b, "hc", "all", d=d, n=n, rows=(2 + n) * n, iters=20, fn="fn", fp32_gemm="tf32")
+        engram_lookup(b, "all", c=c, sem=sem, table="table", shard="tp")
+        entries = compressor_pool(b, "pool", m=4, width=512, planes=2, state=1024.0)
+        entry_write(b, "kv.write", "cache_write", entries, in_bytes=4.0, width=512, entry_bytes=288.0, cache=kv)
+        entry_write(b, "k.write", "indexer", entries, in_bytes=4.0, width=512, entry_bytes=68.0, cache=idx,
+                    weight="wk", flops_bf16=2.0 * 512 * 128)
+        hierarchical_indexer(b, "all", c=c, sem=sem, layer=0, owner=0, m=4, candidate_limited=False,
+                             candidate_source=False)
+        swa_sparse_attention(b, "all", c=c, sem=sem, layer=0, prec="bf16", owner=0, m=4, main_entry_bytes=288.0)
+        hash_route(b, "all", experts=256, top_k=6, table="tid2eid")
+        dspark_commit_caches(b, "all", layers=43, swa_bytes=584.0, owners=20, state_bytes=1024.0)
+    o = ops(b)
+    k, rows = n * d, (2 + n) * n
+    assert coef(o["hc.coeff"], "flops_tf32", "tokens") == 2 * k * rows  # fn projection, FP32 GEMM rate
+    assert coef(o["hc.sinkhorn"], "flops_fp32") == 20 * 4 * n * n and coef(o["hc.sinkhorn"], "exps") == n * n + 2 * n
+    assert coef(o["engram.lookup"], "bytes_weight", "tokens") == 8 * (768 + 24)
+    pool = o["pool"]  # two overlapping planes of 512 channels, one exp each per position
+    assert coef(pool, "exps", "tokens") == 2 * 512 and coef(pool, "bytes_act", "new_groups") == 4.0 * 512
+    assert coef(pool, "bytes_act", "requests") == 2 * 1024.0
+    assert coef(o["kv.write"], "bytes_kv", "new_groups") == 288.0
+    assert coef(o["k.write"], "flops_bf16", "new_groups") == 2 * 512 * 128
+    score = o["indexer.score"]  # ReLU scoring at the index-K format's (FP4) rate, no exps
+    assert score.precision == "fp4" and coef(score, "flops_fp4", "compressed_pairs") == 2 * 64 * 128 + 3 * 64
+    assert coef(score, "bytes_kv", "compressed") == 68.0 and coef(score, "exps") == 0
+    att = o["attn.sparse"]
+    per_pair = 2 * 64 * 2 * 512
+    assert coef(att, "flops_bf16", "window_pairs") == per_pair and coef(att, "flops_bf16", "topk_pairs") == per_pair
+    assert coef(att, "exps", "tokens") == 64  # each head's sink logit
+    assert coef(att, "bytes_kv", "window_read") == 584.0 and coef(att, "bytes_kv", "sparse_read") == 288.0
+    dispatch, combine, reduce = ep_dispatch_combine("all", d=d, top_k=6)
+    assert sum(v for *_, v in dispatch.payload.terms) == 6 * d * (1 + 1 / 32)  # FP8 + a ue8m0 scale per 32
+    assert sum(v for *_, v in combine.payload.terms) == 6 * d * 2
+    assert coef(o["ffn.route"], "bytes_weight", "tokens") == 4.0 * 6
+    assert coef(o["commit.swa"], "bytes_kv", "tokens") == 2 * 43 * 584.0
+    assert coef(o["commit.compressor_state"], "bytes_kv", "requests") == 2 * 20 * 1024.0
+
+
+def test_every_registered_rule_is_tested_here():
+    import inspect
+    import sys
+
+    src = inspect.getsource(sys.modules[__name__])
+    fns = {r.fn.__name__ for r in RULES.values()}
+    untested = sorted(f for f in fns if f not in src)
+    assert not untested, untested

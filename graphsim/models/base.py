@@ -5,9 +5,18 @@ from typing import Sequence
 
 from ..builder import GraphBuilder
 from ..errors import GraphsimError, require
-from ..ir import ONE, CommSpec, Cost, Feature, Graph, Tensor, fmt, wider
+from ..ir import ONE, Graph, Tensor, fmt, wider
 from ..plan import ParallelMapping
-from ..rules import MOE_OUT, all_reduce_tp, rmsnorm, tokens
+from ..rules import (  # noqa: F401  (re-exported: the model files' vocabulary)
+    MOE_OUT,
+    RESTORE_LINKS,
+    all_reduce_tp,
+    embedding as _embedding,
+    lm_head,
+    restore_copy,
+    rmsnorm,
+    tokens,
+)
 #: The cache an attention kernel at this precision reads (FP8 attention reads FP8 Q/K/V and an FP8 cache;
 #: FP4 attention an E2M1 cache with E4M3 scales per 16), where the checkpoint's cache is wider.
 KV_FORMAT_AT = {"fp8": "fp8", "fp4": "fp4_e2m1_e4m3_16"}
@@ -52,6 +61,10 @@ class Model:
     def resident_groups(self, policies=None) -> tuple:
         """Inventory groups this deployment loads under ``policies`` (default: all of them)."""
         return tuple(sorted({t.group for t in self.weights()}))
+
+    def vision(self) -> str:
+        """Why image inputs cannot run ("" when the model has a vision path that prices them)."""
+        return f"{self.name} has no vision tower"
 
     # ---- speculative decoding -----------------------------------------------------------------------------
     def max_mtp(self) -> int:
@@ -200,22 +213,8 @@ def divides(field: str, parts: int, total: int, what: str) -> None:
 
 
 def embedding(b: GraphBuilder, ts: str, hidden: int, weight: str) -> str:
-    """Embedding gather: reads one row per token (never the whole table)."""
-    cost = Cost.of(tokens(ts), bytes_act=hidden * 2.0 * 2)
-    return b.op("embed", "embedding", cost, token_set=ts, reads=(weight,), split=("dp",),
-                formula=f"gather {hidden} bf16 per token", deps=())
-
-
-def lm_head(b: GraphBuilder, ts: str, hidden: int, vocab: int, weight: str) -> str:
-    """Final norm + vocabulary projection on the positions that need logits."""
-    rmsnorm(b, "final_norm", ts, hidden)
-    return b.gemm("head", ts, hidden, vocab, weight=weight, split=("tp", "dp"), act_out="fp32",
-                  comm=(CommSpec("all_gather", "tp", Cost.of(tokens(ts), bytes_act=vocab * 4.0), note="logits"),))
-
-
-#: Where a prefix-cache hit is copied from, and the links its bytes cross: host memory over C2C/PCIe; local
-#: NVMe, then the same host link (a GPUDirect read crosses the same PCIe/C2C port). HBM hits copy nothing.
-RESTORE_LINKS = {"host": ("bytes_c2c",), "disk": ("bytes_disk", "bytes_c2c")}
+    """The token embedding (the ``embedding`` rule), first op of a graph."""
+    return _embedding(b, "embed", ts, hidden, weight, deps=())
 
 
 def restore_sets(b: GraphBuilder, swa_window: int = 0) -> None:
@@ -227,18 +226,6 @@ def restore_sets(b: GraphBuilder, swa_window: int = 0) -> None:
         b.token_set(f"cached_{tier}", prefill=f"cached@{tier}", decode="none")
         if swa_window:
             b.token_set(f"cached_swa_{tier}", prefill=f"cached_swa:{swa_window}@{tier}", decode="none")
-
-
-def restore_copy(b: GraphBuilder, bytes_of, *, split=("dp",), params: dict | None = None) -> str:
-    """One layer's prefix restore on the host-copy stream: ``bytes_of(tier)`` -> [(feature, bytes)] for the
-    ``cached_<tier>`` sets of :func:`restore_sets`. Models issue every layer's copy up front, in layer order,
-    with no data dependency (the hits are known before the forward), so later layers' copies overlap
-    earlier layers' compute; the caller makes the layer's first reader of the cache wait for it."""
-    terms = [(link, f, v) for tier, links in RESTORE_LINKS.items() for f, v in bytes_of(tier) for link in links]
-    with b.stage("restore"):
-        return b.op("restore", "host_copy", Cost(tuple(terms)), stream="host_copy", token_set="cached_host",
-                    split=split, deps=(), params=params,
-                    formula="cached KV of this layer: host hits over C2C/PCIe, disk hits from NVMe then C2C/PCIe")
 
 
 def attention_act_bytes(precision: str) -> float:

@@ -71,6 +71,8 @@ class DecoderSpec:
     max_position: int = MAX_CONTEXT
     hf: HFNames = HFNames()
     mtp_layers: int = 0  #: shipped MTP modules (not part of the trunk; reported)
+    #: a vision tower the config names but graphsim does not price yet (image requests are refused, saying why)
+    vision_note: str = ""
 
     def __attrs_post_init__(self):
         require(len(self.layers) > 0, "config.num_hidden_layers", "must be at least 1")
@@ -108,6 +110,9 @@ class Decoder(Model):
         self.kv_format = kv_format
         heads = {m.heads for _, m in spec.attention_layers()} | {m.heads for _, m in spec.recurrent_layers()}
         self._heads = min(heads) if heads else 1
+
+    def vision(self) -> str:
+        return self.cfg.vision_note or f"{self.name} has no vision tower"
 
     # ---- inventory ----------------------------------------------------------------------------------
     def _w(self, i: int, module: str) -> str:
@@ -246,11 +251,10 @@ class Decoder(Model):
                     elif isinstance(m, RecurrentShape):
                         rmsnorm(b, "mixer_norm", "all", c.hidden)
                         state = b.tensor(p + "state", "state", "fp32", elems=0, module=p + "mixer")
-                        last = recurrent_mixer(b, p, "all", c.hidden, m, weights=(p + "mixer.in_proj", p + "mixer.out_proj"),
-                                               state=state)
-                        if i in copies:
+                        recurrent_mixer(b, p, "all", c.hidden, m, weights=(p + "mixer.in_proj", p + "mixer.out_proj"),
+                                        state=state)
+                        if i in copies:  # the restored state must be resident before the recurrence reads it
                             b.depends(copies[i], f"{p}recurrence", "cache_read")
-                        del last
                     f = layer.ffn
                     if isinstance(f, int) and f > 0:
                         rmsnorm(b, "mlp_norm", "all", c.hidden)

@@ -3,73 +3,58 @@ K/V, absorbed decode path over the latent cache), dense first layers, MoE with a
 shared experts, weights in the checkpoint's quantization (FP8 128x128 blocks for DeepSeek's own release).
 DeepSeek-V3.2 and GLM-5 add DeepSeek Sparse Attention: a lightning indexer (:func:`graphsim.rules.dsa_indexer`)
 selects ``index_topk`` positions per query and MLA attends over those only.
-MTP is off (its module is not part of the trunk)."""
+The shipped MTP module drafts with ``policies.mtp`` (it is not part of the trunk otherwise)."""
 from __future__ import annotations
-
-from typing import Mapping
 
 import attrs
 
 from ..builder import GraphBuilder
-from ..config import kv_cache_format, need, text_config
+from ..config import field, kv_cache_format, structure, text_config
 from ..errors import require
 from ..limits import MAX_CONTEXT
-from ..ir import Cost, Feature, Tensor, fmt, wider
+from ..ir import Feature, Tensor, fmt
 from ..plan import ParallelMapping
-from ..rules import MoEShape, act_for, all_reduce_tp, dsa_indexer, linear, mlp, moe, rmsnorm, tokens
+from ..rules import MoEShape, act_for, all_reduce_tp, dsa_indexer, linear, mla_kv_up, mlp, moe, rmsnorm, tokens
 from .base import Model, attention_act_bytes, divides, embedding, lm_head, restore_copy, restore_sets
 
 
 @attrs.frozen
 class V3Config:
-    hidden: int
-    layers: int
-    dense_layers: int
-    heads: int
-    q_lora: int
-    kv_lora: int
-    nope: int
-    rope: int
-    v_dim: int
-    inter: int
-    moe_inter: int
-    experts: int
-    shared: int
-    top_k: int
-    vocab: int
-    weight_block: tuple
-    max_position: int = MAX_CONTEXT
-    index_heads: int = 0  #: DSA lightning indexer (DeepSeek-V3.2, GLM-5); 0 = dense MLA
-    index_dim: int = 0
-    index_topk: int = 0
-    mtp_layers: int = 0  #: shipped MTP modules (num_nextn_predict_layers)
+    """DeepSeek-V3-shaped configs, read through the one converter (graphsim.config.structure)."""
+
+    hidden: int = field("int", hf="hidden_size")
+    layers: int = field("int", hf="num_hidden_layers")
+    dense_layers: int = field("int", hf="first_k_dense_replace", lo=0)
+    heads: int = field("int", hf="num_attention_heads")
+    q_lora: int = field("int", hf="q_lora_rank")
+    kv_lora: int = field("int", hf="kv_lora_rank")
+    nope: int = field("int", hf="qk_nope_head_dim")
+    rope: int = field("int", hf="qk_rope_head_dim")
+    v_dim: int = field("int", hf="v_head_dim")
+    inter: int = field("int", hf="intermediate_size")
+    moe_inter: int = field("int", hf="moe_intermediate_size")
+    experts: int = field("int", hf="n_routed_experts")
+    shared: int = field("int", hf="n_shared_experts", lo=0)
+    top_k: int = field("int", hf="num_experts_per_tok")
+    vocab: int = field("int", hf="vocab_size")
+    max_position: int = field("int", MAX_CONTEXT, hf="max_position_embeddings")
+    #: DSA lightning indexer (DeepSeek-V3.2, GLM-5); 0 = dense MLA
+    index_heads: int = field("int", 0, hf="index_n_heads")
+    index_dim: int = field("int", 0, hf="index_head_dim")
+    index_topk: int = field("int", 0, hf="index_topk")
+    mtp_layers: int = field("int", 0, hf="num_nextn_predict_layers", lo=0)  #: shipped MTP modules
 
     def __attrs_post_init__(self):
         require(self.dense_layers <= self.layers, "config.first_k_dense_replace",
                 f"must be <= num_hidden_layers ({self.layers}), got {self.dense_layers}")
         require(self.top_k <= self.experts, "config.num_experts_per_tok",
                 f"must be <= n_routed_experts ({self.experts}), got {self.top_k}")
+        require(not self.index_topk or (self.index_heads and self.index_dim), "config.index_topk",
+                "a DSA indexer needs index_n_heads and index_head_dim too")
 
     @staticmethod
     def from_dict(cfg: dict) -> "V3Config":
-        t = text_config(cfg)
-        q = t.get("quantization_config", cfg.get("quantization_config", {})) or {}
-        require(isinstance(q, Mapping), "config.quantization_config", f"must be an object, got {type(q).__name__}")
-        block = q.get("weight_block_size", (128, 128))
-        require(isinstance(block, (list, tuple)) and len(block) == 2 and all(
-            isinstance(x, int) and not isinstance(x, bool) and 0 < x <= 1 << 16 for x in block),
-            "config.quantization_config.weight_block_size", f"must be two positive integers, got {block!r}")
-        block = tuple(block)
-        return V3Config(
-            need(t, "hidden_size"), need(t, "num_hidden_layers"), need(t, "first_k_dense_replace", lo=0),
-            need(t, "num_attention_heads"), need(t, "q_lora_rank"), need(t, "kv_lora_rank"),
-            need(t, "qk_nope_head_dim"), need(t, "qk_rope_head_dim"), need(t, "v_head_dim"),
-            need(t, "intermediate_size"), need(t, "moe_intermediate_size"), need(t, "n_routed_experts"),
-            need(t, "n_shared_experts", lo=0), need(t, "num_experts_per_tok"), need(t, "vocab_size"), block,
-            need(t, "max_position_embeddings", default=MAX_CONTEXT),
-            *((need(t, "index_n_heads"), need(t, "index_head_dim"), need(t, "index_topk")) if "index_topk" in t
-              else (0, 0, 0)),
-            need(t, "num_nextn_predict_layers", default=0, lo=0))
+        return V3Config(**structure(V3Config, text_config(cfg)))
 
     @property
     def sparse(self) -> bool:
@@ -292,14 +277,9 @@ class DeepSeekV3(Model):
         c = self.cfg
         kv_len = Feature("kv_len", ts)
         up = c.heads * (c.nope + c.v_dim)
-        w = b._tensors[p + "attn.wkv_b"]
         ab = attention_act_bytes(prec)
-        wprec = wider(fmt(act_for(w.format.name)).compute, w.format.compute)
-        cost = (Cost.of(Feature("active", ts), bytes_weight=w.nbytes)
-                + Cost.of(kv_len, **{f"flops_{wprec}": 2.0 * c.kv_lora * up, "bytes_kv": kvb, "bytes_act": ab * up}))
-        reader = b.op("wkv_b", "gemm", cost, token_set=ts, precision=wprec, split=("tp", "dp"),
-                      reads=(p + "attn.wkv_b", kv or p + "kv"), formula=f"2·{c.kv_lora}·{up} flops per visible position",
-                      params={"k": c.kv_lora, "n": up, "kv_heads": 1})  # every TP rank reads the whole latent
+        reader = mla_kv_up(b, "wkv_b", ts, rank=c.kv_lora, up=up, weight=p + "attn.wkv_b", cache=kv or p + "kv",
+                           latent_bytes=kvb, out_bytes=ab)
         pairs = Feature("topk_pairs", ts, (1, c.index_topk)) if topk else Feature("causal_pairs", ts)
         read = Feature("sparse_read", ts, (1, c.index_topk)) if topk else kv_len
         b.attention("attn_prefill", ts, pairs=pairs,

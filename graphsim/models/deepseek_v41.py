@@ -31,64 +31,26 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Mapping
+from typing import Mapping
 
 import attrs
 
-from graphsim.errors import GraphsimError, one_of, require
+from graphsim.config import _is_int as _is_int_, field, parse, structure
+from graphsim.errors import one_of, require
 from graphsim.ir import FORMATS, Tensor, fmt
-from graphsim.limits import MAX_LAYERS, check_config_int, check_number
 
 # --------------------------------------------------------------------------------------------------
 # Parsing helpers (shared with deepseek_v4)
 # --------------------------------------------------------------------------------------------------
 
-_KINDS = ("int", "float", "str", "bool", "ints", "format")
-
-
-def _f(kind: str, default: Any = attrs.NOTHING):
-    """An attrs field parsed from the config dict as ``kind``; required unless it has a default."""
-    assert kind in _KINDS
-    return attrs.field(default=default, metadata={"kind": kind})
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _parse(value, kind: str, field: str):
-    """Check ``value`` against ``kind``; return it normalised (lists become tuples)."""
-    name = field.rsplit(".", 1)[-1]
-    if kind == "int" and _is_int(value):
-        return check_config_int(field, name, value)
-    if kind == "float" and (_is_int(value) or isinstance(value, float)):
-        return check_number(field, value)
-    if kind == "str" and isinstance(value, str):
-        return value
-    if kind == "bool" and isinstance(value, bool):
-        return value
-    if kind == "ints" and isinstance(value, (list, tuple)) and all(_is_int(v) for v in value):
-        require(len(value) <= MAX_LAYERS + 64, field, f"at most {MAX_LAYERS + 64} entries, got {len(value)}")
-        return tuple(check_config_int(f"{field}[{i}]", name, v) for i, v in enumerate(value))
-    if kind == "format" and isinstance(value, str):
-        require(value in FORMATS, field, f"unknown storage format {value!r}; known: {sorted(FORMATS)}")
-        return value
-    want = {"ints": "a list of integers", "format": "a storage format name"}.get(kind, f"a {kind}")
-    raise GraphsimError(field, f"must be {want}, got {value!r}")
+# the one config converter (graphsim.config), under the names this module and deepseek_v4 use
+_f = field
+_is_int = _is_int_
+_parse = parse
 
 
 def _parse_fields(cls, section: Mapping, where: str) -> dict:
-    """Read every metadata-tagged attrs field of ``cls`` from ``section``; name missing/wrong fields."""
-    out = {}
-    for f in attrs.fields(cls):
-        kind = f.metadata.get("kind")
-        if kind is None:
-            continue
-        if f.name in section and section[f.name] is not None:
-            out[f.name] = _parse(section[f.name], kind, where + f.name)
-        elif f.default is attrs.NOTHING:
-            raise GraphsimError(where + f.name, "missing required field")
-    return out
+    return structure(cls, section, where)
 
 
 def _section(d: Mapping, key: str, *, required: bool) -> Mapping | None:

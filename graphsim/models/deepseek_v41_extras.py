@@ -47,9 +47,11 @@ import copy
 import attrs
 
 from ..errors import require
-from ..ir import CommSpec, Cost, Feature
+from ..ir import Feature
+from ..rules import embedding, gathered_logits
+from ..rules_v4 import dspark_commit_caches
 from . import deepseek_v41 as sem
-from .base import all_reduce_tp, rmsnorm, tokens
+from .base import all_reduce_tp, rmsnorm
 from .deepseek_v41_graph import BF16, attention_precision
 
 #: token sets (see the module docstring)
@@ -140,16 +142,9 @@ def _commit(model, b) -> None:
     # Rejection sampling reads every verified position's fp32 logits (gathered over TP by the head).
     b.elementwise("commit.accept", V, c.vocab_size, bytes_in=4.0, bytes_out=0.0, flops_per_elem=4,
                   kind="sampling", split=("dp",), exps=c.vocab_size)  # softmax over the vocabulary
-    swa = sem.swa_entry_bytes(c)
-    L = c.num_hidden_layers
-    b.op("commit.swa", "cache_write", Cost.of(tokens(V), bytes_kv=2 * L * swa), token_set=V, split=("dp",),
-         params={"layers": L, "entry_bytes": swa},
-         formula=f"copy staged SWA entries into the ring: 2·{L}·{swa:g} B per verified position")
     pooled = sum(1 for li in model.layers if li.kv_source and c.pooled(li.ratio))
-    state = sem.compressor_state_row_bytes(c)
-    b.op("commit.compressor_state", "cache_write", Cost.of(Feature("requests", V), bytes_kv=2 * pooled * state),
-         token_set=V, split=("dp",), params={"owners": pooled, "state_bytes": state},
-         formula=f"restore/advance the partial group of {pooled} pooled owners: 2·{state:g} B each per request")
+    dspark_commit_caches(b, V, layers=c.num_hidden_layers, swa_bytes=sem.swa_entry_bytes(c), owners=pooled,
+                         state_bytes=sem.compressor_state_row_bytes(c))
 
 
 def _draft(model, b) -> None:
@@ -162,8 +157,7 @@ def _draft(model, b) -> None:
         b.depends(f"layers.{L}.hc_attn.premix", proj)
     # Block input: the last token and D-1 noise tokens, embedded and spread over the residual streams.
     streams = n if c.dspark_has_mhc else 0
-    b.op("dspark.embed", "embedding", Cost.of(tokens(T), bytes_act=d * BF16 * 2 + streams * d * BF16),
-         token_set=T, reads=("embed.weight",), split=("dp",), formula=f"gather {d} bf16 per draft position")
+    embedding(b, "dspark.embed", T, d, "embed.weight", streams=streams, formula=f"gather {d} bf16 per draft position")
     drafter = _drafter_view(model)
     for j in range(c.n_dspark_blocks):
         _draft_block(model, drafter, b, j)
@@ -174,11 +168,9 @@ def _draft(model, b) -> None:
         rmsnorm(b, "norm", T, d, reads=("dspark.norm",))
         # The trunk's LM head, vocabulary-parallel; the Markov term is added per shard before the gather.
         b.gemm("head", T, d, c.vocab_size, weight="head.weight", act_out="fp32", split=("tp", "dp"))
-        b.op("markov.embed", "embedding", Cost.of(tokens(T), bytes_act=R * BF16 * 2), token_set=T,
-             reads=("dspark.markov.embed",), split=("dp",), formula=f"gather {R} bf16 of the previous draft token")
+        embedding(b, "markov.embed", T, R, "dspark.markov.embed", formula=f"gather {R} bf16 of the previous draft token")
         b.gemm("markov.proj", T, R, c.vocab_size, weight="dspark.markov.proj", act_out="fp32", split=("tp", "dp"),
-               comm=(CommSpec("all_gather", "tp", Cost.of(tokens(T), bytes_act=c.vocab_size * 4.0),
-                              note="draft logits"),))
+               comm=(gathered_logits(T, c.vocab_size, "draft logits"),))
         b.elementwise("sample", T, c.vocab_size, bytes_in=4.0, bytes_out=0.0, flops_per_elem=2, kind="sampling",
                       split=("dp",), exps=c.vocab_size)  # softmax over the vocabulary
         # a_j = P(draft j accepted | earlier accepted), from the hidden state and the Markov feature (§9).

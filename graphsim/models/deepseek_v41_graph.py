@@ -16,9 +16,20 @@ from __future__ import annotations
 from ..builder import GraphBuilder
 from ..config import load_config
 from ..errors import GraphsimError
-from ..ir import ONE, CommSpec, Cost, Feature, Tensor, fmt
+from ..ir import Feature, Tensor
 from ..plan import ParallelMapping
 from . import deepseek_v41 as sem
+from ..rules import embedding, gathered_logits
+from ..rules_v4 import (
+    compressor_pool,
+    engram_gather,
+    engram_lookup,
+    entry_write,
+    ep_dispatch_combine,
+    hierarchical_indexer,
+    mhc_coeff,
+    swa_sparse_attention,
+)
 from .base import MOE_OUT, Model, all_reduce_tp, divides, restore_copy, restore_sets, tokens
 
 BF16 = 2.0
@@ -73,6 +84,9 @@ class DeepSeekV41(Model):
 
     def num_layers(self) -> int:
         return len(self.layers)
+
+    def vision(self) -> str:
+        return "" if self.cfg.vision is not None else f"{self.name}'s config has no vision_config"
 
     def layer_table(self):
         return self.layers
@@ -171,9 +185,7 @@ class DeepSeekV41(Model):
             restore_sets(b, c.sliding_window)
             copies = {li.layer: self._restore(b, li) for li in self.layers}
         with b.stage("encoder"):
-            b.op("embed", "embedding", Cost.of(tokens("q_enc"), bytes_act=d * BF16 * 2 + n * d * BF16),
-                 token_set="q_enc", reads=("embed.weight",), split=("dp",), deps=(),
-                 formula=f"gather {d} bf16 per token, write {n} residual streams")
+            embedding(b, "embed", "q_enc", d, "embed.weight", streams=n, deps=())
         for li in self.layers:
             ts = self._query_set(li)
             stage = li.stage
@@ -216,8 +228,7 @@ class DeepSeekV41(Model):
             b.elementwise("final_norm", "last", d, bytes_in=BF16, bytes_out=BF16, flops_per_elem=4, kind="norm",
                           split=("dp",))
             b.gemm("head", "last", d, c.vocab_size, weight="head.weight", act_out="fp32", split=("tp", "dp"),
-                   comm=(CommSpec("all_gather", "tp", Cost.of(tokens("last"), bytes_act=c.vocab_size * 4.0),
-                                  note="logits"),))
+                   comm=(gathered_logits("last", c.vocab_size),))
         extras.dspark_stages(self, b, kinds, policies, requests)
 
     def _restore(self, b: GraphBuilder, li: sem.LayerInfo) -> str:
@@ -252,22 +263,9 @@ class DeepSeekV41(Model):
         c = self.cfg
         d, n = c.hidden_size, c.hc_mult
         p = f"layers.{layer}.{sub}"
-        # coefficients: the fn [(2+n)n, n·d] projection of the n streams (a GEMM), then Sinkhorn on an n×n
-        # matrix; the (2+n)n outputs stay on chip (not charged as traffic)
-        fn = b._tensors[f"{p}.fn"]
-        k, rows = n * d, c.hc_mix_rows
-        b.op(f"{sub}.coeff", "mhc", Cost.of(Feature("active", ts), bytes_weight=fn.nbytes)
-             + Cost.of(tokens(ts), **{f"flops_{self.fp32_gemm}": 2.0 * k * rows, "bytes_act": n * d * BF16}),
-             token_set=ts, precision=self.fp32_gemm, split=("dp",), reads=(fn.name,),
-             params={"k": k, "n": rows, "mhc_elems": n * d, "role": "coeff"},
-             formula=f"2·{k}·{rows} flops per token; fn read once")
-        # exp of the n×n mixing logits, sigmoid of the n pre and n post weights, then row/column scaling
-        b.op(f"{sub}.sinkhorn", "mhc", Cost.of(tokens(ts), flops_fp32=c.hc_sinkhorn_iters * 4 * n * n,
-                                                 exps=n * n + 2 * n),
-             token_set=ts, precision="fp32", split=("dp",),
-             params={"mhc_elems": 0, "sinkhorn_iters": c.hc_sinkhorn_iters, "role": "sinkhorn"},
-             formula=f"Sinkhorn x{c.hc_sinkhorn_iters} on {n}x{n}: {c.hc_sinkhorn_iters * 4 * n * n} flops, "
-                     f"{n * n + 2 * n} exps per token")
+        # coefficients (a GEMM of the n streams) and Sinkhorn on an n×n matrix: the mhc_coeff rule
+        mhc_coeff(b, sub, ts, d=d, n=n, rows=c.hc_mix_rows, iters=c.hc_sinkhorn_iters, fn=f"{p}.fn",
+                  fp32_gemm=self.fp32_gemm)
         b.elementwise(f"{sub}.premix", ts, d, bytes_in=n * BF16, bytes_out=BF16, flops_per_elem=2 * n, kind="mhc",
                       split=("dp",), params={"mhc_elems": (n + 1) * d, "role": "premix"})
         # the sub-layer's input RMSNorm, writing FP8 for the GEMMs that follow
@@ -290,29 +288,10 @@ class DeepSeekV41(Model):
         c = self.cfg
         d, n = c.hidden_size, c.hc_mult
         p = f"layers.{layer}.engram"
-        rows = c.engram_lookup_rows
-        t = tokens(ts)
         shard = getattr(policies, "engram_shard", "tp")
-        b.op("engram.hash", "engram", Cost.of(t, flops_fp32=8.0 * rows, bytes_act=4.0 * c.engram_max_ngram_size + 8.0 * rows),
-             token_set=ts, split=("dp",), formula=f"{rows} n-gram hashes per token")
-        payload = self.sem.engram_lookup_bytes_per_token(c)
-        gathered = c.engram_lookup_dim * BF16
-        if shard == "world":
-            comm = (CommSpec("all_to_all", "world", Cost.of(t, bytes_act=payload), "after",
-                             note="rows fetched from the ranks that own them"),
-                    CommSpec("all_gather", "tp", Cost.of(t, bytes_act=payload), "after",
-                             note="the TP group's rows gathered on every rank"))
-            split = ("world",)
-        else:
-            comm = (CommSpec("all_reduce", "tp", Cost.of(t, bytes_act=gathered), note="table rows sharded across TP"),)
-            split = ("tp", "dp")
-        b.op("engram.lookup", "engram", Cost.of(t, bytes_weight=payload, bytes_act=gathered),
-             token_set=ts, split=split, reads=(f"{p}.table",), comm=comm,
-             params={"rows": rows, "payload_bytes": payload, "shard": shard},
-             formula=f"{rows} rows x {c.engram_head_dim} FP8 + scales = {payload:g} B per token")
+        engram_lookup(b, ts, c=c, sem=self.sem, table=f"{p}.table", shard=shard)
         column = getattr(policies, "engram_proj", "replicated") == "tp"
-        gather = CommSpec("all_gather", "tp", Cost.of(t, bytes_act=c.engram_proj_out * BF16), "after",
-                          note="column-split projection gathered")
+        gather = engram_gather(ts, c.engram_proj_out)
         b.gemm("engram.proj", ts, c.engram_lookup_dim, c.engram_proj_out, weight=f"{p}.wkv", act_in="fp8",
                split=("tp", "dp") if column else ("dp",), comm=(gather,) if column else (), kind="engram")
         b.elementwise("engram.gate", ts, n * d, bytes_in=BF16 + BF16 * (n + 1) / n, bytes_out=BF16,
@@ -349,117 +328,50 @@ class DeepSeekV41(Model):
         c = self.cfg
         m, L = li.ratio, li.layer
         p = f"layers.{L}.attn"
-        t = tokens("kv")
-        entries = Feature("new_groups", "kv", (m,))
         if c.pooled(m):
             for w in ("wkv", "wgate"):
                 b.gemm(f"compressor.{w}", "kv", c.hidden_size, c.head_dim, weight=f"{p}.compressor.{w}", act_in="bf16",
                        act_out="fp32", precision=self.fp32_gemm, split=("dp",), kind="compressor")
             state = self.sem.compressor_state_row_bytes(c)
-            b.op("compressor.pool", "compressor",
-                 # softmax over each group's positions per channel: one exp per position and channel
-                 Cost.of(t, flops_fp32=4.0 * c.head_dim, bytes_act=2 * 4.0 * c.head_dim, exps=c.head_dim)
-                 + Cost.of(entries, bytes_act=4.0 * c.head_dim)
-                 + Cost.of(Feature("requests", "kv"), bytes_act=2 * state),
-                 token_set="kv", split=("dp",), precision="fp32",
-                 formula=f"softmax-gated pooling of groups of {m}; partial-group state {state:g} B per request")
+            entries = compressor_pool(b, "compressor.pool", m=m, width=c.head_dim, state=state,
+                                      formula=f"softmax-gated pooling of groups of {m}; partial-group state "
+                                              f"{state:g} B per request")
         else:
             b.gemm("compressor.wkv", "kv", c.hidden_size, c.head_dim, weight=f"{p}.compressor.wkv", act_in="bf16",
                    split=("dp",), kind="compressor")
+            entries = Feature("new_groups", "kv", (m,))
         kv = b.tensor(f"layers.{L}.kv", "kv_cache", c.main_kv_format, elems_per_token=c.kv_dim, module=p)
         in_bytes = 4.0 if c.pooled(m) else BF16
-        b.op("kv.quant_write", "cache_write", Cost.of(entries, bytes_act=in_bytes * c.kv_dim,
-                                                      bytes_kv=self.sem.main_kv_entry_bytes(c)),
-             token_set="kv", split=("dp",), writes=(kv,),
-             formula=f"{self.sem.main_kv_entry_bytes(c):g} B per emitted entry (E2M1 + E4M3/16)")
+        main = self.sem.main_kv_entry_bytes(c)
+        entry_write(b, "kv.quant_write", "cache_write", entries, in_bytes=in_bytes, width=c.kv_dim, entry_bytes=main,
+                    cache=kv, formula=f"{main:g} B per emitted entry (E2M1 + E4M3/16)")
         idx = b.tensor(f"layers.{L}.index_k", "index_cache", c.index_k_format, elems_per_token=c.index_head_dim, module=p)
-        wk = b._tensors[f"{p}.indexer.wk"]
-        return b.op("indexer.k_write", "indexer",
-                    Cost.of(Feature("active", "kv"), bytes_weight=wk.nbytes)
-                    + Cost.of(entries, flops_bf16=2.0 * c.head_dim * c.index_head_dim,
-                              bytes_act=in_bytes * c.kv_dim, bytes_kv=self.sem.index_k_entry_bytes(c)),
-                    token_set="kv", split=("dp",), reads=(wk.name,), writes=(idx,),
-                    params={"k": c.head_dim, "n": c.index_head_dim},
-                    formula=f"wk {c.head_dim}->{c.index_head_dim} + norm per emitted entry, MXFP4 {self.sem.index_k_entry_bytes(c):g} B/entry")
+        ik = self.sem.index_k_entry_bytes(c)
+        return entry_write(b, "indexer.k_write", "indexer", entries, in_bytes=in_bytes, width=c.kv_dim, entry_bytes=ik,
+                           cache=idx, weight=f"{p}.indexer.wk", flops_bf16=2.0 * c.head_dim * c.index_head_dim,
+                           params={"k": c.head_dim, "n": c.index_head_dim},
+                           formula=f"wk {c.head_dim}->{c.index_head_dim} + norm per emitted entry, MXFP4 {ik:g} B/entry")
 
     def _indexer(self, b: GraphBuilder, li: sem.LayerInfo, ts: str) -> str:
         """Index queries, scoring (full visible range, or the candidate pool in Decoder Reindex layers),
         block max + candidate selection on the candidate source, Top-K selection. Replicated across TP."""
-        c = self.cfg
-        p = f"layers.{li.layer}.attn.indexer"
         owner = self.layers[li.kv_owner]
-        m = owner.ratio
-        H, D = c.index_n_heads, c.index_head_dim
-        pool = getattr(c, "candidate_topk_blocks", 0) * getattr(c, "candidate_block_size", 0)
-        b.gemm("indexer.wq_b", ts, c.q_lora_rank, H * D, weight=f"{p}.wq_b", act_in="fp8", split=("dp",), kind="indexer")
-        b.gemm("indexer.weights_proj", ts, c.hidden_size, H, weight=f"{p}.weights_proj", act_in="bf16",
-               act_out="fp32", split=("dp",), kind="indexer")
-        per_pair = 2.0 * H * D + 3.0 * H  # q·k per head, relu, weight, sum: no exponential (ReLU scoring)
-        # index Q and K are stored in the index-K format (MXFP4 in V4.1): the scoring GEMM runs at that
-        # format's tensor rate (FP4 where the chip has one; the descriptor falls back to FP8 on Hopper)
-        prec = fmt(c.index_k_format).compute
-        if getattr(li, "candidate_limited", False):
-            pairs = Feature("topk_pairs", ts, (m, pool))
-            reads = Feature("sparse_read", ts, (m, pool))
-            extra = Cost.of(pairs, bytes_act=4.0)  # candidate positions read
-            what = f"candidate pool <= {pool}"
-        else:
-            pairs = Feature("compressed_pairs", ts, (m,))
-            reads = Feature("compressed", ts, (m,))
-            extra = Cost()
-            what = "whole visible compressed range"
-        reads_idx = (f"layers.{owner.layer}.index_k",)
-        if getattr(li, "candidate_limited", False):  # the pool the Decoder's first Full layer selected
-            reads_idx += (f"layers.{c.candidate_source_layer_id}.candidates",)
-        score = b.op("indexer.score", "indexer",
-             Cost.of(pairs, **{f"flops_{prec}": per_pair}) + Cost.of(reads, bytes_kv=self.sem.index_k_entry_bytes(c))
-             + Cost.of(tokens(ts), bytes_act=fmt(c.index_k_format).nbytes(H * D) + H * 4.0) + extra,
-             token_set=ts, precision=prec, split=("dp",), reads=reads_idx,
-             formula=f"{per_pair:g} {prec} flops per scored entry over the {what}; ReLU scores, no exps")
-        if getattr(li, "candidate_limited", False):
-            b.depends(f"layers.{c.candidate_source_layer_id}.indexer.candidates", score, "candidates")
-        if getattr(li, "candidate_source", False):
-            blocks = c.candidate_topk_blocks
-            b.op("indexer.block_max", "indexer", Cost.of(pairs, flops_fp32=1.0, bytes_act=4.0 / c.candidate_block_size),
-                 token_set=ts, split=("dp",), formula=f"max score per block of {c.candidate_block_size}")
-            cand = b.tensor(f"layers.{li.layer}.candidates", "workspace", "int8", elems_per_token=4 * pool, module=p)
-            b.op("indexer.candidates", "indexer",
-                 Cost.of(Feature("topk_pairs", ts, (m, pool)), bytes_act=4.0)
-                 # selection scans every block max (ceil: the newest partial block is always kept)
-                 + Cost.of(Feature("compressed_pairs", ts, (m * c.candidate_block_size,)), flops_fp32=2.0, bytes_act=4.0)
-                 + Cost.of(tokens(ts), flops_fp32=2.0, bytes_act=4.0),
-                 token_set=ts, split=("dp",), writes=(cand,),
-                 formula=f"keep <= {blocks} blocks (newest always), gather <= {pool} candidate positions")
-        sel = b.tensor(f"layers.{li.layer}.topk", "workspace", "int8", elems_per_token=4 * c.index_topk, module=p)
-        return b.op("indexer.topk", "topk", Cost.of(Feature("topk_pairs", ts, (m, c.index_topk)), bytes_act=4.0)
-                    + Cost.of(pairs, flops_fp32=2.0),
-                    token_set=ts, split=("dp",), writes=(sel,),
-                    formula=f"Top-{c.index_topk} of the scored entries; indices written for this KV group")
+        return hierarchical_indexer(b, ts, c=self.cfg, sem=self.sem, layer=li.layer, owner=owner.layer, m=owner.ratio,
+                                    candidate_limited=getattr(li, "candidate_limited", False),
+                                    candidate_source=getattr(li, "candidate_source", False))
 
     def _sparse_attention(self, b: GraphBuilder, li: sem.LayerInfo, ts: str) -> str:
         """<= W SWA slots + <= min(K, visible/m) selected compressed entries per query; FP4 main KV is
         dequantized on read (bf16 compute), read once per consumer layer."""
-        c = self.cfg
-        W, K = c.sliding_window, c.index_topk
-        H, D = c.num_attention_heads, c.head_dim
-        per_pair = 2.0 * H * 2 * D  # QK and PV over the one shared latent, all heads
-        prec = attention_precision(b)
-        # one exponential per score (H per pair) plus each head's sink logit per query (§12)
-        cost = (Cost.of(Feature("window_pairs", ts, (W,)), **{f"flops_{prec}": per_pair, "exps": float(H)})
-                + Cost.of(Feature("window_read", ts, (W,)), bytes_kv=self.sem.swa_entry_bytes(c))
-                + Cost.of(tokens(ts), bytes_act=2 * H * D * BF16, exps=float(H)))
         reads = [f"layers.{li.layer}.swa"]
+        m = 0
         if li.kv_owner is not None:
             m = self.layers[li.kv_owner].ratio
-            cost += Cost.of(Feature("topk_pairs", ts, (m, K)), **{f"flops_{prec}": per_pair, "exps": float(H),
-                                                                  "bytes_act": 4.0})
-            cost += Cost.of(Feature("sparse_read", ts, (m, K)), bytes_kv=self.sem.main_kv_entry_bytes(c))
             reads += [f"layers.{li.kv_owner}.kv", f"layers.{li.topk_producer}.topk"]
-        return b.op("attn.sparse", "attention", cost, token_set=ts, precision=prec, split=("tp", "dp"),
-                    reads=tuple(reads), params={"kv_owner": li.kv_owner, "topk_producer": li.topk_producer,
-                                                "kv_heads": c.num_key_value_heads, "heads": H, "precision": prec},
-                    formula=f"{per_pair:g} {prec} flops and {H} exps per (query, key) pair, + {H} sink exps per "
-                            f"query; <= {W} SWA + <= min({K}, visible/m) selected")
+        return swa_sparse_attention(b, ts, c=self.cfg, sem=self.sem, layer=li.layer, prec=attention_precision(b),
+                                    owner=li.kv_owner, m=m, main_entry_bytes=self.sem.main_kv_entry_bytes(self.cfg),
+                                    reads=tuple(reads),
+                                    params={"kv_owner": li.kv_owner, "topk_producer": li.topk_producer})
 
     def _attention_out(self, b: GraphBuilder, layer: int, ts: str) -> None:
         c = self.cfg
@@ -480,16 +392,10 @@ class DeepSeekV41(Model):
         c = self.cfg
         p = f"layers.{layer}.ffn"
         d, f = c.hidden_size, c.moe_intermediate_size
-        t = tokens(ts)
         b.gemm("ffn.router", ts, d, c.n_routed_experts, weight=f"{p}.gate.weight", act_out="fp32", split=("dp",),
                kind="router")
         self._route(b, layer, ts)
-        comm = (CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=c.num_experts_per_tok * d * (1.0 + 1 / 32)), "before",
-                         note="dispatch (FP8 + scales)"),
-                CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=c.num_experts_per_tok * d * BF16), "after",
-                         note="combine (BF16)"),
-                CommSpec("all_reduce", "moe_tp", Cost.of(t, bytes_act=d * BF16), "after", note="expert TP",
-                         merge=MOE_OUT))
+        comm = ep_dispatch_combine(ts, d=d, top_k=c.num_experts_per_tok)
         b.moe_experts("ffn.experts", ts, experts=c.n_routed_experts, top_k=c.num_experts_per_tok, hidden=d, inter=f,
                       weight=tuple(f"{p}.experts.{w}" for w in ("w1", "w3", "w2")), split=("ep",), comm=comm)
         s = f"{p}.shared_experts"

@@ -5,9 +5,10 @@ emitters wherever the two models agree; assumptions live in configs/deepseek-v4-
 from __future__ import annotations
 
 from ..builder import GraphBuilder
-from ..ir import CommSpec, Cost, Feature
+from ..ir import Feature
+from ..rules import embedding, gathered_logits
+from ..rules_v4 import compressor_pool, entry_write, hash_route, swa_sparse_attention
 from . import deepseek_v4 as sem4
-from .base import tokens
 from .deepseek_v41_graph import BF16, DeepSeekV41, attention_precision
 
 
@@ -52,8 +53,7 @@ class DeepSeekV4(DeepSeekV41):
         b.token_set("kv")
         b.token_set("last", prefill="one", decode="all")
         with b.stage("trunk"):
-            b.op("embed", "embedding", Cost.of(tokens("q"), bytes_act=d * BF16 * 2 + n * d * BF16), token_set="q",
-                 reads=("embed.weight",), split=("dp",), deps=(), formula=f"gather {d} bf16, write {n} streams")
+            embedding(b, "embed", "q", d, "embed.weight", streams=n, deps=(), formula=f"gather {d} bf16, write {n} streams")
             for li in self.layers:
                 with b.layer(li.layer):
                     self._mhc_pre(b, li.layer, "hc_attn", "q", norm_weight=f"layers.{li.layer}.attn_norm")
@@ -76,8 +76,7 @@ class DeepSeekV4(DeepSeekV41):
             b.elementwise("final_norm", "last", d, bytes_in=BF16, bytes_out=BF16, flops_per_elem=4, kind="norm",
                           split=("dp",))
             b.gemm("head", "last", d, c.vocab_size, weight="head.weight", act_out="fp32", split=("tp", "dp"),
-                   comm=(CommSpec("all_gather", "tp", Cost.of(tokens("last"), bytes_act=c.vocab_size * 4.0),
-                                  note="logits"),))
+                   comm=(gathered_logits("last", c.vocab_size),))
 
     def _compress(self, b: GraphBuilder, prefix: str, li, width: int) -> Feature:
         """Overlapping (CSA, coff=2) or plain (HCA) gated compressor of ``width``; returns emitted entries."""
@@ -86,31 +85,25 @@ class DeepSeekV4(DeepSeekV41):
         for w in ("wkv", "wgate"):
             b.gemm(f"{prefix}.{w}", "kv", c.hidden_size, coff * width, weight=f"layers.{li.layer}.attn.{prefix}.{w}",
                    act_in="bf16", act_out="fp32", split=("dp",), kind="compressor")
-        entries = Feature("new_groups", "kv", (m,))
-        b.op(f"{prefix}.pool", "compressor",
-             Cost.of(tokens("kv"), flops_fp32=4.0 * coff * width, bytes_act=2 * 4.0 * coff * width,
-                     exps=coff * width)  # gate softmax over each window's positions: one exp per plane
-             + Cost.of(entries, bytes_act=4.0 * width),
-             token_set="kv", split=("dp",), precision="fp32",
-             formula=f"gated pooling over {'overlapping ' if coff == 2 else ''}windows of {m} (+ absolute position term)")
-        return entries
+        # gate softmax over each window's positions: one exp per plane
+        return compressor_pool(b, f"{prefix}.pool", m=m, width=width, planes=coff,
+                               formula=f"gated pooling over {'overlapping ' if coff == 2 else ''}windows of {m} "
+                                       "(+ absolute position term)")
 
     def _kv_producer(self, b: GraphBuilder, li) -> str:
         c = self.cfg
         p = f"layers.{li.layer}.attn"
         entries = self._compress(b, "compressor", li, c.head_dim)
         kv = b.tensor(f"layers.{li.layer}.kv", "kv_cache", "fp8", elems_per_token=c.kv_dim, module=p)
-        last = b.op("kv.quant_write", "cache_write",
-                    Cost.of(entries, bytes_act=4.0 * c.kv_dim, bytes_kv=sem4.main_kv_entry_bytes(c)),
-                    token_set="kv", split=("dp",), writes=(kv,),
-                    formula=f"{sem4.main_kv_entry_bytes(c):g} B per entry (FP8 + bf16 RoPE + scales)")
+        last = entry_write(b, "kv.quant_write", "cache_write", entries, in_bytes=4.0, width=c.kv_dim,
+                           entry_bytes=sem4.main_kv_entry_bytes(c), cache=kv,
+                           formula=f"{sem4.main_kv_entry_bytes(c):g} B per entry (FP8 + bf16 RoPE + scales)")
         if c.has_indexer(li.ratio):
             ie = self._compress(b, "indexer.compressor", li, c.index_head_dim)
             idx = b.tensor(f"layers.{li.layer}.index_k", "index_cache", "fp8", elems_per_token=c.index_head_dim, module=p)
-            last = b.op("indexer.k_write", "indexer", Cost.of(ie, bytes_act=4.0 * c.index_head_dim,
-                                                              bytes_kv=sem4.index_k_entry_bytes(c)),
-                        token_set="kv", split=("dp",), writes=(idx,),
-                        formula=f"{sem4.index_k_entry_bytes(c):g} B per index-K entry")
+            last = entry_write(b, "indexer.k_write", "indexer", ie, in_bytes=4.0, width=c.index_head_dim,
+                               entry_bytes=sem4.index_k_entry_bytes(c), cache=idx,
+                               formula=f"{sem4.index_k_entry_bytes(c):g} B per index-K entry")
         return last
 
     def _sparse_attention(self, b: GraphBuilder, li, ts: str) -> str:
@@ -118,26 +111,18 @@ class DeepSeekV4(DeepSeekV41):
             return super()._sparse_attention(b, li, ts)
         c = self.cfg
         W, H, D = c.sliding_window, c.num_attention_heads, c.head_dim
-        per_pair = 2.0 * H * 2 * D
-        m = li.ratio
         prec = attention_precision(b)
-        math = {f"flops_{prec}": per_pair, "exps": float(H)}  # one exponential per score
-        cost = (Cost.of(Feature("window_pairs", ts, (W,)), **math)
-                + Cost.of(Feature("window_read", ts, (W,)), bytes_kv=sem4.swa_entry_bytes(c))
-                + Cost.of(Feature("compressed_pairs", ts, (m,)), **math)
-                + Cost.of(Feature("compressed", ts, (m,)), bytes_kv=sem4.main_kv_entry_bytes(c))
-                + Cost.of(tokens(ts), bytes_act=2 * H * D * BF16, exps=float(H)))  # + each head's sink
-        return b.op("attn.sparse", "attention", cost, token_set=ts, precision=prec, split=("tp", "dp"),
-                    reads=(f"layers.{li.layer}.swa", f"layers.{li.layer}.kv"),
-                    params={"kv_heads": c.num_key_value_heads, "heads": H, "precision": prec},
-                    formula=f"HCA: <= {W} SWA + every compressed entry (m={m}), {per_pair:g} {prec} flops and "
-                            f"{H} exps per pair, + {H} sink exps per query")
+        return swa_sparse_attention(b, ts, c=c, sem=sem4, layer=li.layer, prec=prec, m=li.ratio, dense_compressed=True,
+                                    main_entry_bytes=sem4.main_kv_entry_bytes(c),
+                                    reads=(f"layers.{li.layer}.swa", f"layers.{li.layer}.kv"),
+                                    formula=f"HCA: <= {W} SWA + every compressed entry (m={li.ratio}), "
+                                            f"{2.0 * H * 2 * D:g} {prec} flops and {H} exps per pair, + {H} sink exps "
+                                            "per query")
 
     def _route(self, b: GraphBuilder, layer: int, ts: str) -> None:
         li = self.layers[layer]
         if not li.hash_routed:
             return super()._route(b, layer, ts)
         c = self.cfg
-        b.op("ffn.route", "router", Cost.of(tokens(ts), bytes_weight=4.0 * c.num_experts_per_tok, flops_fp32=2.0 * c.n_routed_experts),
-             token_set=ts, split=("dp",), reads=(f"layers.{layer}.ffn.gate.tid2eid",),
-             formula="hash routing: expert ids looked up by token id (tid2eid)")
+        hash_route(b, ts, experts=c.n_routed_experts, top_k=c.num_experts_per_tok,
+                   table=f"layers.{layer}.ffn.gate.tid2eid")

@@ -142,7 +142,16 @@ def dense(t: Mapping) -> DecoderSpec:
     a = _attention(t, window=window, qk_norm=mt.startswith("qwen3"))
     layer = LayerSpec(a, need(t, "intermediate_size"), _act(t),
                       extra=_bias(t, a) + (2 * a.head_dim if a.qk_norm else 0))
-    return DecoderSpec(mt or "llama", layers=(layer,) * n, **_common(t))
+    return DecoderSpec(mt or "llama", layers=(layer,) * n, vision_note=_vl_note(t), **_common(t))
+
+
+def _vl_note(t: Mapping) -> str:
+    """VL checkpoints load as their text model; their vision tower is not priced yet: its image processor's
+    pixel bounds live in preprocessor_config.json, not config.json, so image token counts are unknown."""
+    if _model_type(t).startswith("qwen3_vl"):
+        return ("the Qwen3-VL vision tower is not modelled (its token count depends on the image processor's "
+                "min/max pixels in preprocessor_config.json); the text model is")
+    return ""
 
 
 @family("qwen3_moe", "qwen2_moe", "qwen3_vl_moe_text", "qwen3_vl_moe")
@@ -159,7 +168,7 @@ def qwen_moe(t: Mapping) -> DecoderSpec:
     extra = _bias(t, a) + (2 * a.head_dim if a.qk_norm else 0)
     layers = tuple(LayerSpec(a, f if (i not in dense_only and (i + 1) % step == 0) else need(t, "intermediate_size"),
                              extra=extra) for i in range(n))
-    return DecoderSpec(mt, layers=layers, **_common(t))
+    return DecoderSpec(mt, layers=layers, vision_note=_vl_note(t), **_common(t))
 
 
 @family("mixtral", "minimax_m2")
