@@ -185,6 +185,19 @@ def test_outputs_that_cannot_be_written(tmp_path, target, capsys):
     assert rc == 2 and err.startswith("graphsim: error: output:"), err
 
 
+def test_sweep_point_with_an_out_of_range_mapping_is_reported_not_a_crash(tmp_path):
+    # found by the 20,000-input run: a structural error row could not store an int beyond int64
+    import graphsim as gs
+    import graphsim.sweep  # noqa: F401
+
+    spec = {"name": "fz", "structure": {"model": "deepseek-v4-flash", "hw": "h100", "requests": "decode",
+                                        "mapping": {"ep": -(2**70), "pp": 44}},
+            "axes": {"decode.count": [1], "decode.context": [100]}}
+    df = gs.sweep.run(spec, tmp_path / "r.parquet").to_pandas()
+    assert len(df) == 1 and df["error_field"].iloc[0] == "mapping.ep"
+    assert "must lie in" in df["error"].iloc[0]
+
+
 def test_sweep_to_a_device_is_refused_and_leaves_it_a_device(tmp_path, capsys):
     # a sweep's resumable Parquet (parts, lock, atomic rename) cannot go to a device: before the fix the
     # rename replaced /dev/full itself with a regular file

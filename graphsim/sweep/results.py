@@ -33,6 +33,8 @@ def _const(value, n: int):
     if isinstance(value, bool):
         return pa.array(np.full(n, value))
     if isinstance(value, int):
+        if not -(2**63) <= value < 2**63:  # an out-of-range value of a bad point: its error column names it
+            return pa.nulls(n)
         return pa.array(np.full(n, value, dtype=np.int64))
     if isinstance(value, float):
         return pa.array(np.full(n, value, dtype=np.float64))
