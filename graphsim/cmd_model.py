@@ -74,7 +74,7 @@ def memory_summary(model, context: int) -> dict:
     for t in model.weights():
         params_by_format[t.format.name] = params_by_format.get(t.format.name, 0) + t.elems
     counts = model.param_counts()
-    quant = getattr(model, "quant", None)
+    quant = model.quant
     out = {"model": model.name, "family": model.family, "context": context,
            "weights": {"bytes_by_group": by_group, "bytes_by_format": by_format, "params_by_group": params,
                        "params_by_format": params_by_format,

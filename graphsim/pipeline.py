@@ -184,7 +184,8 @@ def check_policies(model, plan: Plan) -> None:
     k = plan.policies.mtp
     if k:
         most = model.max_mtp()
-        require(most > 0, "policies.mtp", f"{model.name} ships no MTP module (num_nextn_predict_layers = 0)")
+        require(most > 0, "policies.mtp", f"{model.name} has no MTP drafter in graphsim (MTP drafting is modelled "
+                "for the DeepSeek-V3 family — V3/R1/V3.2, Kimi K2, GLM-5 — when num_nextn_predict_layers > 0)")
         require(k <= most, "policies.mtp", f"{model.name} drafts at most {most} tokens with its MTP module, got {k}")
         require(plan.policies.dspark != "on", "policies.mtp", "MTP and DSpark are two drafters: choose one")
         acc = plan.policies.acceptance

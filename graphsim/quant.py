@@ -70,7 +70,9 @@ class Quantization:
             return "bf16"
         names = _names(module)
         for pat, f in self.layers:
-            if any(_match(n, pat) for n in names):
+            # the listed module, or a part of it (a checkpoint may list each expert's projections while
+            # graphsim holds one tensor for the layer's experts: it takes their format)
+            if any(_match(n, pat) or pat.startswith(n + ".") for n in names):
                 return f
         if self.layers and self.default == "mixed":
             return "bf16"  # a MIXED_PRECISION checkpoint quantizes only the layers it lists

@@ -119,6 +119,11 @@ def test_quantization_read_from_the_checkpoint():
     m = load_model(cfg("moonshotai--Kimi-K2.5"))
     assert _bytes_per_param(m, lambda n: n.endswith("moe.experts")) == 0.5 + 2 / 32
     assert _bytes_per_param(m, lambda n: "shared" in n or ".attn.w" in n) == 2.0
+    # ModelOpt MIXED_PRECISION listing each expert's projections (W4A16_NVFP4) and the Mamba in/out
+    # projections (FP8): graphsim's one experts tensor per layer takes its experts' format
+    m = load_model(cfg("nvidia--NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"))
+    assert {t.format.name for t in m.weights() if t.name.endswith("moe.experts")} == {"nvfp4_w4a16"}
+    assert {t.format.name for t in m.weights() if t.name.endswith("mixer.in_proj")} == {"fp8"}
     # DeepSeek-V3's own FP8 release: 128x128 blocks with an fp32 scale each; GLM-5 (no quantization) is BF16
     assert _bytes_per_param(load_model(cfg("deepseek-ai--DeepSeek-V3")), lambda n: n.endswith("experts")) == 1 + 4 / 128**2
     assert _bytes_per_param(load_model(cfg("zai-org--GLM-5")), lambda n: n.endswith("experts")) == 2.0

@@ -36,8 +36,10 @@ def load_model(name_or_path: str | Path | dict, *, weights: str | None = None, r
         cls = fn()
         extra = {}
         if weights is not None or redundant_experts or sibling:
-            require(hasattr(cls, "QUANT_AWARE"), "weights", f"{mt}: weight overrides and redundant experts are "
-                    "not modelled for this family")
+            what = ("the hf_quant_config.json of a re-quantized checkpoint is" if sibling and weights is None
+                    and not redundant_experts else "weight-format overrides and redundant experts are")
+            require(cls.QUANT_AWARE, "weights", f"{mt}: {what} not modelled for this family; its weights are "
+                    "the formats its own semantics give")
             extra = {"weights": weights, "redundant_experts": redundant_experts, "sibling": sibling}
         return cls(cfg, name, **extra, **options)
     from ..config import text_config

@@ -32,6 +32,12 @@ class Model:
     family = "model"
     #: policy field -> values this model honours (graphsim.pipeline.BASE_SUPPORT for the rest)
     POLICY_SUPPORT: dict = {}
+    #: the checkpoint's weight quantization (graphsim.quant.Quantization) where the family reads it; None when
+    #: the model's own semantics fix its formats (DeepSeek-V4/V4.1)
+    quant = None
+    #: the constructor takes ``weights`` / ``redundant_experts`` / ``sibling`` (an hf_quant_config.json) from
+    #: load_model (class-based families; the generic decoder always does)
+    QUANT_AWARE = False
 
     # ---- structure ------------------------------------------------------------------------------------
     def num_layers(self) -> int:
