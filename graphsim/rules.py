@@ -215,10 +215,12 @@ def recurrent_mixer(b: GraphBuilder, p: str, ts: str, hidden: int, r: RecurrentS
     b.elementwise("conv1d", ts, r.conv_dim, bytes_in=2.0, bytes_out=2.0, flops_per_elem=2.0 * r.conv + 4.0,
                   kind="activation", split=("tp", "dp"), exps=r.conv_dim)
     sb = r.state_bytes()
-    cost = (Cost.of(tokens(ts), flops_fp32=r.flops_per_token, exps=float(r.heads),
+    # the recurrence's FLOPs at the BF16 tensor rate: the chunked kernels that run prefill (FLA's chunked
+    # delta rule, Mamba-2's SSD) do them as tensor-core matmuls, so no real run is faster than this bound
+    cost = (Cost.of(tokens(ts), flops_bf16=r.flops_per_token, exps=float(r.heads),
                     bytes_act=2.0 * (r.conv_dim + 2 * r.inner))
             + Cost.of(Feature("requests", ts), bytes_kv=2.0 * sb))
-    b.op("recurrence", "recurrent", cost, token_set=ts, precision="fp32", split=("tp", "dp"), reads=(state,),
+    b.op("recurrence", "recurrent", cost, token_set=ts, precision="bf16", split=("tp", "dp"), reads=(state,),
          writes=(state,), params={"heads": r.heads, "kv_heads": r.heads},
          formula=f"{r.flops_per_token:g} FLOPs per token over a {r.heads}x{r.k_dim}x{r.v_dim} state; "
                  f"{sb:g} B state read + written per request")

@@ -243,3 +243,17 @@ def test_recurrent_state_is_per_request():
 def test_every_family_is_registered_once():
     assert {"llama", "qwen3", "qwen3_moe", "mixtral", "gpt_oss", "llama4_text", "deepseek_v3", "kimi_k2",
             "deepseek_v32", "glm_moe_dsa", "qwen3_5", "nemotron_h", "deepseek_v4", "deepseek_v41"} <= set(FAMILIES)
+
+
+def test_v41_parameter_counts_match_the_facts():
+    # V41_FACTS §12: ≈ 551.6 B trunk + 196.9 B Engram + 14.2 B DSpark + 0.5 B vision ≈ 763 B; active ≈ 15.1 B over
+    # the 40 trunk layers (attention + 6 routed + 1 shared expert + gate + mHC); a text token also runs the head
+    # and the Engram projections, not the vision tower, and reads one row of each table
+    m = load_model("deepseek-v4.1-flash")
+    c = m.param_counts()
+    assert c["shipped_params"] / 1e9 == pytest.approx(763, abs=1.0)
+    dspark = sum(t.elems for t in m.weights() if t.group == "dspark")
+    assert c["total_params"] == c["shipped_params"] - dspark  # DSpark is loaded only when it runs
+    head = next(t.elems for t in m.weights() if t.name == "head.weight")
+    proj = sum(t.elems for t in m.weights() if t.group == "engram" and t.role == "weight" and t.name.endswith(".wkv"))
+    assert (c["active_params_per_token"] - head - proj) / 1e9 == pytest.approx(15.1, rel=0.01)

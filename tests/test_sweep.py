@@ -335,3 +335,19 @@ def test_exp_rate_and_tier_axes():
     t = df["forward_s"].to_numpy()
     assert t[0] < t[1] < t[2]
     assert df["error_field"].iloc[3] == "prefill.tier"
+
+
+def test_models_with_load_options_are_structural_points(tmp_path):
+    # structure.model takes {name, weights, redundant_experts}: EP48 runs with 256 + 32 expert slots, the
+    # plain model is that mapping's error row, and an unknown format is its own point's error, naming it
+    spec = {"name": "opts", "structure": {
+        "model": [{"name": "deepseek-v3", "redundant_experts": 32}, "deepseek-v3",
+                  {"name": "deepseek-v3", "weights": "int3"}],
+        "hw": "gb200", "mapping": [{"dp": 48, "ep": 48}], "requests": ["decode"]},
+        "axes": {"decode.count": [64], "decode.context": [4096]}}
+    df = run(spec, tmp_path / "r.parquet").to_pandas().set_index("model")
+    assert df.loc["deepseek-v3[redundant_experts=32]", "forward_s"] > 0
+    assert df.loc["deepseek-v3", "error_field"] == "mapping.ep"
+    assert df.loc["deepseek-v3[weights=int3]", "error_field"] == "weights"
+    with pytest.raises(gs.GraphsimError, match="structure.model: unknown keys"):
+        SweepSpec.from_dict({**spec, "structure": {**spec["structure"], "model": [{"name": "x", "tp": 2}]}})

@@ -169,28 +169,34 @@ class Model:
         """Parameter counts: ``total_params`` (every weight the model loads by default, Engram tables
         included; optional modules such as a shipped MTP/draft module apart: ``shipped_params`` has them too),
         ``active_params_per_token`` (what one token's forward reads: all weights but the routed experts it is
-        not sent to — top_k of each MoE layer's expert slots —, the embedding and lookup tables, of which it
-        reads one row each (a tied embedding counts: the head reads it whole)) and
-        ``active_params_with_embeddings`` (the same with the embedding table, the convention of some model
-        cards). Read off the model's reference graph, so every family gets them."""
+        not sent to — top_k of each MoE layer's expert slots —, the token embedding and Engram tables, of which
+        it reads one row each (a tied embedding counts: the head reads it whole)) and
+        ``active_params_with_embeddings`` (the same with the token embedding, the convention of some model
+        cards; Engram tables still apart). Read off the model's reference graph, so every family gets them."""
         graph = self.reference_graph()
         weights = {t.name: t for t in self.weights()}
         shipped = sum(t.elems for t in weights.values())
+        groups = self.resident_groups(None)
+        loaded = {name: t for name, t in weights.items() if t.group in groups}
         idle = 0.0
         for op in graph.ops:
             if op.kind == "moe_experts" and op.info.slots:
                 for name in op.reads:
-                    if name in weights:
-                        idle += weights[name].elems * (1.0 - op.info.top_k / op.info.slots)
+                    if name in loaded:
+                        idle += loaded[name].elems * (1.0 - op.info.top_k / op.info.slots)
         head_reads = {r for op in graph.ops if op.stage == "head" for r in op.reads}
-        lookup = sum(t.elems for t in weights.values()
-                     if (t.name == "embed" and "embed" not in head_reads) or t.role == "table")
-        groups = self.resident_groups(None)
-        optional = sum(t.elems for t in weights.values() if t.group not in groups)
-        total = shipped - optional
-        active = int(round(total - idle))
-        return {"total_params": total, "active_params_per_token": active - lookup,
-                "active_params_with_embeddings": active, "shipped_params": shipped}
+        # lookup tables: the token embedding (unless tied to the head, which reads it whole) and Engram tables
+        embed = {r for op in graph.ops if op.kind == "embedding" for r in op.reads} - head_reads
+        emb = sum(loaded[r].elems for r in embed if r in loaded)
+        tables = sum(t.elems for t in loaded.values() if t.role == "table")
+        # a text token does not run the vision tower
+        other = {r for op in graph.ops if op.stage != "vision" for r in op.reads}
+        vision_only = {r for op in graph.ops if op.stage == "vision" for r in op.reads} - other
+        vision = sum(loaded[r].elems for r in vision_only if r in loaded)
+        total = sum(t.elems for t in loaded.values())
+        active = int(round(total - idle - vision))
+        return {"total_params": total, "active_params_per_token": active - emb - tables,
+                "active_params_with_embeddings": active - tables, "shipped_params": shipped}
 
     def active_params_per_token(self) -> int:
         return self.param_counts()["active_params_per_token"]

@@ -24,13 +24,13 @@ class _Programs:
         self.kv: dict = {}
 
     def get(self, sp: StructuralPoint, requests: tuple):
-        from .. import ParallelMapping, Plan, Policies, compile_plan, load_model
+        from .. import ParallelMapping, Plan, Policies, compile_plan
         from ..metrics import KVTable
 
         key = (sp.model, sp.hw, sp.mapping, sp.policies, requests)
         if key not in self.compiled:
             if sp.model not in self.models:
-                self.models[sp.model] = load_model(sp.model)
+                self.models[sp.model] = sp.model.load()
             mapping = ParallelMapping(**dict(sp.mapping))
             try:
                 policies = Policies(**dict(sp.policies))

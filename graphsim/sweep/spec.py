@@ -149,6 +149,40 @@ def _listify(v: Any) -> list:
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
+@attrs.frozen
+class ModelRef:
+    """A sweep's model: a shipped name, config path or checkpoint directory, with the load options of
+    :func:`graphsim.load_model` (``weights`` override, ``redundant_experts``). Its text is the identity column."""
+
+    name: str
+    weights: str | None = None
+    redundant_experts: int = 0
+
+    def __str__(self) -> str:
+        opts = [f"weights={self.weights}"] * (self.weights is not None)
+        opts += [f"redundant_experts={self.redundant_experts}"] * bool(self.redundant_experts)
+        return self.name + (f"[{','.join(opts)}]" if opts else "")
+
+    def load(self):
+        from ..models import load_model
+
+        return load_model(self.name, weights=self.weights, redundant_experts=self.redundant_experts)
+
+
+def _parse_model(v: Any) -> ModelRef:
+    """``"deepseek-v3"`` or ``{name = "deepseek-v3", weights = "nvfp4", redundant_experts = 32}``."""
+    if isinstance(v, Mapping):
+        bad = set(map(str, v)) - {"name", "weights", "redundant_experts"}
+        require(not bad, "structure.model", f"unknown keys {sorted(bad)}; allowed: name, weights, redundant_experts")
+        require(isinstance(v.get("name"), str), "structure.model.name", f"must be a model name, got {v.get('name')!r}")
+        w, r = v.get("weights"), v.get("redundant_experts", 0)
+        require(w is None or isinstance(w, str), "structure.model.weights", f"must be a format name, got {w!r}")
+        require(isinstance(r, int) and not isinstance(r, bool), "structure.model.redundant_experts",
+                f"must be an integer, got {r!r}")
+        return ModelRef(v["name"], w, r)  # unknown formats / bad counts are this point's error rows
+    return ModelRef(str(v))
+
+
 def _parse_mapping(v: Any) -> tuple:
     """``{tp=4, ep=4}`` or ``"tp4-ep4"`` -> ((axis, value), ...) for every ParallelMapping axis (unvalidated:
     a mapping the model cannot take is a structural error row, not a spec error)."""
@@ -289,7 +323,7 @@ class SweepSpec:
                 f"must be an integer in [1, {1 << 22:,}], got {chunk!r}")
         spec = SweepSpec(
             name=str(d.get("name", "sweep")),
-            models=tuple(str(m) for m in _listify(s["model"])),
+            models=tuple(_parse_model(m) for m in _listify(s["model"])),
             hws=tuple(str(h) for h in _listify(s.get("hw", "gb200"))),
             profiles=tuple("SOL" if p is None or str(p).lower() in ("sol", "none") else str(p)
                            for p in _listify(s.get("profile", "SOL"))),
@@ -417,7 +451,7 @@ class Grid:
 class StructuralPoint:
     """One program: model, hw, mapping, policies, request structure (+ the profile it is evaluated under)."""
 
-    model: str
+    model: ModelRef
     hw: str
     mapping: tuple
     policies: tuple
@@ -445,7 +479,7 @@ class StructuralPoint:
             mapping, gpus = str(pm), pm.gpus
         except Exception:  # noqa: BLE001 - an impossible mapping is this point's error row
             mapping, gpus = "-".join(f"{k}{v}" for k, v in self.mapping), None
-        out = {"graphsim_version": __version__, "model": self.model, "hw": self.hw, "profile": self.profile,
+        out = {"graphsim_version": __version__, "model": str(self.model), "hw": self.hw, "profile": self.profile,
                "mapping": mapping, **m, "gpus": gpus, "requests": "+".join(self.kinds)}
         out.update(pol)
         return out
