@@ -213,6 +213,15 @@ def test_sweep_to_a_device_is_refused_and_leaves_it_a_device(tmp_path, capsys):
     assert not Path("/dev/full.lock").exists() and not Path("/dev/full.parts").exists()
 
 
+@pytest.mark.parametrize("kind,field", [("memory", "kind"), ("latency", "kind"), ("pareto", "x")])
+def test_plots_of_tables_without_their_columns(tmp_path, capsys, kind, field):
+    # found by the fuzz run: a memory plot of a results table without memory columns was a KeyError
+    res = tmp_path / "r.csv"
+    res.write_text("mapping,decode.count\ntp4,8\ntp4,64\n" if kind != "memory" else S.RESULTS_CSV)
+    rc, _, err = _cli(["plot", str(res), "--kind", kind, "-o", str(tmp_path / "p.png")], capsys)
+    assert rc == 2 and err.startswith(f"graphsim: error: {field}:") and "lacks" in err, err
+
+
 def test_plot_where_is_a_filter_not_code(tmp_path, capsys):
     res = tmp_path / "r.csv"
     res.write_text(S.RESULTS_CSV)

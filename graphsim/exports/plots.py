@@ -108,8 +108,17 @@ def _save(fig, path) -> str:
     return str(path)
 
 
+def require_columns(df, field: str, cols, what: str) -> None:
+    """A one-line error naming ``field`` when a results table lacks the columns a plot draws."""
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise GraphsimError(field, f"{what} needs the column(s) {', '.join(cols)}; this table lacks "
+                            f"{', '.join(missing)} (a graphsim sweep writes them)")
+
+
 def plot_latency(df, path, x: str | None = None, where: str | None = None) -> str:
     """Forward time vs ``x`` (default: the context/prompt axis), stacked by stage (``stage_s.*``)."""
+    require_columns(df, "kind", ("forward_s",), "a latency plot")
     plt = _plt()
     x = x or _default_x(df)
     d, fixed = slice_rows(df, x, where)
@@ -131,6 +140,8 @@ def plot_pareto(df, path, x: str = "tokens_per_s_per_user", y: str = "tokens_per
                 color: str | None = "mapping", where: str | None = None, fits_only: bool = True) -> str:
     """Every valid point as a dot (coloured by ``color``) and the (max x, max y) Pareto frontier as a line.
     With ``fits_only`` points whose weights + KV exceed HBM are drawn as grey crosses and kept off the front."""
+    require_columns(df, "x", (x,), "the Pareto plot's x axis")
+    require_columns(df, "y", (y,), "the Pareto plot's y axis")
     plt = _plt()
     d = apply_filter(df, where)
     d = d[d["error"].isna()] if "error" in d.columns else d
@@ -159,6 +170,8 @@ def plot_memory(df, path, x: str | None = None, where: str | None = None, series
     """Weights + KV + workspace per device vs ``x`` (stacked), with the HBM capacity as a dashed line; with a
     ``series`` column (default: the one other varying length/batch input, if exactly one) one total-memory line
     per value of it is drawn too (e.g. one per batch size)."""
+    require_columns(df, "kind", ("weights_gib", "kv_gib", "workspace_gib", "total_gib", "capacity_gib"),
+                    "a memory plot")
     plt = _plt()
     x = x or _default_x(df)
     if series == "auto":
