@@ -105,6 +105,8 @@ FORMATS: dict[str, StorageFormat] = {
         StorageFormat("w4a16_g32", 4, 16, 32, compute="bf16"),
         StorageFormat("w4a16_g64", 4, 16, 64, compute="bf16"),
         StorageFormat("w4a16_g128", 4, 16, 128, compute="bf16"),
+        # int4 weights with FP8 activations (ModelOpt W4A8_AWQ): the FP8 tensor rate
+        StorageFormat("w4a8_g128", 4, 16, 128, compute="fp8"),
     )
 }
 

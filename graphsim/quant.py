@@ -19,6 +19,7 @@ NVFP4 (ModelOpt)          ``nvfp4``                0.5 B + one E4M3 scale per 16
 MXFP4 (gpt-oss, OCP)      ``mxfp4``                0.5 B + one E8M0 scale per 32 (0.53125 B)
 W4A16 int4, group g       ``w4a16_g<g>``           0.5 B + one BF16 scale per g, BF16 activations
 W4A16 NVFP4 (ModelOpt)    ``nvfp4_w4a16``          NVFP4 storage, BF16 activations
+W4A8 AWQ (ModelOpt)       ``w4a8_g128``            int4 + BF16 scale per 128, FP8 activations
 ========================  ======================  ===============================================
 
 A scheme's GEMM rate is its format's compute precision (NVFP4 x FP4 activations at the FP4 rate; W4A16
@@ -28,6 +29,7 @@ fallback), which reports list under ``precision_fallbacks``.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import re
 from pathlib import Path
@@ -50,7 +52,7 @@ SCHEMES = {
 }
 _MODELOPT = {"FP8": "fp8", "FP8_PER_CHANNEL_PER_TOKEN": "fp8", "FP8_PB_WO": "fp8_b128x128", "FP8_BLOCK": "fp8_b128x128",
              "NVFP4": "nvfp4", "MXFP4": "mxfp4", "W4A16_NVFP4": "nvfp4_w4a16", "NVFP4_AWQ": "nvfp4",
-             "W4A16_AWQ": "w4a16_g128", "W4A8_AWQ": "w4a16_g128", "INT4_AWQ": "w4a16_g128"}
+             "W4A16_AWQ": "w4a16_g128", "W4A8_AWQ": "w4a8_g128", "INT4_AWQ": "w4a16_g128"}
 
 
 @attrs.frozen
@@ -69,11 +71,19 @@ class Quantization:
         if not linear:
             return "bf16"
         names = _names(module)
-        for pat, f in self.layers:
+        if self.layers:
             # the listed module, or a part of it (a checkpoint may list each expert's projections while
             # graphsim holds one tensor for the layer's experts: it takes their format)
-            if any(_match(n, pat) or pat.startswith(n + ".") for n in names):
-                return f
+            listed, enclosing, wild = _layer_index(self.layers)
+            parts = module.split(".")
+            for k in range(len(parts), 0, -1):  # the module itself, or a listed module that contains it
+                if ".".join(parts[:k]) in listed:
+                    return listed[".".join(parts[:k])]
+            if module in enclosing:  # graphsim's tensor holds listed modules (each expert's projections)
+                return enclosing[module]
+            for pat, f in wild:
+                if any(_match(n, pat) for n in names):
+                    return f
         if self.layers and self.default == "mixed":
             return "bf16"  # a MIXED_PRECISION checkpoint quantizes only the layers it lists
         if module in ("lm_head", "head") and not self.head:
@@ -86,6 +96,26 @@ class Quantization:
         """``--weights``: every linear weight in ``weights`` (a :data:`SCHEMES` name); exclusions kept."""
         require(weights in SCHEMES, "weights", f"unknown weight format {weights!r}; allowed: {', '.join(SCHEMES)}")
         return Quantization(SCHEMES[weights], f"--weights {weights}", self.exclude, (), False)
+
+
+@functools.lru_cache(maxsize=64)
+def _layer_index(layers: tuple) -> tuple[dict, dict, list]:
+    """Per-module overrides indexed once (per-expert listings run to thousands): plain module names from
+    ``layers.`` on, the modules enclosing them, and the wildcard patterns kept for matching."""
+    listed: dict = {}
+    enclosing: dict = {}
+    wild = []
+    for pat, f in layers:
+        if any(ch in pat for ch in "*?[") or pat.startswith("re:"):
+            wild.append((pat, f))
+            continue
+        i = pat.find("layers.")
+        name = pat[i:] if i >= 0 else pat
+        listed.setdefault(name, f)
+        parts = name.split(".")
+        for k in range(len(parts) - 1, 0, -1):
+            enclosing.setdefault(".".join(parts[:k]), f)
+    return listed, enclosing, wild
 
 
 def _names(module: str) -> tuple:

@@ -47,7 +47,7 @@ def tokens(ts: str) -> Feature:
 #: FP4 ones (its scales per 16); MXFP4 (gpt-oss) runs W4A8 (MXFP4 x FP8, as TensorRT-LLM and SGLang run it
 #: on Blackwell); weight-only int4/NVFP4 (W4A16) and BF16 weights take BF16.
 ACT_FOR_WEIGHTS = {"fp8": "fp8", "fp8_b128x128": "fp8", "fp8_b32x32_ue8m0": "fp8", "fp8_e8m0_32": "fp8",
-                   "nvfp4": "nvfp4", "mxfp4": "fp8", "fp4_ue8m0_32": "fp8", "int8": "int8"}
+                   "nvfp4": "nvfp4", "mxfp4": "fp8", "fp4_ue8m0_32": "fp8", "int8": "int8", "w4a8_g128": "fp8"}
 
 
 def act_for(weight_format: str) -> str:

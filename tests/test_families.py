@@ -257,3 +257,23 @@ def test_v41_parameter_counts_match_the_facts():
     head = next(t.elems for t in m.weights() if t.name == "head.weight")
     proj = sum(t.elems for t in m.weights() if t.group == "engram" and t.role == "weight" and t.name.endswith(".wkv"))
     assert (c["active_params_per_token"] - head - proj) / 1e9 == pytest.approx(15.1, rel=0.01)
+
+
+def test_quantization_module_matching():
+    from graphsim.quant import Quantization, from_config
+
+    q = Quantization("nvfp4", "t", exclude=("lm_head", "model.layers.0*", "re:.*self_attn.*", "*.shared_expert.*"),
+                     layers=())
+    assert q.format_of("layers.0.mlp.experts") == "bf16"  # glob over a whole layer
+    assert q.format_of("layers.10.mlp.experts") == "nvfp4"  # "model.layers.0*" does not reach layer 10
+    assert q.format_of("layers.3.self_attn.q_proj") == "bf16"  # regex
+    assert q.format_of("layers.3.mlp.shared_expert.gate_proj") == "bf16"
+    assert q.format_of("layers.3.mlp.experts") == "nvfp4" and q.format_of("lm_head") == "bf16"
+    mixed = from_config({}, {"quantization": {"quant_algo": "MIXED_PRECISION", "quantized_layers": {
+        "model.layers.1.mlp.experts.0.down_proj": {"quant_algo": "NVFP4"},  # a part of graphsim's tensor
+        "backbone.layers.2.mixer": {"quant_algo": "FP8"},  # a module enclosing graphsim's tensor
+        "model.layers.3.mlp.*": {"quant_algo": "W4A8_AWQ"}}}})
+    assert mixed.format_of("layers.1.mlp.experts") == "nvfp4"
+    assert mixed.format_of("layers.2.mixer.in_proj") == "fp8"
+    assert mixed.format_of("layers.3.mlp.gate_proj") == "w4a8_g128"
+    assert mixed.format_of("layers.4.mlp.gate_proj") == "bf16"  # not listed: MIXED_PRECISION leaves it BF16
