@@ -88,8 +88,15 @@ def test_most_configs_load_and_refusals_name_what_is_accepted():
 def test_unsupported_family_names_the_missing_mechanism():
     with pytest.raises(GraphsimError, match="Kimi Delta Attention"):
         load_model(cfg("moonshotai--Kimi-K3"))
-    with pytest.raises(GraphsimError, match=r"model_type: unsupported model_type 'step3p7'; accepted: .*llama"):
-        load_model(cfg("stepfun-ai--Step-3.7-Flash"))
+    with pytest.raises(GraphsimError, match=r"model_type: 'gemma4' needs Gemma 4's per-type attention.*accepted: .*llama"):
+        load_model(cfg("google--gemma-4-26B-A4B"))
+    with pytest.raises(GraphsimError, match=r"model_type: unsupported model_type 'bert'; accepted: .*step3p7"):
+        load_model({"model_type": "bert", "hidden_size": 8})
+    # Step-3.7-Flash: sliding (512) / full GQA layers, 3 dense layers, then 288 experts top-8 + a shared expert
+    m = load_model(cfg("stepfun-ai--Step-3.7-Flash"))
+    assert [l.mixer.window for l in m.cfg.layers[:6]] == [0, 512, 512, 512, 0, 512]
+    assert [isinstance(l.ffn, int) for l in m.cfg.layers[:4]] == [True, True, True, False]
+    assert m.cfg.layers[3].ffn.shared_inter == 1280 and m.cfg.layers[3].ffn.experts == 288
 
 
 def _bytes_per_param(model, pred) -> float:

@@ -25,6 +25,15 @@ UNSUPPORTED = {
     "kimi_linear": "Kimi Delta Attention (KDA) with MLA layers",
     "kimi_k3": "Kimi Delta Attention (KDA) with MLA layers",
     "nemotron-nas": "per-layer heterogeneous blocks (DeciLM block_configs: skipped attention / variable FFN)",
+    "gemma4": "Gemma 4's per-type attention (global layers with their own head dim and shared K=V; the MoE "
+              "variants also run a dense MLP beside the MoE block)",
+    "gemma4_text": "Gemma 4's per-type attention (global layers with their own head dim and shared K=V; the MoE "
+                   "variants also run a dense MLP beside the MoE block)",
+    "minimax_m3": "MiniMax-M3's block-sparse attention (sparse_attention_config: index heads scoring 128-token blocks)",
+    "minimax_m3_vl": "MiniMax-M3's block-sparse attention (sparse_attention_config: index heads scoring 128-token "
+                     "blocks) and its vision tower",
+    "mimo_v2_flash": "MiMo-V2-Flash's per-type attention (sliding-window layers with their own heads, head dims and "
+                     "sink biases)",
 }
 
 
@@ -201,6 +210,26 @@ def gpt_oss(t: Mapping) -> DecoderSpec:
         extra = _bias(t, a) + o_bias + a.heads + f.experts * (1 + 2 * f.inter + need(t, "hidden_size"))
         layers.append(LayerSpec(a, f, "swigluoai", extra=extra))
     return DecoderSpec("gpt_oss", layers=tuple(layers), hf=HFNames(router="router"), **_common(t))
+
+
+@family("step3p7")
+def step3p7(t: Mapping) -> DecoderSpec:
+    """Step-3.7-Flash: full and sliding-window GQA layers (``layer_types``), dense first layers, then MoE with a
+    shared expert (``share_expert_dim``)."""
+    n = need(t, "num_hidden_layers")
+    w = need(t, "sliding_window")
+    dense_n = need(t, "first_k_dense_replace", default=0, lo=0)
+    f = MoEShape(need(t, "num_experts"), need(t, "num_experts_per_tok"), need(t, "moe_intermediate_size"),
+                 need(t, "share_expert_dim", default=0, lo=0) * need(t, "n_shared_experts", default=1, lo=0),
+                 scoring=_str(t, "scoring_func", "softmax"))
+    require(f.top_k <= f.experts, "config.num_experts_per_tok", f"must be <= num_experts ({f.experts})")
+    layers = []
+    for i, lt in enumerate(_layer_types(t, n)):
+        a = _attention(t, window=w if lt == "sliding_attention" else 0)
+        layers.append(LayerSpec(a, need(t, "intermediate_size") if i < dense_n else f,
+                                extra=f.experts if i >= dense_n else 0))  # router bias
+    return DecoderSpec("step3p7", layers=tuple(layers), mtp_layers=need(t, "num_nextn_predict_layers", default=0, lo=0),
+                       **_common(t))
 
 
 @family("llama4_text", "llama4")
