@@ -108,8 +108,6 @@ class Decoder(Model):
         self.cfg = spec
         self.quant = quant
         self.kv_format = kv_format
-        heads = {m.heads for _, m in spec.attention_layers()} | {m.heads for _, m in spec.recurrent_layers()}
-        self._heads = min(heads) if heads else 1
 
     def vision(self) -> str:
         return self.cfg.vision_note or f"{self.name} has no vision tower"
@@ -135,7 +133,7 @@ class Decoder(Model):
                         Tensor(p + "mixer.out_proj", "weight", self._w(i, f"{h.mixer}.{h.mixer_out}"),
                                m.inner * c.hidden, module=p + "mixer")]
             f = layer.ffn
-            mats, _ = activation(layer.act)
+            mats, _ = activation(f.act if isinstance(f, MoEShape) else layer.act)
             if isinstance(f, int) and f > 0:
                 out += [Tensor(p + "mlp.gate_up", "weight", self._w(i, f"{h.mlp}.{h.up}"), (mats - 1) * c.hidden * f,
                                module=p + "mlp"),
