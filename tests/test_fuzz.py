@@ -176,6 +176,16 @@ def test_bad_sweep_spec_files(tmp_path, text, ext, capsys):
     assert rc == 2 and err.startswith("graphsim: error: spec:"), err
 
 
+@pytest.mark.parametrize("ext", [".yaml", ".json"])
+def test_sweep_spec_with_a_lone_surrogate_escape(tmp_path, capsys, ext):
+    # found by the fuzz run: JSON/YAML admit "\udbbe", which no Parquet column or terminal can write
+    p = tmp_path / f"s{ext}"
+    p.write_text('{"name": "fz", "structure": {"model": "deepseek-v3", "hw": "x\\udbbe", "requests": "decode"}, '
+                 '"axes": {"decode.context": [1024]}}')
+    rc, _, err = _cli(["sweep", str(p), "-o", str(tmp_path / "r.parquet")], capsys)
+    assert rc == 2 and err.startswith("graphsim: error: spec.structure.hw:") and "surrogate" in err, err
+
+
 @pytest.mark.parametrize("target", ["{dir}", "{dir}/missing/x.dot", "/dev/full"])
 def test_outputs_that_cannot_be_written(tmp_path, target, capsys):
     if target == "/dev/full" and not Path("/dev/full").exists():

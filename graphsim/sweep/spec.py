@@ -183,6 +183,27 @@ def _parse_model(v: Any) -> ModelRef:
     return ModelRef(str(v))
 
 
+def _check_text(v: Any, where: str, depth: int = 0) -> None:
+    """Every string of a spec is encodable Unicode: JSON and YAML admit lone surrogate escapes (``\\udbbe``)
+    that no output (Parquet, a terminal) can write."""
+    if depth > 64:
+        return
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise GraphsimError(where, f"{v.encode('utf-8', 'backslashreplace').decode()[:60]!r} is not valid "
+                                "Unicode text (a lone surrogate escape)") from None
+    elif isinstance(v, Mapping):
+        for k, x in v.items():
+            _check_text(k, where, depth + 1)
+            _check_text(x, f"{where}.{k}" if isinstance(k, str) and k.isprintable() and k.isascii() else where,
+                        depth + 1)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _check_text(x, where, depth + 1)
+
+
 def _parse_mapping(v: Any) -> tuple:
     """``{tp=4, ep=4}`` or ``"tp4-ep4"`` -> ((axis, value), ...) for every ParallelMapping axis (unvalidated:
     a mapping the model cannot take is a structural error row, not a spec error)."""
@@ -289,6 +310,7 @@ class SweepSpec:
     @staticmethod
     def from_dict(d: Mapping) -> "SweepSpec":
         require(isinstance(d, Mapping), "spec", f"must be a table, got {type(d).__name__}")
+        _check_text(d, "spec")
         bad = set(map(str, d)) - set(SPEC_KEYS)
         require(not bad, "spec", f"unknown keys {sorted(bad)}; allowed {SPEC_KEYS}")
         for key in ("structure", "axes"):
