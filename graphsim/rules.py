@@ -370,6 +370,7 @@ def mla_kv_up(b: GraphBuilder, name: str, ts: str, *, rank: int, up: int, weight
                 params={"k": rank, "n": up, "kv_heads": 1})  # every TP rank reads the whole latent
 
 
-__all__ = ["embedding", "gathered_logits", "lm_head", "restore_copy", "mla_kv_up", "RESTORE_LINKS", "RULES", "Rule", "rule", "linear", "rmsnorm", "mlp", "gqa_attention", "recurrent_mixer", "moe",
-           "dsa_indexer", "AttentionShape", "RecurrentShape", "MoEShape", "all_reduce_tp", "MOE_OUT", "act_for",
-           "tokens", "activation"]
+__all__ = ["RULES", "Rule", "rule", "linear", "rmsnorm", "mlp", "gqa_attention", "recurrent_mixer", "moe",
+           "dsa_indexer", "embedding", "gathered_logits", "lm_head", "restore_copy", "mla_kv_up", "RESTORE_LINKS",
+           "AttentionShape", "RecurrentShape", "MoEShape", "all_reduce_tp", "MOE_OUT", "act_for", "tokens",
+           "activation"]
