@@ -284,3 +284,10 @@ def test_quantization_module_matching():
     assert mixed.format_of("layers.2.mixer.in_proj") == "fp8"
     assert mixed.format_of("layers.3.mlp.gate_proj") == "w4a8_g128"
     assert mixed.format_of("layers.4.mlp.gate_proj") == "bf16"  # not listed: MIXED_PRECISION leaves it BF16
+
+
+@pytest.mark.parametrize("mt", [["glm_moe_dsa"], {"a": 1}, 3])
+def test_model_type_of_the_wrong_type_is_named(mt):
+    # found by the fuzz run: a list model_type was an unhashable-type crash
+    with pytest.raises(GraphsimError, match="model_type: unsupported model_type"):
+        load_model({"model_type": mt, "architectures": [["x"]], "hidden_size": 8})

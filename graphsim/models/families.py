@@ -60,11 +60,11 @@ def resolve(cfg: Mapping) -> tuple[str, str, Callable]:
             return (mt, *FAMILIES[mt])
     arch = cfg.get("architectures") or t.get("architectures") or []
     for a in arch if isinstance(arch, list) else []:
-        mt = _ARCH.get(a)
+        mt = _ARCH.get(a) if isinstance(a, str) else None
         if mt:
             return (mt, *FAMILIES[mt])
     shown = next((m for m in cands if m), None)
-    if shown in UNSUPPORTED:
+    if isinstance(shown, str) and shown in UNSUPPORTED:
         raise GraphsimError("model_type", f"{shown!r} needs {UNSUPPORTED[shown]}, which graphsim does not model yet; "
                             f"accepted: {accepted()}")
     raise GraphsimError("model_type", f"unsupported model_type {shown!r}; accepted: {accepted()}")
