@@ -356,6 +356,12 @@ def _info_int():
     return attrs.field(default=0, validator=_nonneg_int("op.info"))
 
 
+#: Attention forms: GQA/MQA/MHA over a per-head KV cache ("gqa"); MLA's absorbed decode over the shared
+#: latent ("mla"); MLA prefill in MHA form ("mla_mha"); sparse attention over selected positions ("sparse");
+#: bidirectional attention of an encoder ("encoder")
+ATTENTION_FORMS = ("gqa", "mla", "mla_mha", "sparse", "encoder")
+
+
 @attrs.frozen
 class OpInfo:
     """The typed facts about an op that passes and reports read (0 / "" = not applicable). Free-form notes
@@ -383,6 +389,15 @@ class OpInfo:
     #: a role inside a fusable unit (mHC: coeff, sinkhorn, premix, prenorm, residual) and its element traffic
     role: str = ""
     mhc_elems: int = _info_int()
+    #: attention: its form (ATTENTION_FORMS), the QK head width the kernel sees, its sliding window (0: none)
+    attn: str = attrs.field(default="", validator=one_of("op.info", ("",) + ATTENTION_FORMS))
+    head_dim: int = _info_int()
+    window: int = _info_int()
+    #: collective ops: which collective, over how many ranks, and the link bytes per payload byte of its
+    #: busiest link (the payload is the whole buffer, nccl-tests' convention)
+    collective: str = ""
+    ranks: int = _info_int()
+    link_factor: float = attrs.field(default=0.0, validator=_nonneg_num("op.info"))
 
     def items(self) -> dict:
         """The fields that apply (non-default), for display."""

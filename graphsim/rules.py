@@ -153,7 +153,8 @@ def gqa_attention(b: GraphBuilder, p: str, ts: str, hidden: int, a: AttentionSha
     core = b.attention("attn", ts, pairs=pairs, flops_per_pair=2.0 * a.heads * (a.head_dim + a.vd), heads=a.heads,
                        kv_read=read, kv_bytes_per_entry=kvb, q_bytes_per_token=act_bytes * a.heads * (a.head_dim + a.vd),
                        precision=precision, sinks=a.sinks, split=("tp", "dp"), reads=(cache,),
-                       params={"kv_heads": a.kv_heads})
+                       params={"kv_heads": a.kv_heads, "attn": "gqa", "head_dim": a.head_dim,
+                               "window": a.window or a.chunk})
     if restore:
         b.depends(restore, core, "cache_read")
     if a.out_gate:  # sigmoid(gate) * attention output: one exp per element
@@ -367,7 +368,8 @@ def mla_kv_up(b: GraphBuilder, name: str, ts: str, *, rank: int, up: int, weight
             + Cost.of(kv_len, **{f"flops_{prec}": 2.0 * rank * up, "bytes_kv": latent_bytes, "bytes_act": out_bytes * up}))
     return b.op(name, "gemm", cost, token_set=ts, precision=prec, split=("tp", "dp"), reads=(weight, cache),
                 formula=f"2·{rank}·{up} flops per visible position",
-                params={"k": rank, "n": up, "kv_heads": 1})  # every TP rank reads the whole latent
+                params={"k": rank, "n": up, "copies": 1, "weight_format": w.format.name,
+                        "kv_heads": 1})  # every TP rank reads the whole latent
 
 
 __all__ = ["RULES", "Rule", "rule", "linear", "rmsnorm", "mlp", "gqa_attention", "recurrent_mixer", "moe",

@@ -175,7 +175,8 @@ def swa_sparse_attention(b: GraphBuilder, ts: str, *, c, sem, layer: int, prec: 
         cost += Cost.of(Feature("topk_pairs", ts, (m, K)), **{**math, "bytes_act": 4.0})
         cost += Cost.of(Feature("sparse_read", ts, (m, K)), bytes_kv=main_entry_bytes)
     return b.op("attn.sparse", "attention", cost, token_set=ts, precision=prec, split=("tp", "dp"),
-                reads=reads, params={"kv_heads": c.num_key_value_heads, "heads": H, "precision": prec, **(params or {})},
+                reads=reads, params={"kv_heads": c.num_key_value_heads, "heads": H, "precision": prec, "attn": "sparse",
+                        "head_dim": D, "window": W, **(params or {})},
                 formula=formula or f"{per_pair:g} {prec} flops and {H} exps per (query, key) pair, + {H} sink exps "
                 f"per query; <= {W} SWA + <= min({K}, visible/m) selected")
 

@@ -32,7 +32,7 @@ import attrs
 import numpy as np
 
 from graphsim.errors import GraphsimError, require
-from graphsim.ir import Cost, Edge, Feature, Graph, Op
+from graphsim.ir import Cost, Edge, Feature, Graph, Op, OpInfo
 
 from .overlap import scale_batch
 from .pipeline import PassContext
@@ -172,8 +172,8 @@ def _sends(graph: Graph, stage: np.ndarray, mapping, domain: int, act_bytes: flo
         cost, how = link_cost("p2p", 2, 1 if crossing else 2, payload)
         out.append(Op(f"pp.send.{s}", "collective", (first or graph.ops[-1]).stage, cost, None, "comm", ts, "",
                       frozenset(), (), (), (),
-                      (("collective", "p2p"), ("group", "pp"), ("ranks", 2), ("note", f"stage {s} -> {s + 1}")),
-                      f"activation send, stage {s} -> {s + 1}: {how}"))
+                      (("group", "pp"), ("note", f"stage {s} -> {s + 1}")),
+                      f"activation send, stage {s} -> {s + 1}: {how}", info=OpInfo(collective="p2p", ranks=2)))
     return out
 
 

@@ -21,7 +21,7 @@ import attrs
 
 from graphsim.features import QUERY_FEATURES  # context parallelism divides these (the registry's flag)
 from graphsim.errors import GraphsimError, require
-from graphsim.ir import ONE, CommSpec, Cost, Edge, Graph, Op
+from graphsim.ir import ONE, CommSpec, Cost, Edge, Graph, Op, OpInfo
 from graphsim.plan import ParallelMapping
 
 from .layout import OpLayout, plan_layout
@@ -285,13 +285,14 @@ def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *,
             payload = _imbalanced(spec.payload, hot) * (1.0 / _payload_divisor(group, mapping, top_k))
             in_domain = members_in_domain(n, group_stride(group, mapping), nvlink_domain)
             cost_c, how = link_cost(spec.collective, n, in_domain, payload, algo, top_k)
+            info = OpInfo(collective=spec.collective, ranks=n, link_factor=_link_factor(cost_c, payload))
             name = f"{op.name}.{spec.collective}" + (f".{i}" if len(needs) > 1 else "")
             if op.kind == "collective" and len(needs) == 1:
-                base = attrs.evolve(base, cost=cost_c, formula=how)
+                base = attrs.evolve(base, cost=cost_c, formula=how, info=attrs.evolve(base.info, **{
+                    k: getattr(info, k) for k in ("collective", "ranks", "link_factor")}))
                 continue
             cop = Op(name, "collective", op.stage, cost_c, op.layer, "comm", op.token_set, "",
-                     frozenset(), (), (), (), (("collective", spec.collective), ("group", group),
-                                             ("ranks", n), ("note", spec.note)), how)
+                     frozenset(), (), (), (), (("group", group), ("note", spec.note)), how, info=info)
             if spec.merge:
                 key = (op.layer, spec.merge, spec.collective, n, group_stride(group, mapping))
                 if key in merged:  # the earlier one's data rides in this one: it costs nothing
@@ -307,6 +308,18 @@ def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *,
         ops.extend(after)
     meta = attrs.evolve(graph.meta, mapping=str(mapping), moe_layout=tuple(sorted(set(layout.moe.values()))))
     return graph.evolve(ops=tuple(ops), edges=tuple(edges), meta=meta)
+
+
+def _link_factor(cost: Cost, payload: Cost) -> float:
+    """Bytes on the collective's busiest link (NVLink, else scale-out) per byte of its payload."""
+    pay = sum(v for _, v in payload.component("bytes_act"))
+    if pay <= 0:
+        return 0.0
+    for c in ("bytes_nvlink", "bytes_scaleout"):
+        link = sum(v for _, v in cost.component(c))
+        if link > 0:
+            return link / pay
+    return 0.0
 
 
 def _rewire(edges: list[Edge], name: str, before: list[Op], after: list[Op]) -> list[Edge]:

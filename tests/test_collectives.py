@@ -21,7 +21,7 @@ def _layer(model, mapping, request="decode:4096x64", layer=5, hw="gb200", **pol)
     c = gs.compile_plan(model, gs.Plan([request], mapping, gs.Policies(**pol)), hw)
     s = c.schedule()
     T = sum(r.count * r.new_tokens for r in c.plan.requests)
-    rows = [(dict(op.params)["collective"], s.components[0, i, NV] / T, op.name) for i, op in enumerate(c.graph.ops)
+    rows = [(op.info.collective, s.components[0, i, NV] / T, op.name) for i, op in enumerate(c.graph.ops)
             if op.layer == layer and op.kind == "collective" and s.components[0, i, NV] > 0]
     return rows, c
 

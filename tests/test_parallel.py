@@ -159,7 +159,7 @@ def test_engram_rows_sharded_across_tp_and_all_reduced():
     for op in look:
         w = sum(v for c, _, v in op.cost.terms if c == "bytes_weight")
         assert sum(v for c, _, v in s.op(op.name).cost.terms if c == "bytes_weight") == pytest.approx(w / 4)
-        assert s.op(f"{op.name}.all_reduce").params[1] == ("group", "tp")
+        assert dict(s.op(f"{op.name}.all_reduce").params)["group"] == "tp"
 
 
 # ---- EP: dispatch/combine bytes, experts per rank, imbalance -------------------------------------------
@@ -377,7 +377,7 @@ def test_expert_tp_reduce_payload(ep, share):
     g = apply_mapping(gs.load_model("deepseek-v3").build(("decode",)), gs.ParallelMapping(tp=8, ep=ep), 72)
     wo = comps(g.op("layers.3.wo.all_reduce").cost)["bytes_nvlink"]
     moe = g.op("layers.3.moe.experts.all_reduce.2")  # the op's third CommSpec (after dispatch, combine)
-    assert moe.params[1] == ("group", "moe_tp")
+    assert dict(moe.params)["group"] == "moe_tp"
     if ep == 1:  # same 8 ranks as the shared expert's TP reduce: summed first, reduced once there
         assert not moe.cost.terms and "merged into" in moe.formula
         moe = g.op("layers.3.moe.shared.down.all_reduce")

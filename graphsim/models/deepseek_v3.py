@@ -285,7 +285,8 @@ class DeepSeekV3(Model):
         b.attention("attn_prefill", ts, pairs=pairs,
                     flops_per_pair=2.0 * (c.qk_dim + c.v_dim) * c.heads, heads=c.heads, precision=prec,
                     kv_read=read, kv_bytes_per_entry=ab * (c.heads * (c.nope + c.v_dim) + c.rope),
-                    q_bytes_per_token=ab * c.heads * (c.qk_dim + c.v_dim), split=("tp", "dp"))
+                    q_bytes_per_token=ab * c.heads * (c.qk_dim + c.v_dim), split=("tp", "dp"),
+                    params={"attn": "mla_mha", "head_dim": c.qk_dim})
         return reader
 
     def _mla_decode(self, b: GraphBuilder, p: str, kvb: float, prec: str, topk: str | None = None,
@@ -303,7 +304,7 @@ class DeepSeekV3(Model):
                              kv_read=read, kv_bytes_per_entry=kvb,
                              q_bytes_per_token=attention_act_bytes(prec) * c.heads * (c.latent + c.kv_lora),
                              split=("tp", "dp"), reads=(kv or p + "kv",),
-                             params={"kv_heads": 1})  # one latent: replicated across TP
+                             params={"kv_heads": 1, "attn": "mla", "head_dim": c.latent})  # one latent, replicated across TP
         b.gemm("o_absorb", ts, c.kv_lora, c.v_dim, weight=p + "attn.wkv_b", copies=c.heads, precision="bf16",
                split=("tp", "dp"))
         return reader

@@ -85,7 +85,8 @@ def vision_stage(model, b, kinds, policies, requests) -> None:
                 # bidirectional within the image: QK and PV over all heads = 4h flops per (query, key) pair
                 b.attention("attn.core", P, pairs=Feature("full_pairs", P), flops_per_pair=4.0 * h,
                             heads=v.num_attention_heads, precision=attention_precision(b),
-                            q_bytes_per_token=(3 * h + h) * BF16, split=tp)
+                            q_bytes_per_token=(3 * h + h) * BF16, split=tp,
+                            params={"attn": "encoder", "head_dim": h // v.num_attention_heads})
                 b.gemm("attn.wo", P, h, h, weight=f"{p}.attn.wo", split=tp, comm=(all_reduce_tp(P, h, note="ViT wo"),))
                 _residual(b, "attn.residual", P, h)
                 rmsnorm(b, "norm2", P, h, reads=(f"{p}.norm2",))
