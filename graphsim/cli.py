@@ -44,6 +44,16 @@ def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
         p.add_argument("--request", action="append", required=True, metavar="KIND:LEN[xCOUNT][@CACHED]",
                        help="repeatable, e.g. decode:4096x64 or prefill:2048@1024")
     p.add_argument("--profile", default=None, help="efficiency profile name or TOML (default: SOL, no derating)")
+    p.add_argument("--view", default="sol", choices=("sol", "op", "hybrid"),
+                   help="sol: speed of light; op: measured tables for every op a table family times (strict); "
+                        "hybrid: measured where covered, else SOL x the backend's measured/SOL (docs/measured.md)")
+    p.add_argument("--measured", default=None, metavar="DIR",
+                   help="folder of measured tables (graphsim measured import ...) for --view op|hybrid")
+    p.add_argument("--backend", default="", metavar="FRAMEWORK[@VERSION]",
+                   help="the measured tables' identity, e.g. trtllm@1.3.0rc20 or sglang@0.5.14")
+    p.add_argument("--fill", default="older", choices=("older", "none"),
+                   help="a family the named version did not collect: from the newest older version of the same "
+                        "framework (older, reported per op) or uncovered (none)")
     p.add_argument("--decoder-replay", default="off", choices=("off", "sglang", "paper"))
     p.add_argument("--encoder-replay", default="on", choices=("on", "off"))
     p.add_argument("--fusion", default="unfused", choices=("unfused", "two-pass", "single-pass"))
@@ -105,7 +115,18 @@ def _compile(a, requests=None):
         reqs = [attrs.evolve(r, new=1 + a.mtp) if r.kind == "decode" and r.new == 1 else r for r in reqs]
     plan = Plan(reqs, ParallelMapping(a.tp, a.dp, a.ep, a.pp, a.cp), policies)
     profile = load_profile(a.profile) if a.profile else None
-    return compile_plan(load_model_args(a), plan, a.hw, profile)
+    return compile_plan(load_model_args(a), plan, a.hw, profile, view=view_spec(a))
+
+
+def view_spec(a):
+    """The measured view the flags name (None for SOL)."""
+    if getattr(a, "view", "sol") == "sol":
+        if getattr(a, "measured", None) or getattr(a, "backend", ""):
+            raise GraphsimError("view", "--measured/--backend need --view op or --view hybrid")
+        return None
+    from .measured.view import ViewSpec
+
+    return ViewSpec(a.view, a.measured, a.backend, a.fill)
 
 
 def cmd_estimate(a) -> None:

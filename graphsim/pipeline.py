@@ -143,6 +143,12 @@ class Compiled:
     graph: Graph
     program: CostProgram
     evaluator: Evaluator
+    #: a measured view bound to this graph (graphsim.measured.view.BoundView); None = the SOL view
+    view: object = None
+
+    @property
+    def view_name(self) -> str:
+        return self.view.spec.name if self.view is not None else "sol"
 
     def unit_time(self, hw: HardwareSpec | None = None) -> np.ndarray:
         return unit_time((hw or self.hw).rates(self.profile))
@@ -153,7 +159,8 @@ class Compiled:
 
     def schedule(self, workload: Workload | None = None) -> Schedule:
         """Reference (NumPy, full-graph) schedule: per-op start/finish and the critical path."""
-        return evaluate_reference(self.program, workload or self.plan.workload(), self.unit_time(), self.overhead)
+        return evaluate_reference(self.program, workload or self.plan.workload(), self.unit_time(), self.overhead,
+                                  self.view)
 
     def evaluate(self, workload: Workload, ut=None, overhead=None, outputs=("forward", "stages")) -> dict:
         """Vectorized evaluation (JAX) over every point of ``workload``."""
@@ -232,9 +239,10 @@ def default_passes(model, policies: Policies) -> list[tuple[str, Callable]]:
 
 
 def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyProfile | None = None,
-                 *, extra_passes: Sequence[tuple[str, Callable]] = (), chunk: int = 65536) -> Compiled:
+                 *, extra_passes: Sequence[tuple[str, Callable]] = (), chunk: int = 65536, view=None) -> Compiled:
     """build -> passes (policy, ``extra_passes``, sharding, runtime; each ``(graph, ctx) -> graph`` and
-    verified) -> lower."""
+    verified) -> lower. ``view``: a :class:`graphsim.measured.view.ViewSpec` (op / hybrid durations from
+    measured tables on this same graph); None or "sol" = speed of light."""
     if isinstance(hw, str):
         hw = load_hw(hw)
     if isinstance(model, str):
@@ -251,5 +259,15 @@ def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyP
     passes = [*default_passes(model, plan.policies), *extra_passes, *plan_passes(ctx)]
     graph = PassPipeline(passes).run(logical, ctx)
     graph = graph.evolve(meta=attrs.evolve(graph.meta, hw=hw.name, policies=str(plan.policies.identity())))
-    program = lower(graph)
-    return Compiled(model, plan, hw, profile, logical, graph, program, Evaluator(program, plan.kinds, chunk))
+    bound = None
+    if view is not None and getattr(view, "name", "sol") != "sol":
+        from .measured.view import bind
+
+        require(profile is None, "profile", "an efficiency profile derates the SOL view; the op and hybrid views "
+                "take their times from measured tables (drop --profile)")
+        bound = bind(view, graph, logical, plan, hw, model)
+    program = lower(graph, (lambda i: bound.op_key[i]) if bound else None)
+    if bound is not None:
+        bound = bound.attach(program)
+    return Compiled(model, plan, hw, profile, logical, graph, program,
+                    Evaluator(program, plan.kinds, chunk, view=bound), bound)

@@ -23,6 +23,9 @@ class Report:
     memory: dict
     tokens: dict
     traffic: dict
+    #: measured views: per op kind SOL / view time, efficiency and sources; shares of the forward by
+    #: source; SOL violations; the fallback basis (None in the SOL view)
+    coverage: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -56,6 +59,8 @@ class Report:
         lines += ["", "op kind          busy        share"]
         for k, v in sorted(self.breakdown.items(), key=lambda kv: -kv[1]):
             lines.append(f"  {k:<14} {_ms(v)}  {100 * v / max(self.forward_s, 1e-30):5.1f} %")
+        if self.coverage:
+            lines += ["", *coverage_text(self.coverage)]
         lines += ["", "memory per device"]
         for k, v in m["weights_gib"].items():
             lines.append(f"  weights/{k:<9} {v:9.2f} GiB")
@@ -67,6 +72,29 @@ class Report:
         for op in sorted(self.critical_path, key=lambda o: -o["duration_s"])[:top]:
             lines.append(f"  {op['name']:<34} {op['kind']:<12} {_ms(op['duration_s'])}  {op['bound']}")
         return "\n".join(lines)
+
+
+def coverage_text(cov: dict) -> list[str]:
+    """The coverage table of a measured view (per op kind: SOL, view time, efficiency, sources)."""
+    lines = [f"{cov['view']} view: {cov['backend']} tables on {cov['device']} — forward by source: "
+             + ", ".join(f"{k} {100 * v:.1f} %" for k, v in cov["forward_share"].items() if v)]
+    lines.append("op kind          SOL          view        SOL/view  sources (ops)")
+    for k, v in sorted(cov["kinds"].items(), key=lambda kv: -kv[1]["view_s"]):
+        src = ", ".join(f"{n} {c}" for n, c in v["sources"].items() if c)
+        lines.append(f"  {k:<14} {_ms(v['sol_s'])} {_ms(v['view_s'])}  {v['efficiency']:6.3f}  {src}")
+    for fam, b in cov.get("fallback", {}).items():
+        lines.append(f"  fallback {fam}: {b['a_s'] * 1e6:.2f} us + {b['b']:.3f} x SOL per op (least squares over "
+                     f"{b['fitted_from']}): {_ms(b['sol_s']).strip()} -> {_ms(b['view_s']).strip()}")
+    if cov["sol_violations"]:
+        lines.append(f"  SOL VIOLATIONS ({len(cov['sol_violations'])} ops measured below their SOL — a missing cost "
+                     "or a wrong rate):")
+        for v in cov["sol_violations"][:5]:
+            lines.append(f"    {v['name']} ({v['kind']}): measured {_ms(v['view_s'])} < SOL {_ms(v['sol_s'])}  "
+                         f"[{v['table']}]")
+    if cov["uncovered"]:
+        lines.append("  uncovered: " + "; ".join(f"{k} x{n['ops']}: {n['why']}" for k, n in
+                                                 list(cov["uncovered"].items())[:4]))
+    return lines
 
 
 def _policies_text(policies: dict) -> str:
@@ -157,6 +185,49 @@ def make_report(compiled, point: int = 0) -> Report:
         "model": c.model.name, "hw": c.hw.name, "mapping": str(m), "gpus": m.gpus,
         "requests": [str(r) for r in reqs], "policies": plan.policies.identity(),
         "profile": c.profile.name if c.profile else "SOL", "graph_ops": len(g.ops),
-        "precision_fallbacks": fallbacks,
+        "precision_fallbacks": fallbacks, "view": c.view_name,
     }
-    return Report(identity, forward, stages, kinds, layers, path, memory, tokens, traffic)
+    if c.view is not None:
+        identity["backend"] = c.view.backend
+    cov = coverage(c, sched, point) if c.view is not None else None
+    return Report(identity, forward, stages, kinds, layers, path, memory, tokens, traffic, cov)
+
+
+def coverage(c, sched, point: int = 0) -> dict:
+    """Per op kind: SOL and view time, SOL/view and sources; the forward's critical path by source; SOL
+    violations (a measured op faster than its SOL); uncovered ops and why; the fallback basis."""
+    from .measured.view import SOURCE_NAMES
+
+    v, g = c.view, c.graph
+    sol, dur, src = sched.sol_duration[point], sched.duration[point], sched.source[point]
+    kinds: dict = {}
+    for i, op in enumerate(g.ops):
+        k = kinds.setdefault(op.kind, {"sol_s": 0.0, "view_s": 0.0, "sources": {n: 0 for n in SOURCE_NAMES}})
+        k["sol_s"] += float(sol[i])
+        k["view_s"] += float(dur[i])
+        k["sources"][SOURCE_NAMES[int(src[i])]] += 1
+    for k in kinds.values():
+        k["efficiency"] = k["sol_s"] / k["view_s"] if k["view_s"] > 0 else 1.0
+    path = sched.critical_path(point)
+    fwd = float(sched.finish[point].max())
+    share = {n: 0.0 for n in SOURCE_NAMES}
+    for i in path:
+        share[SOURCE_NAMES[int(src[i])]] += float(dur[i]) / fwd if fwd > 0 else 0.0
+    viol = [{"name": op.name, "kind": op.kind, "sol_s": float(sol[i]), "view_s": float(dur[i]),
+             "table": v.op_note[i]} for i, op in enumerate(g.ops)
+            if int(src[i]) <= 2 and dur[i] < sol[i] * (1 - 1e-9)]
+    unc: dict = {}
+    for i, op in enumerate(g.ops):
+        if v.op_source[i] != "table" and (v.op_family[i] or v.op_source[i] == "fallback"):
+            u = unc.setdefault(op.kind, {"ops": 0, "why": v.op_note[i]})
+            u["ops"] += 1
+    from .lowering.features import feature_matrix
+
+    wl = c.plan.workload()
+    first = np.zeros(c.program.n_classes, dtype=np.int64)
+    first[c.program.op_class[::-1]] = np.arange(len(g.ops))[::-1]
+    vf = (feature_matrix(v.features, g.token_set_map, wl.kinds, wl.arrays(), np) if v.features
+          else np.zeros((1, 0)))
+    basis = v.fallback_basis(sched.sol_duration[point:point + 1][:, first], vf[point:point + 1])
+    return {"view": v.spec.name, "backend": v.backend, "device": v.device, "kinds": kinds, "forward_share": share,
+            "sol_violations": viol, "uncovered": unc, "fallback": basis}

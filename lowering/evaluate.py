@@ -60,6 +60,10 @@ class Schedule:
     components: np.ndarray  # (P, ops, K) raw component totals (FLOPs, bytes, hops)
     unit_time: np.ndarray  # (P, K)
     argpred: np.ndarray  # (P, ops): the predecessor that set the start (-1 if none)
+    #: measured views: each op's SOL duration and where its duration came from (graphsim.measured.view
+    #: SOURCE_NAMES codes); None in the SOL view
+    sol_duration: np.ndarray | None = None
+    source: np.ndarray | None = None
 
     @property
     def forward(self) -> np.ndarray:
@@ -86,8 +90,9 @@ class Schedule:
         return out
 
 
-def evaluate_reference(program: CostProgram, workload: Workload, ut, overhead=0.0) -> Schedule:
-    """NumPy, full graph, each op's cost evaluated from its own terms (not from the class matrices)."""
+def evaluate_reference(program: CostProgram, workload: Workload, ut, overhead=0.0, view=None) -> Schedule:
+    """NumPy, full graph, each op's cost evaluated from its own terms (not from the class matrices); a bound
+    measured ``view`` replaces op durations by its tables' (the schedule's structure is unchanged)."""
     g = program.graph
     a = workload.arrays()
     P = workload.points
@@ -101,6 +106,13 @@ def evaluate_reference(program: CostProgram, workload: Workload, ut, overhead=0.
         for c, f, v in op.cost.terms:
             comp[:, i, kidx[c]] += v * feats[:, fidx[f]]
     dur = _durations_from_components(comp, ut[:, None, :], np.asarray(overhead, dtype=np.float64).reshape(-1, 1), np)
+    sol_dur = source = None
+    if view is not None:
+        first = np.zeros(program.n_classes, dtype=np.int64)
+        first[program.op_class[::-1]] = np.arange(n)[::-1]
+        vf = feature_matrix(view.features, g.token_set_map, workload.kinds, a, np) if view.features else np.zeros((P, 0))
+        cls_view, flags = view.apply(dur[:, first], vf, np)
+        sol_dur, dur, source = dur, cls_view[:, program.op_class], flags[:, program.op_class]
     start = np.zeros((P, n))
     finish = np.zeros((P, n))
     argpred = np.full((P, n), -1, dtype=np.int64)
@@ -111,7 +123,7 @@ def evaluate_reference(program: CostProgram, workload: Workload, ut, overhead=0.
             start[:, i] = pf[np.arange(P), j]
             argpred[:, i] = np.asarray(ps)[j]
         finish[:, i] = start[:, i] + dur[:, i]
-    return Schedule(g, dur, start, finish, comp, ut, argpred)
+    return Schedule(g, dur, start, finish, comp, ut, argpred, sol_dur, source)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -123,7 +135,7 @@ def op_kinds(program: CostProgram) -> tuple:
     return tuple(dict.fromkeys(op.kind for op in program.graph.ops))
 
 
-def build_kernel(program: CostProgram, kinds: tuple, outputs=("forward", "stages", "classes")):
+def build_kernel(program: CostProgram, kinds: tuple, outputs=("forward", "stages", "classes"), view=None):
     """A jitted function (arrays, ut (P,K), overhead (P,)) -> dict with ``forward`` (P,), ``stages``
     (P, n_stages: busy seconds per stage) and ``classes`` (P, n_classes: seconds per class op).
 
@@ -142,15 +154,13 @@ def build_kernel(program: CostProgram, kinds: tuple, outputs=("forward", "stages
     if C * S <= 2_000_000:  # class -> segment counts as a dense matrix
         m = np.zeros((C, S))
         np.add.at(m, (program.seg_pairs[:, 0], program.seg_pairs[:, 1]), program.seg_pairs[:, 2])
-        seg_mat = jnp.asarray(m)
+        seg_mat = m
     # class -> stage busy counts
-    st = np.zeros((C, len(program.stages)))
-    np.add.at(st, (program.op_class, program.stage_of_op), 1.0)
-    st = jnp.asarray(st)
+    st_np = np.zeros((C, len(program.stages)))
+    np.add.at(st_np, (program.op_class, program.stage_of_op), 1.0)
     kind_index = {k: j for j, k in enumerate(op_kinds(program))}
-    km = np.zeros((C, len(kind_index)))  # class -> op-kind busy counts
-    np.add.at(km, (program.op_class, [kind_index[op.kind] for op in program.graph.ops]), 1.0)
-    km = jnp.asarray(km)
+    km_np = np.zeros((C, len(kind_index)))  # class -> op-kind busy counts
+    np.add.at(km_np, (program.op_class, [kind_index[op.kind] for op in program.graph.ops]), 1.0)
     # One class row is one op's row, so the max over classes is the max over ops.
     act = jnp.asarray(program.coef[:nf, :, COMPONENT_INDEX["bytes_act"]])
     per_class = np.bincount(program.op_class, minlength=C).astype(np.float64)
@@ -169,7 +179,17 @@ def build_kernel(program: CostProgram, kinds: tuple, outputs=("forward", "stages
         for g in range(1, LATENCY):
             roof = jnp.maximum(roof, parts[g])
         cls = roof + parts[LATENCY] + overhead[:, None]
-        seg = cls @ seg_mat if seg_mat is not None else jnp.zeros((P, S)).at[:, ps].add(cls[:, pc] * pn)
+        V = None
+        if view is not None:  # a measured view: class durations from its tables, as base + Vᵀ·E
+            vf = feature_matrix(view.features, token_sets, kinds, arrays, jnp) if view.features else jnp.zeros((P, 0))
+            cls, V, E = view.split(cls, vf, jnp)
+
+        def prod(M):  # (class durations) @ M
+            return cls @ M if V is None else cls @ M + jnp.einsum("kp,km->pm", V, jnp.asarray(E @ np.asarray(M)))
+
+        if V is not None and (seg_mat is None or "classes" in outputs):
+            cls, V = cls + jnp.einsum("kp,kc->pc", V, jnp.asarray(E)), None
+        seg = prod(seg_mat) if seg_mat is not None else jnp.zeros((P, S)).at[:, ps].add(cls[:, pc] * pn)
         finish = []
         for s in range(S):  # unrolled max-plus over the reduced graph
             p = seg_preds[s]
@@ -178,9 +198,9 @@ def build_kernel(program: CostProgram, kinds: tuple, outputs=("forward", "stages
         forward = jnp.max(jnp.stack(finish, axis=1), axis=1) if finish else jnp.zeros(P)
         res = {"forward": forward, "classes": cls}
         if "stages" in outputs:
-            res["stages"] = cls @ st
+            res["stages"] = prod(st_np)
         if "kinds" in outputs:
-            res["kinds"] = cls @ km
+            res["kinds"] = prod(km_np)
         if "workspace" in outputs:
             res["workspace"] = jnp.max(feats @ act, axis=1) if C else jnp.zeros(P)
         if "components" in outputs:
@@ -197,12 +217,13 @@ class Evaluator:
     program: CostProgram
     kinds: tuple
     chunk: int = 65536
+    view: object = None  # a bound measured view (graphsim.measured.view.BoundView) or None (SOL)
     _kernels: dict = attrs.Factory(dict)
 
     def __call__(self, workload: Workload, ut, overhead=0.0, outputs=("forward", "stages")) -> dict:
         outputs = tuple(outputs)
         if outputs not in self._kernels:
-            self._kernels[outputs] = build_kernel(self.program, self.kinds, outputs)
+            self._kernels[outputs] = build_kernel(self.program, self.kinds, outputs, self.view)
         kernel = self._kernels[outputs]
         P = workload.points
         ut = np.broadcast_to(np.asarray(ut, dtype=np.float64), (P, len(COMPONENTS)))

@@ -56,8 +56,10 @@ class CostProgram:
         return len(self.graph.ops)
 
 
-def lower(graph: Graph) -> CostProgram:
-    """Lower a graph (already sharded for its mapping) to a CostProgram."""
+def lower(graph: Graph, class_key=None) -> CostProgram:
+    """Lower a graph (already sharded for its mapping) to a CostProgram. ``class_key(i)`` (a string) further
+    separates ops whose cost rows are equal but whose durations a measured view reads from different
+    tables."""
     graph.validate()
     feats: dict = {}
     for op in graph.ops:
@@ -72,7 +74,8 @@ def lower(graph: Graph) -> CostProgram:
     keys: dict[bytes, int] = {}
     op_class = np.empty(n_ops, dtype=np.int64)
     for i in range(n_ops):
-        op_class[i] = keys.setdefault(rows[i].tobytes(), len(keys))
+        key = rows[i].tobytes() + (class_key(i).encode() if class_key else b"")
+        op_class[i] = keys.setdefault(key, len(keys))
     n_classes = len(keys)
     coef = np.zeros((nf, n_classes, nk))
     for i in range(n_ops):

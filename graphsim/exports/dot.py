@@ -40,6 +40,11 @@ def _si(v: float, unit: str) -> str:
     return f"{v:.3g} {unit}"
 
 
+#: measured views: node border per duration source (measured, interpolated, extrapolated, fallback, sol)
+SOURCE_COLOURS = ("#1b7837", "#2166ac", "#e08214", "#762a83", "#999999")
+SOURCE_TAGS = ("measured", "interp", "extrap", "fallback", "sol")
+
+
 def op_tooltip(graph: Graph, i: int, schedule=None, point: int = 0, bounds: list | None = None) -> str:
     """What an op does and costs: kind, stream, token set, formula; with a schedule its FLOPs per precision,
     bytes per kind, time and bound, else its cost terms."""
@@ -55,6 +60,11 @@ def op_tooltip(graph: Graph, i: int, schedule=None, point: int = 0, bounds: list
         bound = (bounds or schedule.bound(point))[i]
         lines.append(f"time {schedule.duration[point, i] * 1e6:.3f} us, starts {schedule.start[point, i] * 1e6:.3f} us, "
                      f"bound: {bound}")
+        if schedule.source is not None:
+            from graphsim.measured.view import SOURCE_NAMES
+
+            lines.append(f"source: {SOURCE_NAMES[int(schedule.source[point, i])]} "
+                         f"(SOL {schedule.sol_duration[point, i] * 1e6:.3f} us)")
     else:
         lines += [f"{c}: {v:.4g}·{f}" for c, f, v in op.cost.terms[:8]]
     return "\n".join(lines)
@@ -120,6 +130,10 @@ def to_dot(graph: Graph, *, schedule=None, point: int = 0, collapse_layers: bool
                           f"tooltip={_q(op_tooltip(graph, i, schedule, point, bounds)[:max_tooltip])}"]
                 if op.stream != "compute":
                     attrs_.append("shape=ellipse")
+                if schedule is not None and schedule.source is not None:  # measured views: border by source
+                    src = int(schedule.source[point, i])
+                    attrs_ += [f"color={_q(SOURCE_COLOURS[src])}", "penwidth=2"]
+                    attrs_[0] = f"label={_q(label + ' [' + SOURCE_TAGS[src] + ']')}"
                 if i in crit:
                     attrs_ += ["color=red", "penwidth=2.5"]
                 lines.append(f"      n{i} [{', '.join(attrs_)}];")

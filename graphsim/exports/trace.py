@@ -50,6 +50,11 @@ def rank_events(schedule, pid: int, label: str, point: int = 0) -> list[dict]:
             "bound": bounds[i], "formula": op.formula, "stage": op.stage, "layer": op.layer,
             "token_set": op.token_set, "precision": op.precision, "critical": i in path,
         }
+        if schedule.source is not None:  # a measured view: where this duration came from
+            from graphsim.measured.view import SOURCE_NAMES
+
+            args["source"] = SOURCE_NAMES[int(schedule.source[point, i])]
+            args["sol_us"] = _us(schedule.sol_duration[point, i])
         x = {"name": op.name, "cat": op.kind, "ph": "X", "ts": _us(start), "dur": _us(dur), "pid": _pid(pid, op.device),
              "tid": STREAMS.index(op.stream), "args": args}
         ev.append(x)
@@ -79,7 +84,9 @@ def trace_of(compiled, point: int = 0) -> dict:
     label = f"rank 0 ({m}; represents all {m.gpus} GPUs)"
     meta = {"model": compiled.model.name, "hw": compiled.hw.name, "mapping": str(m),
             "requests": [str(r) for r in compiled.plan.requests], "policies": compiled.plan.policies.identity(),
-            "profile": compiled.profile.name if compiled.profile else "SOL"}
+            "profile": compiled.profile.name if compiled.profile else "SOL", "view": compiled.view_name}
+    if compiled.view is not None:
+        meta["backend"] = compiled.view.backend
     from graphsim import __version__
 
     meta["graphsim_version"] = __version__

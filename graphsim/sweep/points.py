@@ -27,7 +27,7 @@ class _Programs:
         from .. import ParallelMapping, Plan, Policies, compile_plan
         from ..metrics import KVTable
 
-        key = (sp.model, sp.hw, sp.mapping, sp.policies, requests)
+        key = (sp.model, sp.hw, sp.mapping, sp.policies, requests, sp.view)
         if key not in self.compiled:
             if sp.model not in self.models:
                 self.models[sp.model] = sp.model.load()
@@ -39,7 +39,12 @@ class _Programs:
             except (TypeError, ValueError) as e:  # attrs validators name the attribute, not the section
                 name = getattr(e.args[1], "name", "?") if len(e.args) > 1 else "?"
                 raise GraphsimError(f"policies.{name}", str(e.args[0])) from None
-            c = compile_plan(self.models[sp.model], Plan(requests, mapping, policies), sp.hw)
+            view = None
+            if sp.view[0] != "sol":
+                from ..measured.view import ViewSpec
+
+                view = ViewSpec(*sp.view)
+            c = compile_plan(self.models[sp.model], Plan(requests, mapping, policies), sp.hw, view=view)
             while len(self.compiled) >= self.keep:
                 self.compiled.pop(next(iter(self.compiled)))
             self.compiled[key] = c
@@ -225,6 +230,9 @@ def structural_tables(spec: SweepSpec, sp: StructuralPoint, programs: _Programs 
     pol = {**_policy_fields(), **dict(sp.policies)}
     grid = spec.grid(sp.kinds)
     try:
+        if sp.view[0] != "sol" and sp.profile != "SOL":
+            raise GraphsimError("structure.profile", f"an efficiency profile derates the SOL view; the {sp.view[0]} "
+                                "view takes its times from measured tables (evaluate it with profile = \"sol\")")
         compiled, kv = programs.get(sp, representative_requests(spec, sp.kinds))
         profile = None if sp.profile == "SOL" else load_profile(sp.profile)
     except GraphsimError as e:  # bad input for this program: its error row; anything else is a bug and raises

@@ -27,10 +27,11 @@ GROUP_FIELDS = {
 HW_AXES = ("hbm_bw", "nvlink_bw", "scaleout_bw", "c2c_bw", "disk_bw", "exp_rate", "nvlink_latency_s",
            "scaleout_latency_s", "hbm_capacity_bytes")
 PROFILE_AXES = ("compute", "sfu", "hbm", "nvlink", "scaleout", "c2c", "disk", "op_overhead_s")
-STRUCT_KEYS = ("model", "hw", "profile", "mapping", "requests", "policies")
+STRUCT_KEYS = ("model", "hw", "profile", "mapping", "requests", "policies", "view", "measured", "backend")
 SPEC_KEYS = ("name", "structure", "axes", "zip", "outputs", "chunk")
 EXTRA_OUTPUTS = ("stages", "kinds", "traffic")
-IDENTITY_HEAD = ("struct_id", "sweep", "graphsim_version", "model", "hw", "profile", "mapping")
+IDENTITY_HEAD = ("struct_id", "sweep", "graphsim_version", "model", "hw", "profile", "view", "backend", "measured",
+                 "mapping")
 TOKEN_COLUMNS = ("prefill_tokens", "decode_tokens", "decode_requests", "ttft_s", "itl_s", "tokens_per_s",
                  "tokens_per_s_per_gpu", "output_tokens_per_s_per_gpu", "tokens_per_s_per_user")
 MEMORY_COLUMNS = ("weights_gib", "kv_gib", "workspace_gib", "total_gib", "capacity_gib", "headroom_gib", "fits")
@@ -263,6 +264,8 @@ class SweepSpec:
     #: points per vectorized call: bounds memory (the kernel holds a (chunk, classes x 6) slot tensor) and is
     #: big enough that per-chunk Python work is small next to the evaluation
     chunk: int = 16384
+    #: (view, measured folder, backend) per view point: ("sol", "", "") or a measured view
+    views: tuple = (("sol", "", ""),)
 
     @staticmethod
     def load(path: str | Path) -> "SweepSpec":
@@ -356,6 +359,7 @@ class SweepSpec:
             zips=tuple(tuple(z) for z in zips),
             outputs=outputs,
             chunk=chunk,
+            views=_parse_views(s),
         )
         spec._check_axes()
         for kinds in spec.structures:
@@ -406,9 +410,9 @@ class SweepSpec:
     # ---- enumeration --------------------------------------------------------------------------------
     def structural_points(self) -> list["StructuralPoint"]:
         """Every structural combination; profile varies fastest so consecutive points share a program."""
-        return [StructuralPoint(m, h, mp, pol, kinds, prof)
-                for m, h, mp, pol, kinds, prof in itertools.product(
-                    self.models, self.hws, self.mappings, self.policies, self.structures, self.profiles)]
+        return [StructuralPoint(m, h, mp, pol, kinds, prof, view)
+                for m, h, mp, pol, kinds, view, prof in itertools.product(
+                    self.models, self.hws, self.mappings, self.policies, self.structures, self.views, self.profiles)]
 
     def grid(self, kinds: tuple) -> "Grid":
         """The continuous grid for one request structure (axes that apply to none of its groups drop out)."""
@@ -430,6 +434,30 @@ class SweepSpec:
 
     def size(self) -> int:
         return sum(self.grid(sp.kinds).size for sp in self.structural_points())
+
+
+def _parse_views(s: Mapping) -> tuple:
+    """structure.view (sol / op / hybrid, one or a list) x structure.backend (one or a list), with one
+    structure.measured folder: the measured views each backend is evaluated in."""
+    from ..measured.view import VIEWS
+
+    views = [str(v) for v in _listify(s.get("view", "sol"))]
+    for v in views:
+        require(v in VIEWS, "structure.view", f"must be one of {', '.join(VIEWS)}, got {v!r}")
+    measured = s.get("measured", "")
+    require(isinstance(measured, str), "structure.measured", f"one folder of measured tables, got {measured!r}")
+    backends = [str(b) for b in _listify(s.get("backend", ""))]
+    out = []
+    for v in views:
+        if v == "sol":
+            out.append(("sol", "", ""))
+            continue
+        require(bool(measured), "structure.measured", f"the {v} view needs a folder of measured tables")
+        for b in backends:
+            require(bool(b), "structure.backend", f"the {v} view needs a backend, e.g. trtllm@1.3.0rc20")
+            out.append((v, measured, b))
+    require(bool(out), "structure.view", "name at least one view")
+    return tuple(dict.fromkeys(out))
 
 
 def _applies(axis: Axis, kinds: tuple) -> bool:
@@ -479,6 +507,7 @@ class StructuralPoint:
     policies: tuple
     kinds: tuple
     profile: str = "SOL"
+    view: tuple = ("sol", "", "")  # (view, measured folder, backend)
 
     def identity(self) -> dict:
         """Identity columns (policies completed with their defaults)."""
@@ -502,6 +531,7 @@ class StructuralPoint:
         except Exception:  # noqa: BLE001 - an impossible mapping is this point's error row
             mapping, gpus = "-".join(f"{k}{v}" for k, v in self.mapping), None
         out = {"graphsim_version": __version__, "model": str(self.model), "hw": self.hw, "profile": self.profile,
+               "view": self.view[0], "backend": self.view[2], "measured": self.view[1],
                "mapping": mapping, **m, "gpus": gpus, "requests": "+".join(self.kinds)}
         out.update(pol)
         return out

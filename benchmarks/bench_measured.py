@@ -1,0 +1,64 @@
+"""OP / Hybrid view speed against the SOL view, measured in one run (ratios, no assertions).
+
+DeepSeek-V3 decode on GB200 (TP4/EP4) and DeepSeek-V4.1-Flash on GB200 (TP4/EP4, Hybrid), a batch x context
+grid evaluated by one vectorized ``Compiled.evaluate`` per view, warm (the first call's JIT is timed apart).
+
+    python benchmarks/bench_measured.py [DIR] [--points 1000000] [--backend trtllm@1.3.0rc20]
+
+DIR: a folder of measured tables (default: the tests' fixture, tests/data/measured).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+import graphsim as gs
+from graphsim.measured.view import ViewSpec
+
+FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "measured"
+
+
+def grid(points: int) -> gs.Workload:
+    n = int(round(points ** 0.5))
+    b, ctx = np.meshgrid(np.linspace(1, 1024, n).round(), np.geomspace(1024, 131072, n).round())
+    b, ctx = b.ravel(), ctx.ravel()
+    return gs.Workload(("decode",), b[:, None], np.ones((len(b), 1)), ctx[:, None])
+
+
+def rate(c, wl) -> tuple[float, float, np.ndarray]:
+    small = gs.Workload(wl.kinds, wl.count[:8], wl.new[:8], wl.past[:8])
+    t0 = time.perf_counter()
+    c.evaluate(small, outputs=("forward",))
+    c.evaluate(wl, outputs=("forward",))  # JIT for the chunk shape
+    t1 = time.perf_counter()
+    out = c.evaluate(wl, outputs=("forward",))["forward"]
+    t2 = time.perf_counter()
+    return wl.points / (t2 - t1), t1 - t0, out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("measured", nargs="?", default=str(FIXTURE))
+    ap.add_argument("--points", type=int, default=1_000_000)
+    ap.add_argument("--backend", default="trtllm@1.3.0rc20")
+    a = ap.parse_args()
+    wl = grid(a.points)
+    print(f"{wl.points:,} decode points (batch 1..1024 x context 1K..128K), warm points/s")
+    for model, views in (("deepseek-v3", ("sol", "op", "hybrid")), ("deepseek-v4.1-flash", ("sol", "hybrid"))):
+        base = None
+        for view in views:
+            spec = None if view == "sol" else ViewSpec(view, a.measured, a.backend)
+            t0 = time.perf_counter()
+            c = gs.compile_plan(model, gs.Plan(["decode:4096x64"], gs.ParallelMapping(tp=4, ep=4)), "gb200", view=spec)
+            build = time.perf_counter() - t0
+            r, jit, out = rate(c, wl)
+            base = base or r
+            print(f"  {model:<20} {view:<7} {r:>12,.0f} pts/s  ({r / base:5.2f} of SOL)  compile+bind {build:5.2f} s, "
+                  f"first calls {jit:5.2f} s, classes {c.program.n_classes}, median forward {np.median(out) * 1e3:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""Interpolation inside one partition, in log space over shape coordinates.
+
+A lookup fixes the coordinates an op's shape decides at compile time (GEMM n and k, head counts) and leaves
+one or two to vary with the workload point (tokens; batch and context). :func:`build_curve` reads the
+partition's rows into a small grid over the varying coordinates at the fixed ones — categorical
+coordinates (head counts, head dims, expert layouts) must match exactly, the others are interpolated
+log-linearly between the neighbouring measured values; :func:`eval_curve` then interpolates that grid at
+every point (NumPy or JAX), exactly returning a row's latency at its measured shape.
+
+Beyond the measured range the rule is physical and marked as extrapolation. A varying coordinate: below the
+smallest measured value the latency stays at that row's (a smaller problem is not timed faster than the
+kernel's floor), above the largest it grows in proportion (throughput-bound). A fixed coordinate (a
+dimension the work is proportional to): in proportion both ways, never below the fastest row of the
+partition (its launch floor).
+"""
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from .schema import FAMILIES
+from .store import Partition
+
+MEASURED, INTERPOLATED, EXTRAPOLATED = 0, 1, 2
+SOURCES = ("measured", "interpolated", "extrapolated")
+
+
+@attrs.frozen(eq=False)
+class Curve:
+    partition: Partition
+    rule: str  # how the partition was admitted ("" = the named backend)
+    axes: tuple  # 1 or 2 sorted float arrays: the varying coordinates' measured values
+    t: np.ndarray  # latency on the grid (seconds), shape = axis lengths
+    filled: np.ndarray  # bool, same shape: cell filled by the extrapolation rule
+    fixed_flag: int  # MEASURED when every fixed coordinate hit a measured value, else INTERPOLATED / EXTRAPOLATED
+    #: evaluation tables (from :func:`_prepare`): per axis (log grid, 1/segment width, bucket -> first knot,
+    #: buckets per log unit); per cell the log-space differences to its neighbours
+    search: tuple = ()
+    cells: np.ndarray = None
+
+
+def _prepare(axes: tuple, t: np.ndarray, filled: np.ndarray) -> tuple[tuple, np.ndarray]:
+    """Per axis: log grid, inverse segment widths (a last, empty segment so the last knot is a cell's
+    corner 0 too) and a bucketed search (uniform buckets in log space, at most one knot strictly inside
+    each, so finding a segment is one gather and one comparison). Per cell: t at its corner 0 and the
+    log-space differences to the other corners (so a point on a knot returns the row's t exactly) and
+    whether each corner was filled by the extrapolation rule."""
+    search = []
+    for g in axes:
+        lg = np.log(g)
+        inv = np.append(1.0 / np.diff(lg), 0.0) if len(g) > 1 else np.zeros(1)
+        span = lg[-1] - lg[0]
+        gap = np.diff(lg).min() if len(g) > 1 else 1.0
+        nb = int(min(max(np.ceil(span / gap) + 1, 1), 1 << 16)) if len(g) > 1 else 1
+        per = nb / span if span > 0 else 0.0
+        starts = lg[0] + np.arange(nb) / per if per else np.zeros(1)
+        first = np.clip(np.searchsorted(lg, starts, side="right") - 1, 0, len(g) - 1)
+        exact_buckets = len(g) <= 1 or (np.diff(lg) > 1.0 / per).all() if per else True
+        search.append((lg, inv, first, per, bool(exact_buckets)))
+    lt = np.log(t)
+    lt_p, f_p = lt, filled.astype(np.float64)
+    for a in range(lt.ndim):  # one extra (constant) knot per axis: the last knot is a corner 0 too
+        lt_p = np.concatenate([lt_p, np.take(lt_p, [-1], axis=a)], axis=a)
+        f_p = np.concatenate([f_p, np.take(f_p, [-1], axis=a)], axis=a)
+    if lt.ndim == 1:
+        cells = np.stack([t, lt_p[1:] - lt_p[:-1], f_p[:-1], f_p[1:]], axis=1)
+    else:
+        d0 = lt_p[1:, :-1] - lt_p[:-1, :-1]
+        d1 = lt_p[:-1, 1:] - lt_p[:-1, :-1]
+        d01 = lt_p[1:, 1:] - lt_p[1:, :-1] - lt_p[:-1, 1:] + lt_p[:-1, :-1]
+        cells = np.stack([t.ravel(), d0.ravel(), d1.ravel(), d01.ravel(), f_p[:-1, :-1].ravel(), f_p[1:, :-1].ravel(),
+                          f_p[:-1, 1:].ravel(), f_p[1:, 1:].ravel()], axis=1)
+    return tuple(search), cells
+
+
+def _median(t: np.ndarray) -> float:
+    return float(np.median(t)) if len(t) > 1 else float(t[0])
+
+
+def _interp_fixed(x: np.ndarray, t: np.ndarray, dims: list, query: list, floor: float) -> tuple[float, int] | None:
+    """Latency at the fixed coordinates (multilinear in log space over measured neighbours, proportional
+    beyond the measured range, never below ``floor``) and its source flag; None when a neighbour is
+    missing."""
+    if not dims:
+        return (_median(t), MEASURED) if len(t) else None
+    d, q = dims[0], query[0]
+    col = x[:, d]
+    vals = np.unique(col)
+    if q in vals:
+        sel = col == q
+        return _interp_fixed(x[sel], t[sel], dims[1:], query[1:], floor)
+    if q <= 0:
+        return None
+    lo, hi = vals[vals < q], vals[vals > q]
+    if not len(lo) or not len(hi):  # outside the measured range: in proportion to the nearest
+        edge = hi.min() if not len(lo) else lo.max()
+        r = _interp_fixed(x[col == edge], t[col == edge], dims[1:], query[1:], floor)
+        return None if r is None else (max(r[0] * q / edge, floor), EXTRAPOLATED)
+    lo, hi = lo.max(), hi.min()
+    a = _interp_fixed(x[col == lo], t[col == lo], dims[1:], query[1:], floor)
+    b = _interp_fixed(x[col == hi], t[col == hi], dims[1:], query[1:], floor)
+    if a is None or b is None:
+        return None
+    w = (np.log(q) - np.log(lo)) / (np.log(hi) - np.log(lo))
+    return float(np.exp((1 - w) * np.log(a[0]) + w * np.log(b[0]))), max(INTERPOLATED, a[1], b[1])
+
+
+def build_curve(part: Partition, rule: str, fixed: dict, varying: tuple) -> Curve | str:
+    """The grid over ``varying`` at ``fixed`` coordinates, or why the partition cannot serve them."""
+    fam = FAMILIES[part.family]
+    idx = {c: j for j, c in enumerate(part.coords)}
+    sel = np.ones(len(part.t), dtype=bool)
+    for c in fam.exact:
+        if c in fixed:
+            sel &= part.x[:, idx[c]] == fixed[c]
+            if not sel.any():
+                have = sorted(set(part.x[:, idx[c]].tolist()))
+                return f"{c}={fixed[c]} not measured (has {have[:8]})"
+    x, t = part.x[sel], part.t[sel]
+    dims = [idx[c] for c in fixed if c not in fam.exact]
+    query = [fixed[c] for c in fixed if c not in fam.exact]
+    vdims = [idx[c] for c in varying]
+    axes = [np.unique(x[:, d]) for d in vdims]
+    shape = tuple(len(a) for a in axes)
+    grid = np.full(shape, np.nan)
+    fixed_flag = MEASURED
+    floor = float(part.t.min())
+    for cell in np.ndindex(*shape):
+        s = np.ones(len(t), dtype=bool)
+        for d, a, i in zip(vdims, axes, cell):
+            s &= x[:, d] == a[i]
+        r = _interp_fixed(x[s], t[s], dims, query, floor) if s.any() else None
+        if r is not None:
+            grid[cell] = r[0]
+            fixed_flag = max(fixed_flag, r[1])
+    if not np.isfinite(grid).any():
+        rng = {c: (int(x[:, idx[c]].min()), int(x[:, idx[c]].max())) for c in fixed if c not in fam.exact} if len(x) else {}
+        return f"no rows around {', '.join(f'{c}={fixed[c]}' for c in fixed if c not in fam.exact)} (measured {rng})"
+    filled = ~np.isfinite(grid)
+    if len(shape) == 1:
+        keep = np.isfinite(grid)
+        axes, grid, filled = [axes[0][keep]], grid[keep], filled[keep]
+    else:  # fill holes along the inner axis of each row by the extrapolation rule; drop empty rows
+        rows = [i for i in range(shape[0]) if np.isfinite(grid[i]).any()]
+        a1 = axes[1]
+        for i in rows:
+            ok = np.isfinite(grid[i])
+            g, v = a1[ok], grid[i, ok]
+            for j in np.where(~ok)[0]:
+                q = a1[j]
+                if q < g[0]:
+                    grid[i, j] = v[0]
+                elif q > g[-1]:
+                    grid[i, j] = v[-1] * q / g[-1]
+                else:
+                    k = np.searchsorted(g, q) - 1
+                    w = (np.log(q) - np.log(g[k])) / (np.log(g[k + 1]) - np.log(g[k]))
+                    grid[i, j] = np.exp((1 - w) * np.log(v[k]) + w * np.log(v[k + 1]))
+        axes, grid, filled = [axes[0][rows], a1], grid[rows], filled[rows]
+    axes = tuple(np.asarray(a, dtype=np.float64) for a in axes)
+    search, cells = _prepare(axes, grid, filled)
+    return Curve(part, rule, axes, grid, filled, fixed_flag, search, cells)
+
+
+def _segment(lq, search: tuple, xp):
+    """(knot index at or below log-coordinate ``lq`` (clipped to the grid), its log value, 1/segment width):
+    the bucket's first knot, plus one if the next knot is at or below ``lq`` — two row gathers."""
+    lg, inv, first, per, exact_buckets = search
+    n = len(lg)
+    if n == 1:
+        z = 0.0 * lq
+        return z.astype(np.int64), z + lg[0], z
+    seg = xp.asarray(np.stack([lg, inv], axis=1))
+    if not exact_buckets:  # knots closer than a bucket (more than 65,536 of them): binary search
+        if xp is np:
+            i = np.clip(np.searchsorted(lg, lq, side="right") - 1, 0, n - 1)
+        else:
+            i = xp.clip(xp.searchsorted(xp.asarray(lg), lq, side="right", method="scan_unrolled") - 1, 0, n - 1)
+    else:
+        table = xp.asarray(np.stack([first.astype(np.float64), np.append(lg[1:], np.inf)[first]], axis=1))
+        b = xp.clip(xp.floor((lq - lg[0]) * per), 0, len(first) - 1).astype(np.int64)
+        row = table[b]
+        i = row[:, 0].astype(np.int64) + xp.where(lq >= row[:, 1], 1, 0)
+    r = seg[i]
+    return i, r[:, 0], r[:, 1]
+
+
+def _locate(curve: Curve, a: int, q, lq, xp):
+    """Where ``q`` falls on axis ``a``: (segment, weight, scale beyond the grid, outside the grid)."""
+    g = curve.axes[a]
+    lg = curve.search[a][0]
+    lqc = xp.clip(lq, lg[0], lg[-1])
+    i, lgi, inv = _segment(lqc, curve.search[a], xp)
+    # above the grid: in proportion; below: the edge's value
+    return i, (lqc - lgi) * inv, xp.maximum(q / g[-1], 1.0), (q < g[0]) | (q > g[-1])
+
+
+def eval_curve(curve: Curve, qs: list, xp=np, logs: list | None = None, keys: list | None = None,
+               cache: dict | None = None):
+    """Latency (P,) and source flag (P,) of ``curve`` at varying coordinates ``qs`` (one (P,) array each):
+    multilinear in log space, one exponential per point; a point on a measured shape returns its row
+    exactly. Callers evaluating many curves pass the coordinates' ``logs`` and, with hashable ``keys`` per
+    coordinate, a ``cache`` so curves on the same grid share the search."""
+    shape = curve.t.shape
+    idx, ws, scale, outside, on_knot = [], [], 1.0, False, True
+    for a, q in enumerate(qs):
+        lq = logs[a] if logs is not None else xp.log(xp.maximum(q, 1e-300))
+        key = (keys[a], curve.axes[a].tobytes()) if keys is not None and cache is not None else None
+        if key is not None and key in cache:
+            i, w, sc, out = cache[key]
+        else:
+            i, w, sc, out = _locate(curve, a, q, lq, xp)
+            if key is not None:
+                cache[key] = (i, w, sc, out)
+        idx.append(i)
+        ws.append(w)
+        scale = scale * sc
+        outside = outside | out
+        on_knot = on_knot & (w == 0.0)
+    cells = xp.asarray(curve.cells)
+    if len(shape) == 1:
+        r = cells[idx[0]]
+        val = r[:, 0] * xp.exp(ws[0] * r[:, 1])
+        filled = (r[:, 2] > 0) | ((ws[0] > 0) & (r[:, 3] > 0))
+    else:
+        w0, w1 = ws
+        r = cells[idx[0] * shape[1] + idx[1]]
+        val = r[:, 0] * xp.exp(w0 * r[:, 1] + w1 * r[:, 2] + w0 * w1 * r[:, 3])
+        filled = (r[:, 4] > 0) | ((w0 > 0) & (r[:, 5] > 0)) | ((w1 > 0) & (r[:, 6] > 0)) | ((w0 * w1 > 0) & (r[:, 7] > 0))
+    val = val * scale
+    flag = xp.where(outside | filled, EXTRAPOLATED, xp.where(on_knot, MEASURED, INTERPOLATED))
+    return val, xp.maximum(flag, curve.fixed_flag)

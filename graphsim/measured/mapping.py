@@ -1,0 +1,291 @@
+"""Op -> measured table, in one place: for every op kind, the table family that times it, the identity its
+rows must carry, the shape coordinates fixed by the op and those that vary with the workload point.
+
+Shapes are per rank, read off the **sharded** op: a GEMM's m is its FLOPs / (2·k·n·copies) of one rank
+(so micro-batch fractions, chunks, DP/CP token splits and EP imbalance are the ones the SOL view prices);
+the TP-split dimension is k for a row-parallel layer (one that all-reduces over TP) and n otherwise; heads
+are divided by TP. A varying coordinate is a ratio of two linear forms over workload features.
+
+Op kinds with no table family (norms, elementwise, quantize, cache writes, embedding lookups, host copies,
+Engram, the V4 compressor/indexer parts, ...) are not "missing data": no collector times them at graphsim's
+op boundary, so every view prices them at SOL and labels them ``sol``. Where a table times a fused module
+(the mHC pre/post modules, aiconfigurator's MLA and DeepSeek-V4 attention modules) and graphsim prices the
+parts, the parts are not matched to it: the boundary differs, and the report says so.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+import attrs
+
+from graphsim.ir import Feature, Op
+
+#: graphsim compute precision -> the tables' dtype names
+PRECISION_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8", "fp4": "nvfp4", "fp32": "float32",
+                   "tf32": "tf32", "int8": "int8"}
+#: a weight format -> the GEMM tables' dtype (quantization layout): block-scaled FP8 is not per-tensor FP8
+GEMM_WEIGHT_DTYPE = {"fp8_b128x128": "fp8_block", "fp8": "fp8", "bf16": "bfloat16", "fp16": "float16",
+                     "nvfp4": "nvfp4", "fp32": "float32"}
+#: routed-expert weight format -> the MoE tables' dtype
+MOE_WEIGHT_DTYPE = {"fp8_b128x128": "fp8_block", "fp8": "fp8", "bf16": "bfloat16", "nvfp4": "nvfp4",
+                    "fp4_ue8m0_32": "w4a8_mxfp4_mxfp8", "mxfp4": "w4a8_mxfp4_mxfp8", "nvfp4_w4a16": "w4a16_nvfp4",
+                    "w4a16_g32": "int4_wo", "w4a16_g64": "int4_wo", "w4a16_g128": "int4_wo"}
+#: KV-cache storage format -> the attention tables' kv dtype
+KV_DTYPE = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "fp8_s128": "fp8", "fp8_e8m0_32": "fp8"}
+
+
+@attrs.frozen
+class Coord:
+    """num / den, each a linear form ((feature, coefficient), ...); ``tri`` reads num/den as a causal pair
+    count per request and returns the prompt length n with n(n+1)/2 pairs (an equal-work prompt)."""
+
+    num: tuple
+    den: tuple = ()
+    tri: bool = False
+
+    def features(self) -> tuple:
+        return tuple(f for f, _ in self.num + self.den)
+
+    def value(self, col: Callable, xp):
+        num = sum(c * col(f) for f, c in self.num)
+        if not self.den:
+            return num
+        den = sum(c * col(f) for f, c in self.den)
+        r = xp.where(den > 0, num / xp.where(den > 0, den, 1.0), 0.0)
+        return (xp.sqrt(8.0 * r + 1.0) - 1.0) / 2.0 if self.tri else r
+
+
+@attrs.frozen
+class Lookup:
+    """What an op asks of the tables."""
+
+    family: str
+    op: str
+    where: tuple  # ((identity column, (allowed values...)), ...)
+    fixed: tuple  # ((coordinate, value), ...)
+    varying: tuple  # ((coordinate, Coord), ...)
+    #: a fused module's instance (its member ops share one timing, split over them in proportion to their
+    #: SOL); "" = the op alone
+    module: str = ""
+
+    def key(self) -> str:
+        """The table query (module instances of one kind share it)."""
+        return repr((self.family, self.op, self.where, self.fixed, self.varying))
+
+
+@attrs.frozen
+class Miss:
+    """Why an op has no lookup: ``family`` is "" when no table family times this kind of op."""
+
+    family: str
+    reason: str
+
+
+@attrs.frozen
+class MapContext:
+    mapping: object  # ParallelMapping
+    logical: object  # the logical Graph (for the layer's own CommSpecs)
+    tensors: dict
+    kinds: tuple  # request kinds of the plan's groups
+    token_sets: dict
+    model: object = None
+
+
+RULES: dict[str, Callable] = {}
+
+
+def rule(*kinds: str):
+    def deco(fn):
+        for k in kinds:
+            RULES[k] = fn
+        return fn
+    return deco
+
+
+def lookup_for(op: Op, ctx: MapContext) -> Lookup | Miss:
+    fn = RULES.get(op.kind)
+    if fn is None:
+        return Miss("", f"no table family times {op.kind} ops (priced at SOL in every view)")
+    return fn(op, ctx)
+
+
+# ---- helpers -----------------------------------------------------------------------------------------
+
+def _tp_split(op: Op, ctx: MapContext) -> int:
+    from graphsim.passes.sharding import effective_split
+
+    return ctx.mapping.tp if "tp" in effective_split(op) else 1
+
+
+def _row_parallel(op: Op, ctx: MapContext) -> bool:
+    """A TP-split layer that reduces its output over TP splits its input width k (Megatron's row-parallel)."""
+    name = op.origin or op.name
+    try:
+        logical = ctx.logical.op(name)
+    except Exception:  # noqa: BLE001 - a pass-made op has no logical twin
+        return False
+    return any(s.group == "tp" and s.collective in ("all_reduce", "reduce_scatter") for s in logical.comm)
+
+
+def _own(op: Op, feature_kind: str) -> Feature | None:
+    """The op's own feature of ``feature_kind`` on its token set (same micro-batch fraction and chunk), built
+    from any feature it already uses."""
+    for _, f, _ in op.cost.terms:
+        if f.token_set == op.token_set and f.kind != "one":
+            return attrs.evolve(f, kind=feature_kind, params=())
+    return None
+
+
+def _phase(op: Op, ctx: MapContext) -> str:
+    ts = ctx.token_sets.get(op.token_set)
+    present = {k for k in ctx.kinds if ts is not None and ts.rule(k) != "none"}
+    if present == {"decode"}:
+        return "generation"
+    if present == {"prefill"}:
+        return "context"
+    return "mixed"
+
+
+def _dp_div(op: Op, ctx: MapContext) -> float:
+    from graphsim.passes.sharding import effective_split
+
+    return float(ctx.mapping.dp) if "dp" in effective_split(op) else 1.0
+
+
+# ---- rules ---------------------------------------------------------------------------------------------
+
+@rule("gemm", "router", "compressor")
+def _gemm(op: Op, ctx: MapContext):
+    i = op.info
+    if not (i.k and i.n):
+        return Miss("", f"a {op.kind} op without a GEMM shape (no table family)")
+    if i.role:
+        return Miss("mhc", f"mHC {i.role}: the mhc tables time the fused pre/post module, graphsim prices its parts")
+    flops = [(f, v) for c, f, v in op.cost.terms if c.startswith("flops_")]
+    if not flops:
+        return Miss("gemm", "no FLOPs to read m from")
+    tp = _tp_split(op, ctx)
+    k, n, copies = i.k, i.n, max(i.copies, 1)
+    if copies > 1:  # per-head products: heads split over TP
+        heads = copies // tp if copies % tp == 0 else copies / tp
+        per = 2.0 * k * n * heads
+        m = Coord(tuple((f, v / per) for f, v in flops))
+        return Lookup("bmm", "bmm", (("dtype", (PRECISION_DTYPE.get(op.precision, op.precision),)),),
+                      (("heads", int(heads)), ("k", k), ("n", n)), (("tokens", m),))
+    if tp > 1:
+        if _row_parallel(op, ctx):
+            k = k // tp
+        else:
+            n = n // tp
+    dt = GEMM_WEIGHT_DTYPE.get(i.weight_format)
+    if dt is None:
+        return Miss("gemm", f"no GEMM table dtype for weight format {i.weight_format!r}")
+    if op.precision == "bf16" and dt not in ("bfloat16", "float16"):  # weight-only quantization
+        return Miss("gemm", f"weight-only {i.weight_format} GEMM at bf16 (no table dtype)")
+    m = Coord(tuple((f, v / (2.0 * k * n)) for f, v in flops))
+    return Lookup("gemm", "gemm", (("dtype", (dt,)),), (("n", n), ("k", k)), (("m", m),))
+
+
+@rule("attention")
+def _attention(op: Op, ctx: MapContext):
+    i = op.info
+    form = i.attn
+    if form in ("sparse", "encoder", ""):
+        what = {"sparse": "sparse (top-k selected) attention", "encoder": "bidirectional encoder attention",
+                "": "this attention"}[form]
+        return Miss("attention", f"no kernel table for {what} at graphsim's op boundary")
+    phase = _phase(op, ctx)
+    if phase == "mixed":
+        return Miss("attention", "one attention op over prefill and decode requests together: the tables time "
+                    "each phase on its own")
+    tp = _tp_split(op, ctx)
+    heads = i.heads // tp if i.heads % tp == 0 else i.heads
+    req, kv = _own(op, "requests"), _own(op, "kv_len")
+    pairs = next((f for _, f, _ in op.cost.terms if f.kind in ("causal_pairs", "window_pairs", "chunk_pairs")), None)
+    if req is None or kv is None:
+        return Miss("attention", "no request features")
+    dp = _dp_div(op, ctx)
+    batch = Coord(((req, 1.0 / dp),))
+    kv_fmt = next((ctx.tensors[t].format for t in op.reads if t in ctx.tensors), None)
+    kv_dt = KV_DTYPE.get(getattr(kv_fmt, "name", ""), "")
+    dt = PRECISION_DTYPE.get(op.precision, op.precision)
+    where = (("dtype", (dt,)), ("kv_dtype", (kv_dt,))) if kv_dt else (("dtype", (dt,)),)
+    if phase == "generation":
+        second = ("ctx", Coord(((kv, 1.0),), ((req, 1.0),)))
+    else:
+        if pairs is None:
+            return Miss("attention", "no pair feature")
+        second = ("seq", Coord(((pairs, 1.0),), ((req, 1.0),), tri=True))
+    if form == "mla":
+        return Lookup("mla_generation" if phase == "generation" else "mla_context", phase, where,
+                      (("heads", heads),), (("batch", batch), second))
+    if form == "mla_mha":
+        if phase != "context":
+            return Miss("attention", "MLA in MHA form is a prefill kernel")
+        return Lookup("mla_context", "context", where, (("heads", heads),), (("batch", batch), second))
+    kvh = max(i.kv_heads // tp, 1) if i.kv_heads else heads
+    fixed = (("heads", heads), ("kv_heads", kvh), ("head_dim", i.head_dim), ("window", i.window))
+    return Lookup(f"attention_{phase}", phase, where, fixed, (("batch", batch), second))
+
+
+@rule("moe_experts")
+def _moe(op: Op, ctx: MapContext):
+    i = op.info
+    dt = MOE_WEIGHT_DTYPE.get(i.weight_format)
+    if dt is None:
+        return Miss("moe", f"no MoE table dtype for expert weights {i.weight_format!r}")
+    tok = _own(op, "tokens")
+    if tok is None:
+        return Miss("moe", "no token feature")
+    m = ctx.mapping
+    ep = m.ep
+    fixed = (("hidden", i.hidden), ("inter", i.inter), ("topk", i.top_k), ("experts", i.experts),
+             ("moe_tp", m.world // ep), ("moe_ep", ep))
+    return Lookup("moe", "moe", (("dtype", (dt,)), ("distribution", ("balanced",))), fixed,
+                  (("tokens", Coord(((tok, 1.0),))),))
+
+
+@rule("collective")
+def _collective(op: Op, ctx: MapContext):
+    i = op.info
+    if not i.collective or not op.cost.terms:
+        return Miss("collective", "no communication (merged or single rank)")
+    if i.collective not in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        return Miss("collective", f"no table for {i.collective}")
+    if any(c == "bytes_scaleout" for c, _, _ in op.cost.terms):
+        return Miss("collective", "crosses NVLink domains: the tables time collectives inside one domain")
+    link = [(f, v) for c, f, v in op.cost.terms if c == "bytes_nvlink"]
+    if not link or i.link_factor <= 0:
+        return Miss("collective", "no link bytes")
+    size = Coord(tuple((f, v / i.link_factor) for f, v in link))
+    return Lookup("collective", i.collective, (("dtype", ("bfloat16",)),), (("gpus", i.ranks),), (("bytes", size),))
+
+
+#: mHC roles -> the module that times them (DeepSeek-V4's pre and post kernels: the pre module computes the
+#: coefficients, runs Sinkhorn and pre-mixes the streams; the post module mixes the residual streams back;
+#: the pre-norm is a norm of its own, as the collectors time it)
+MHC_MODULE = {"coeff": "pre", "sinkhorn": "pre", "premix": "pre", "residual": "post"}
+
+
+@rule("mhc")
+def _mhc(op: Op, ctx: MapContext):
+    role = op.info.role
+    if role == "prenorm":
+        return Miss("", "mHC pre-norm: a norm, outside the mhc pre/post modules (priced at SOL)")
+    if not role:
+        return Miss("mhc", "an mHC op outside the pre/post modules (the final stream merge): no table times it")
+    if role not in MHC_MODULE:  # roles joined with "+": graphsim's fused single-/two-pass kernels
+        return Miss("mhc", f"fused mHC ({role}): the mhc tables time the separate pre/post kernels, another "
+                    "implementation — not exchangeable samples")
+    cfg = getattr(ctx.model, "cfg", None)
+    hc, iters, hidden = (getattr(cfg, k, 0) or 0 for k in ("hc_mult", "hc_sinkhorn_iters", "hidden_size"))
+    tok = _own(op, "tokens")
+    if not (hc and iters and hidden) or tok is None:
+        return Miss("mhc", "the model does not declare hc_mult, hc_sinkhorn_iters and hidden_size")
+    # the module instance: the op's name without its site and role (layer and any micro-batch copy kept)
+    instance = re.sub(r"\.hc_[^.]+\.[^.]+", "", op.name)
+    sites = 2  # every DeepSeek-V4-style layer has an attention and an FFN site; a module covers both
+    fixed = (("hidden", int(hidden)), ("hc_mult", int(hc)), ("sites", sites), ("sinkhorn", int(iters)))
+    return Lookup("mhc", MHC_MODULE[role], (), fixed, (("tokens", Coord(((tok, 1.0 / _dp_div(op, ctx)),))),),
+                  module=f"{op.device}:{instance}")

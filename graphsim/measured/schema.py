@@ -1,0 +1,121 @@
+"""graphsim's measured-table format (docs/measured.md): one row per measurement, identity columns, the
+shape coordinates of the row's table family, and the latency in seconds.
+
+A row's **identity** (the common columns plus the family's own identity columns) names the partition it
+belongs to: rows of different backends, versions, kernels, dtypes, boundaries or collection runs are
+different partitions and are never interpolated across. Its **coordinates** are the shape it was timed at.
+"""
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from graphsim.errors import GraphsimError, require
+
+#: Identity columns every row carries ("" where unknown, e.g. an image digest the collector did not record).
+COMMON = (
+    "device",          # graphsim hardware name (gb200, h200, ...)
+    "device_name",     # what the collector reported ("NVIDIA GB200")
+    "framework",       # trtllm, sglang, vllm, nccl, jax, ...
+    "version",         # the framework's version
+    "image_digest",    # container image digest of the collection run
+    "kernel_source",   # the kernel / implementation timed
+    "family",          # table family (FAMILIES)
+    "op",              # sub-operation inside the family (pre/post, dispatch/combine, all_reduce, ...)
+    "dtype",           # compute / weight quantization (bfloat16, fp8, fp8_block, nvfp4, ...)
+    "kv_dtype",        # KV-cache dtype (attention families), "" otherwise
+    "boundary",        # what one timing covers: kernel (one op) or module (a fused block of ops)
+    "collected",       # collection date (YYYY-MM-DD) or ""
+    "source",          # provenance: where the rows came from (a collector, an importer and its input)
+)
+LATENCY = "latency_s"
+
+
+@attrs.frozen
+class Family:
+    """A table family: its extra identity columns, its shape coordinates (integers), and how a row's
+    coordinates are read (docs)."""
+
+    name: str
+    coords: tuple
+    identity: tuple = ()
+    doc: str = ""
+    #: coordinates that must match exactly (categorical: head counts, head dims, group sizes); the others
+    #: are interpolated in log space
+    exact: tuple = ()
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def _family(name, coords, identity=(), doc="", exact=()):
+    FAMILIES[name] = Family(name, tuple(coords), tuple(identity), doc, tuple(exact))
+
+
+_family("gemm", ("m", "n", "k"), doc="C[m,n] = A[m,k] @ B[k,n]: m tokens, n output columns, k input width (per rank)")
+_family("bmm", ("tokens", "heads", "k", "n"), doc="per-head batched GEMM (MLA's absorbed W_UK / W_UV): heads "
+        "independent k x n products per token", exact=("k", "n"))
+_family("attention_context", ("batch", "seq", "heads", "kv_heads", "head_dim", "window"),
+        doc="prefill attention of batch prompts of seq new tokens each (no cached prefix); heads per rank",
+        exact=("heads", "kv_heads", "head_dim", "window"))
+_family("attention_generation", ("batch", "ctx", "heads", "kv_heads", "head_dim", "window"),
+        doc="decode attention: batch requests, one query each, over ctx cached positions; heads per rank",
+        exact=("heads", "kv_heads", "head_dim", "window"))
+_family("mla_context", ("batch", "seq", "heads"), doc="MLA prefill attention core (MHA form), heads per rank",
+        exact=("heads",))
+_family("mla_generation", ("batch", "ctx", "heads"), doc="MLA decode attention over the 576-wide latent cache, "
+        "heads per rank", exact=("heads",))
+_family("moe", ("tokens", "hidden", "inter", "topk", "experts", "moe_tp", "moe_ep"), ("distribution",),
+        doc="routed experts of one rank: tokens entering the layer on that rank, the expert shapes and the "
+        "MoE TP x EP layout", exact=("topk", "experts", "moe_tp", "moe_ep"))
+_family("collective", ("gpus", "bytes"), doc="a collective (op = all_reduce / all_gather / reduce_scatter / "
+        "all_to_all) over gpus ranks of one NVLink domain; bytes = the message per rank", exact=("gpus",))
+_family("moe_a2a", ("tokens", "hidden", "topk", "experts", "ep", "nodes"), doc="MoE token dispatch / combine "
+        "(op = dispatch / combine) of tokens per rank", exact=("hidden", "topk", "experts", "ep", "nodes"))
+_family("mhc", ("tokens", "hidden", "hc_mult", "sites", "sinkhorn"), doc="manifold hyper-connection module "
+        "(op = pre: coefficients + Sinkhorn + pre-mix; post: residual mix)",
+        exact=("hc_mult", "sites", "sinkhorn"))
+_family("dsv4_attention", ("batch", "seq", "heads", "compress_ratio"), ("model",),
+        doc="DeepSeek-V4 attention module (op = csa_context / csa_generation / hca_context / hca_generation): "
+        "compressor, indexer and sparse attention as one timing; seq = new tokens (context) or cached "
+        "positions (generation)", exact=("heads", "compress_ratio"))
+_family("elementwise", ("tokens", "elems"), doc="norm / activation / quantize over tokens x elems (op = the "
+        "kind)", exact=("elems",))
+
+#: What one timing covers.
+BOUNDARIES = ("kernel", "module")
+
+
+def identity_columns(family: str) -> tuple:
+    return COMMON + FAMILIES[family].identity
+
+
+def check_frame(df, where: str) -> None:
+    """Validate a measured table (a pandas DataFrame): columns, one family, integer coordinates >= 0,
+    finite latencies > 0. Raises a one-line GraphsimError naming the column and the file."""
+    require("family" in df.columns, f"{where}.family", "missing column (every measured row names its family)")
+    fams = set(df["family"].astype(str))
+    bad = sorted(fams - set(FAMILIES))
+    require(not bad, f"{where}.family", f"unknown {bad[:3]}; allowed: {', '.join(FAMILIES)}")
+    require(len(fams) == 1, f"{where}.family", f"one family per file, got {sorted(fams)}")
+    fam = FAMILIES[fams.pop()]
+    need = list(identity_columns(fam.name)) + list(fam.coords) + [LATENCY]
+    missing = [c for c in need if c not in df.columns]
+    require(not missing, f"{where}.{missing[0] if missing else ''}", f"missing column; a {fam.name} table has "
+            f"{', '.join(need)}")
+    for c in fam.coords:
+        col = df[c]
+        ok = col.dtype.kind in "iu" and bool((col >= 0).all())
+        require(ok, f"{where}.{c}", "shape coordinates are whole numbers >= 0")
+    lat = df[LATENCY]
+    ok = lat.dtype.kind == "f" and bool(((lat > 0) & lat.apply(math.isfinite)).all())
+    require(ok, f"{where}.{LATENCY}", "latencies are finite seconds > 0")
+    bnd = sorted(set(df["boundary"].astype(str)) - set(BOUNDARIES))
+    require(not bnd, f"{where}.boundary", f"must be one of {', '.join(BOUNDARIES)}, got {bnd[:3]}")
+
+
+def family_of(name: str) -> Family:
+    if name not in FAMILIES:
+        raise GraphsimError("family", f"unknown table family {name!r}; allowed: {', '.join(FAMILIES)}")
+    return FAMILIES[name]
