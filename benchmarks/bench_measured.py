@@ -1,7 +1,10 @@
 """OP / Hybrid view speed against the SOL view, measured in one run (ratios, no assertions).
 
-DeepSeek-V3 decode on GB200 (TP4/EP4) and DeepSeek-V4.1-Flash on GB200 (TP4/EP4, Hybrid), a batch x context
-grid evaluated by one vectorized ``Compiled.evaluate`` per view, warm (the first call's JIT is timed apart).
+1. The kernel: DeepSeek-V3 decode on GB200 (TP4/EP4) and DeepSeek-V4.1-Flash on GB200 (TP4/EP4, Hybrid), a
+   batch x context grid evaluated by one vectorized ``Compiled.evaluate`` per view, warm (the first call's JIT
+   is timed apart).
+2. The sweep: the same DeepSeek-V3 grid through ``graphsim.sweep`` (grid chunks, validation, metrics, the
+   table), one spec per view, in memory.
 
     python benchmarks/bench_measured.py [DIR] [--points 1000000] [--backend trtllm@1.3.0rc20]
 
@@ -58,6 +61,27 @@ def main():
             base = base or r
             print(f"  {model:<20} {view:<7} {r:>12,.0f} pts/s  ({r / base:5.2f} of SOL)  compile+bind {build:5.2f} s, "
                   f"first calls {jit:5.2f} s, classes {c.program.n_classes}, median forward {np.median(out) * 1e3:.3f} ms")
+    sweep_rates(a.measured, a.backend, int(round(a.points ** 0.5)))
+
+
+def sweep_rates(measured: str, backend: str, n: int) -> None:
+    from graphsim.sweep import run
+
+    print(f"sweep path, DeepSeek-V3 GB200 TP4/EP4, {n * n:,} points (batch x context), points/s")
+    base = None
+    for view in ("sol", "op", "hybrid"):
+        structure = {"model": "deepseek-v3", "hw": "gb200", "mapping": {"tp": 4, "ep": 4}, "view": view}
+        if view != "sol":
+            structure.update(measured=measured, backend=backend)
+        spec = {"name": f"bench-{view}", "structure": structure,
+                "axes": {"decode.count": {"start": 1, "stop": 1024, "num": n},
+                         "decode.context": {"start": 1024, "stop": 131072, "num": n, "scale": "log"}}}
+        run(spec)  # compile outside the timing
+        t0 = time.perf_counter()
+        res = run(spec)
+        r = n * n / (time.perf_counter() - t0)
+        base = base or r
+        print(f"  {view:<7} {r:>12,.0f} pts/s  ({r / base:5.2f} of SOL)  rows {len(res.to_pandas()):,}")
 
 
 if __name__ == "__main__":

@@ -79,7 +79,9 @@ class Backend:
 
 
 class Store:
-    """A folder of measured tables. Files are read once, on first use, per device."""
+    """A folder of measured tables. Files are read once, on first use: in the importer's layout
+    ``<device>/<family>/<framework>@<version>/`` only those of the device and family a lookup asks for;
+    files anywhere else whenever their device is asked for."""
 
     def __init__(self, root):
         self.root = Path(root)
@@ -97,14 +99,46 @@ class Store:
             out.extend(self._read[f])
         return out
 
-    def partitions(self, device: str | None = None) -> list[Partition]:
-        """Every partition (of one device: files under a ``<device>/`` folder, and any file elsewhere)."""
+    def hint(self, f: Path) -> tuple | None:
+        """(device, family, framework, version) from an importer-layout path, else None."""
+        parts = f.relative_to(self.root).parts
+        if len(parts) == 4 and parts[1] in FAMILIES and "@" in parts[2]:
+            fw, _, ver = parts[2].partition("@")
+            return parts[0].lower(), parts[1], fw, ver
+        return None
+
+    def partitions(self, device: str | None = None, family: str | None = None,
+                   frameworks: tuple | None = None) -> list[Partition]:
+        """Every partition (of one device / family / framework: files whose layout says so, and any file
+        elsewhere)."""
         if device is None:
-            return self._load(self.files)
+            parts = self._load(self.files)
+            return [p for p in parts if family is None or p.family == family]
         dev = device.lower()
-        files = [f for f in self.files if f.relative_to(self.root).parts[0].lower() == dev
-                 or f.relative_to(self.root).parts[0].lower() not in self._device_dirs()]
-        return [p for p in self._load(files) if p.identity["device"].lower() == dev]
+        files = []
+        for f in self.files:
+            h = self.hint(f)
+            if h is None or (h[0] == dev and (family is None or h[1] == family)
+                             and (frameworks is None or h[2] in frameworks)):
+                files.append(f)
+        return [p for p in self._load(files) if p.identity["device"].lower() == dev
+                and (family is None or p.family == family)
+                and (frameworks is None or p.identity["framework"] in frameworks)]
+
+    def identities(self, device: str) -> set:
+        """(framework, version) pairs on a device, from paths where the layout gives them."""
+        dev = device.lower()
+        out = set()
+        unhinted = []
+        for f in self.files:
+            h = self.hint(f)
+            if h is None:
+                unhinted.append(f)
+            elif h[0] == dev:
+                out.add((h[2], h[3]))
+        out |= {(p.identity["framework"], p.identity["version"]) for p in self._load(unhinted)
+                if p.identity["device"].lower() == dev}
+        return out
 
     def _device_dirs(self) -> set:
         return {f.relative_to(self.root).parts[0].lower() for f in self.files if len(f.relative_to(self.root).parts) > 1}
@@ -115,14 +149,13 @@ class Store:
     def select(self, device: str, backend: Backend, fill: str = "older") -> "Selection":
         require(fill in FILLS, "fill", f"must be one of {', '.join(FILLS)}, got {fill!r}")
         device = device.lower()
-        on_dev = self.partitions(device)
-        require(bool(on_dev), "measured", f"no tables for device {device!r} in {self.root}; device "
+        ids = self.identities(device)
+        require(bool(ids), "measured", f"no tables for device {device!r} in {self.root}; device "
                 f"folders there: {', '.join(sorted(self._device_dirs())) or 'none'}")
-        fws = sorted({p.identity["framework"] for p in on_dev})
-        mine = [p for p in on_dev if p.identity["framework"] == backend.framework]
-        require(bool(mine), "backend", f"no {backend.framework!r} tables for {device}; frameworks there: "
-                f"{', '.join(fws)}")
-        versions = sorted({p.identity["version"] for p in mine}, key=version_key)
+        fws = sorted({fw for fw, _ in ids})
+        require(backend.framework in fws, "backend", f"no {backend.framework!r} tables for {device}; frameworks "
+                f"there: {', '.join(fws)}")
+        versions = sorted({v for fw, v in ids if fw == backend.framework}, key=version_key)
         version = backend.version
         if not version:
             require(len(versions) == 1, "backend", f"{backend.framework} has several versions for {device}: "
@@ -130,15 +163,19 @@ class Store:
             version = versions[0]
         require(version in versions, "backend", f"no {backend.framework}@{version} tables for {device}; versions "
                 f"there: {', '.join(versions)}")
-        return Selection(device, Backend(backend.framework, version), on_dev, fill)
+        return Selection(device, Backend(backend.framework, version), self, fill)
 
 
 class Selection:
     """The partitions one backend on one device may draw on, with the rule that admits each."""
 
-    def __init__(self, device: str, backend: Backend, parts: list[Partition], fill: str):
+    def __init__(self, device: str, backend: Backend, store: Store, fill: str):
         self.device, self.backend, self.fill = device, backend, fill
-        self._parts = parts
+        self._store = store
+
+    def _family(self, family: str) -> list[Partition]:
+        fws = (self.backend.framework, "nccl") if family == "collective" else (self.backend.framework,)
+        return self._store.partitions(self.device, family, fws)
 
     def candidates(self, family: str, op: str, where: dict) -> list[tuple[Partition, str]]:
         """Partitions of ``family``/``op`` whose identity matches ``where`` (column -> allowed values), with
@@ -149,7 +186,8 @@ class Selection:
             return i["family"] == family and i["op"] == op and all(i.get(k) in v for k, v in where.items())
 
         fw, ver = self.backend.framework, self.backend.version
-        own = [p for p in self._parts if p.identity["framework"] == fw and match(p)]
+        parts = self._family(family)
+        own = [p for p in parts if p.identity["framework"] == fw and match(p)]
         exact = [(p, "") for p in own if p.identity["version"] == ver]
         if exact:
             return exact
@@ -160,14 +198,14 @@ class Selection:
                 v = older[-1]
                 return [(p, f"backfill from {fw}@{v}") for p in own if p.identity["version"] == v]
         if family == "collective":
-            nccl = [p for p in self._parts if p.identity["framework"] == "nccl" and match(p)]
+            nccl = [p for p in parts if p.identity["framework"] == "nccl" and match(p)]
             if nccl:
                 v = max({p.identity["version"] for p in nccl}, key=version_key)
                 return [(p, f"NCCL {v}") for p in nccl if p.identity["version"] == v]
         return []
 
     def what_exists(self, family: str) -> str:
-        keys = sorted({p.key for p in self._parts if p.identity["family"] == family})
+        keys = sorted({p.key for p in self._family(family)}) if family else []
         return "; ".join(keys[:8]) + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "") if keys else "none"
 
 

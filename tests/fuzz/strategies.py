@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from importlib.resources import files
+from pathlib import Path
 
 from hypothesis import strategies as st
 
@@ -139,6 +140,10 @@ WHERE = ["`decode.count` == 64", "forward_s > 0.01 and mapping == 'tp4'", "@df.t
          "__import__('os').system('touch {tmp}/pwned')", "decode.count >", "nonexistent == 3", "", "((("]
 
 
+MEASURED = str(Path(__file__).resolve().parent.parent / "data" / "measured")
+MEASURED_DIRS = [MEASURED, MEASURED, "{tmp}", "{tmp}/nope", "{tmp}/r.csv"]
+
+
 def _plan_flags(draw) -> list:
     argv = ["--model", draw(st.one_of(st.sampled_from(MODELS), st.sampled_from(MODELS), name)),
             "--hw", draw(st.one_of(st.sampled_from(HWS), hw_name))]
@@ -152,15 +157,22 @@ def _plan_flags(draw) -> list:
             ("--prefetch-distance", ["0", "3", "-2", "x"]), ("--attention-precision", ["fp8", "fp4", "int4"]),
             ("--sp", ["on"]), ("--engram-shard", ["world"]), ("--algorithm", ["all_reduce=tree", "x", "a=b"]),
             ("--acceptance", ["0.8,0.7,0.6,0.5,0.4", "a,b", "2,3"]), ("--verify", ["2", "-1", "9"]),
-            ("--profile", ["practitioner", "nope", "{tmp}/p.toml"])]))
+            ("--profile", ["practitioner", "nope", "{tmp}/p.toml"]),
+            ("--view", ["op", "hybrid", "hybrid", "sol", "x"]), ("--measured", MEASURED_DIRS),
+            ("--backend", ["trtllm@1.3.0rc20", "trtllm", "sglang@0.5.14", "trtllm@x y", "@", ""]),
+            ("--fill", ["none", "older", "x"])]))
         argv += [flag, draw(st.sampled_from(vals))]
+    if rare(draw, 4):  # a measured view, named completely
+        argv += ["--view", draw(st.sampled_from(["op", "hybrid"])), "--measured", draw(st.sampled_from(MEASURED_DIRS)),
+                 "--backend", draw(st.sampled_from(["trtllm@1.3.0rc20", "trtllm@1.3.0rc20", "nccl", "vllm@0.24.0"]))]
     return argv
 
 
 @st.composite
 def cli_case(draw) -> dict:
     cmd = draw(st.sampled_from(["estimate", "estimate", "estimate", "memory", "layers", "fit", "hw", "ledger",
-                                "graph", "trace", "disagg", "plot", "sweep", "models", "bogus", "--version"]))
+                                "graph", "trace", "disagg", "plot", "sweep", "models", "bogus", "--version",
+                                "measured"]))
     files: dict = {}
     if cmd == "estimate":
         argv = ["estimate", *_plan_flags(draw)]
@@ -210,6 +222,16 @@ def cli_case(draw) -> dict:
         text, ext = draw(sweep_text())
         files["spec" + ext] = text
         argv = ["sweep", "{tmp}/spec" + ext, "-o", draw(st.sampled_from(OUTPUTS)), "--no-progress"]
+    elif cmd == "measured":
+        if draw(st.booleans()):
+            files["gb200/bad.parquet"] = draw(st.sampled_from([b"PAR1junk", b"", "text"]))
+        if draw(st.booleans()):
+            argv = ["measured", "list", draw(st.sampled_from(MEASURED_DIRS + [""]))]
+            argv += draw(st.sampled_from([[], ["--json"], ["--device", "gb200"], ["--family", "gemm"], ["--family", "x"]]))
+        else:
+            argv = ["measured", "import", draw(st.sampled_from(["aiconfigurator", "aiconfigurator", "x"])),
+                    "--from", draw(st.sampled_from(["{tmp}", "{tmp}/nope", MEASURED])),
+                    "-o", draw(st.sampled_from(["{tmp}/o", "{tmp}", "{tmp}/missing/o", "/dev/full"]))]
     elif cmd == "--version":
         argv = ["--version"]
     else:

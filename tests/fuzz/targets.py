@@ -95,6 +95,7 @@ def run_cli(argv: list[str], files: dict | None = None) -> tuple[str, str]:
     with tempfile.TemporaryDirectory() as tmp:
         for name, content in (files or {}).items():
             mode = "wb" if isinstance(content, bytes) else "w"
+            os.makedirs(os.path.dirname(os.path.join(tmp, name)), exist_ok=True)
             with open(os.path.join(tmp, name), mode) as f:
                 f.write(content)
         args = [a.replace("{tmp}", tmp) for a in argv]
