@@ -170,3 +170,34 @@ def test_collapsed_layer_labels_break_lines_not_backslashes(v41):
     dot = to_dot(v41.graph, collapse_layers=True)
     assert re.search(r'label="layer 0\\n\d+ ops"', dot)
     assert "\\\\n" not in dot
+
+
+def test_large_graphs_get_a_bounded_layout(monkeypatch):
+    # the fuzz campaign's one hang: `graph --model deepseek-v4.1-flash -o x.svg` spent 55 s in dot's
+    # network simplex on 1,184 nodes; above FAST_LAYOUT_NODES its iterations are capped (1.3 s)
+    import subprocess
+
+    from graphsim.exports import dot as D
+
+    seen = []
+
+    def fake_run(args, **kw):
+        seen.append(args)
+        assert kw["timeout"] == D.DOT_TIMEOUT_S
+        return subprocess.CompletedProcess(args, 0, b"<svg/>", b"")
+
+    monkeypatch.setattr(D.shutil, "which", lambda _: "/usr/bin/dot")
+    monkeypatch.setattr(D.subprocess, "run", fake_run)
+    small = "digraph g {\n" + "".join(f'  n{i} [label="x"];\n' for i in range(10)) + "}\n"
+    large = "digraph g {\n" + "".join(f'  n{i} [label="x"];\n' for i in range(D.FAST_LAYOUT_NODES + 1)) + "}\n"
+    D.render_svg(small)
+    D.render_svg(large)
+    assert seen[0] == ["/usr/bin/dot", "-Tsvg"]
+    assert seen[1] == ["/usr/bin/dot", "-Tsvg", *D.FAST_LAYOUT]
+
+    def slow(args, **kw):
+        raise subprocess.TimeoutExpired(args, kw["timeout"])
+
+    monkeypatch.setattr(D.subprocess, "run", slow)
+    with pytest.raises(gs.GraphsimError, match="--collapse"):
+        D.render_svg(large)

@@ -3,10 +3,10 @@
 ``sol``     every op at its roofline (the default; no tables).
 ``op``      every op a table family times is looked up in the selected backend's partition (strict: an op of
             such a kind without coverage is an error naming it); kinds no family times stay at SOL, labelled.
-``hybrid``  like ``op``, but an uncovered op falls back to SOL x (measured / SOL) of the same backend's
-            covered ops of its family in this plan at this point (of its group — compute or communication —
-            when its family has none; SOL itself when nothing there is covered), never below its SOL, and
-            says so.
+``hybrid``  like ``op``, but an uncovered op falls back to ``a + b x SOL``, least squares over the same
+            backend's covered ops of its family in this plan at this point (a >= 0: a launch floor; b >= 1;
+            over its group — compute or communication — when its family has none; SOL itself when nothing
+            there is covered): never below its SOL, and the report says what it was fitted from.
 
 The schedule (streams, overlap, critical path) is the SOL view's: only op durations change.
 """
@@ -145,19 +145,20 @@ class BoundView:
         located: dict = {}  # (coordinate, grid) -> where its points fall: shared by curves on one grid
         coords: dict = {}  # Coord -> (value, log value): shared by every curve that reads it
 
-        def coord(c):
-            if c not in coords:
-                v = c.value(col, xp)
-                coords[c] = (v, xp.log(xp.maximum(v, 1e-300)))
-            return coords[c]
+        def coord(co):
+            if co not in coords:
+                v = co.value(col, xp)
+                coords[co] = (v, xp.log(xp.maximum(v, 1e-300)))
+            return coords[co]
+
         for c in range(len(self.cls_kind)):
             if self.cls_kind[c] == 0:
                 cv, lk = self.cls_curve[c]
                 key = self.cls_lookup[c]
                 if key not in timed:
-                    got = [coord(c) for _, c in lk.varying]
+                    got = [coord(co) for _, co in lk.varying]
                     timed[key] = eval_curve(cv, [v for v, _ in got], xp, [lg for _, lg in got],
-                                            [c for _, c in lk.varying], located)
+                                            [co for _, co in lk.varying], located)
                 t, f = timed[key]
                 sol = cls_sol[:, c]
                 if key in self.modules:  # one timing for the module, split over its members by their SOL
@@ -306,10 +307,6 @@ def _resolve(sel, lk: Lookup, graph, plan, wl):
     qs = [c.value(col, np) for _, c in lk.varying]
     best = min(built, key=lambda cv: (float(eval_curve(cv, qs, np)[0][0]), cv.partition.key))
     return best, lk
-
-
-def source_counts(flags: np.ndarray) -> dict:
-    return {SOURCE_NAMES[k]: int((flags == k).sum()) for k in range(len(SOURCE_NAMES))}
 
 
 __all__ = ["VIEWS", "ViewSpec", "BoundView", "bind", "SOURCE_NAMES", "MEASURED", "INTERPOLATED", "EXTRAPOLATED",
