@@ -231,3 +231,27 @@ def test_bad_tables_are_one_line_errors_naming_the_file_and_column(tmp_path, cap
     assert "holds no aiconfigurator system tables" in capsys.readouterr().err
     assert main(["measured", "import", "aiconfigurator", "--from", str(tmp_path), "-o", str(tmp_path / "o")]) == 2
     assert "no tables graphsim has a family for" in capsys.readouterr().err
+
+
+def test_a_fused_module_is_charged_once_over_its_parts():
+    # DeepSeek-V4.1's unfused mHC: the V4 "pre" module table times coefficient GEMM + Sinkhorn + pre-mix of
+    # both sites of a layer; graphsim splits that one timing over the six member ops by their SOL
+    from graphsim.measured.interp import eval_curve
+
+    c = gs.compile_plan("deepseek-v4.1-flash", gs.Plan(["decode:1024x16"], gs.ParallelMapping(tp=4, ep=4)), "gb200",
+                        view=ViewSpec("hybrid", FIX, TRT))
+    s = c.schedule()
+    v = c.view
+    layer = [i for i, op in enumerate(c.graph.ops) if op.layer == 5 and op.kind == "mhc"]
+    pre = [i for i in layer if c.graph.ops[i].info.role in ("coeff", "sinkhorn", "premix")]
+    post = [i for i in layer if c.graph.ops[i].info.role == "residual"]
+    assert len(pre) == 6 and len(post) == 2 and all(v.op_source[i] == "table" for i in pre + post)
+    for members in (pre, post):
+        cv, lk = v.curves[v.op_key[members[0]]]
+        tokens = np.array([16.0])  # one token per decode request, every rank (no DP)
+        whole = float(eval_curve(cv, [tokens])[0][0])
+        assert sum(s.duration[0, i] for i in members) == pytest.approx(whole, rel=1e-12)
+        shares = s.duration[0, members] / s.sol_duration[0, members]
+        np.testing.assert_allclose(shares, shares[0], rtol=1e-12)  # in proportion to SOL
+    prenorm = [i for i in layer if c.graph.ops[i].info.role == "prenorm"]
+    assert all(v.op_source[i] == "sol" for i in prenorm)  # a norm: outside the modules
