@@ -330,6 +330,9 @@ class CommSpec:
     #: collectives of one layer with the same ``merge`` key that land on the same ranks are one collective
     #: (e.g. routed and shared expert outputs summed before a single all-reduce): the later one carries it
     merge: str = ""
+    #: an MoE token exchange: which half (dispatch / combine) and the storage format of the rows it moves
+    phase: str = attrs.field(default="", validator=one_of("comm", ("", "dispatch", "combine")))
+    payload_format: str = ""
 
 
 def _frozen_params(p) -> tuple:
@@ -398,6 +401,9 @@ class OpInfo:
     collective: str = ""
     ranks: int = _info_int()
     link_factor: float = attrs.field(default=0.0, validator=_nonneg_num("op.info"))
+    #: an MoE token exchange's rows (``role`` dispatch / combine; ``hidden``, ``top_k``, ``experts`` of its
+    #: MoE): their storage format
+    payload_format: str = ""
 
     def items(self) -> dict:
         """The fields that apply (non-default), for display."""

@@ -264,8 +264,9 @@ def moe(b: GraphBuilder, p: str, ts: str, hidden: int, s: MoEShape, *, experts: 
         linear(b, "moe.latent_down", ts, hidden, w, latent[0], split=("dp",))
     t = tokens(ts)
     dispatch = CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=s.top_k * fmt(act).nbytes(w)), "before",
-                        note=f"dispatch ({act})")
-    combine = CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=s.top_k * w * 2.0), "after", note="combine (BF16)")
+                        note=f"dispatch ({act})", phase="dispatch", payload_format=act)
+    combine = CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=s.top_k * w * 2.0), "after", note="combine (BF16)",
+                       phase="combine", payload_format="bf16")
     reduce = CommSpec("all_reduce", "moe_tp", Cost.of(t, bytes_act=w * 2.0), "after", note="expert TP",
                       merge="" if s.latent else MOE_OUT)
     mats, exps = activation(s.act)

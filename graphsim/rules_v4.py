@@ -186,8 +186,9 @@ def swa_sparse_attention(b: GraphBuilder, ts: str, *, c, sem, layer: int, prec: 
 def ep_dispatch_combine(ts: str, *, d: int, top_k: int) -> tuple:
     t = tokens(ts)
     return (CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=top_k * d * (1.0 + 1 / 32)), "before",
-                     note="dispatch (FP8 + scales)"),
-            CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=top_k * d * BF16), "after", note="combine (BF16)"),
+                     note="dispatch (FP8 + scales)", phase="dispatch", payload_format="fp8_e8m0_32"),
+            CommSpec("all_to_all", "ep", Cost.of(t, bytes_act=top_k * d * BF16), "after", note="combine (BF16)",
+                     phase="combine", payload_format="bf16"),
             CommSpec("all_reduce", "moe_tp", Cost.of(t, bytes_act=d * BF16), "after", note="expert TP", merge=MOE_OUT))
 
 

@@ -286,10 +286,13 @@ def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *,
             in_domain = members_in_domain(n, group_stride(group, mapping), nvlink_domain)
             cost_c, how = link_cost(spec.collective, n, in_domain, payload, algo, top_k)
             info = OpInfo(collective=spec.collective, ranks=n, link_factor=_link_factor(cost_c, payload))
+            if spec.phase:  # an MoE token exchange: its rows' shape, for measured dispatch / combine tables
+                info = attrs.evolve(info, role=spec.phase, payload_format=spec.payload_format, hidden=op.info.hidden,
+                                    top_k=op.info.top_k, experts=op.info.experts)
             name = f"{op.name}.{spec.collective}" + (f".{i}" if len(needs) > 1 else "")
             if op.kind == "collective" and len(needs) == 1:
                 base = attrs.evolve(base, cost=cost_c, formula=how, info=attrs.evolve(base.info, **{
-                    k: getattr(info, k) for k in ("collective", "ranks", "link_factor")}))
+                    k: getattr(info, k) for k in ("collective", "ranks", "link_factor", "role", "payload_format")}))
                 continue
             cop = Op(name, "collective", op.stage, cost_c, op.layer, "comm", op.token_set, "",
                      frozenset(), (), (), (), (("group", group), ("note", spec.note)), how, info=info)

@@ -255,3 +255,22 @@ def test_a_fused_module_is_charged_once_over_its_parts():
         np.testing.assert_allclose(shares, shares[0], rtol=1e-12)  # in proportion to SOL
     prenorm = [i for i in layer if c.graph.ops[i].info.role == "prenorm"]
     assert all(v.op_source[i] == "sol" for i in prenorm)  # a norm: outside the modules
+
+
+def test_an_moe_exchange_takes_the_fastest_implementation_the_tables_cover(v3_op):
+    # V3's EP dispatch / combine: TRT-LLM's DeepEP tables (1.3.0rc11, by the backfill rule) or NCCL's
+    # all-to-all (2.29.2) — the faster at the plan's point serves, named in the op's note
+    from graphsim.measured.mapping import MapContext, lookup_for
+    from graphsim.measured.view import _at_plan
+
+    c = v3_op
+    ctx = MapContext(c.plan.mapping, c.logical, c.graph.tensor_map, c.plan.kinds, c.graph.token_set_map, c.model)
+    for name in ("layers.3.moe.experts.all_to_all.0", "layers.3.moe.experts.all_to_all.1"):
+        i = c.graph.op_index[name]
+        alts = lookup_for(c.graph.ops[i], ctx)
+        assert [a.family for a in alts] == ["moe_a2a", "collective"]
+        times = {a.family: _at_plan(c.view.curves[a.key()][0], a, c.graph, c.plan.workload()) for a in alts
+                 if a.key() in c.view.curves}
+        assert len(times) == 2
+        assert c.view.op_note[i].startswith(min(times, key=times.get))
+        assert c.schedule().duration[0, i] == pytest.approx(min(times.values()), rel=1e-12)

@@ -103,6 +103,8 @@ def _moe(df):
             "moe_ep": _i(df.moe_ep_size)}, df
 
 
+#: a converter's key for its table's latency unit in seconds (default: milliseconds)
+LATENCY_SCALE = "_latency_scale"
 _ELEM_BYTES = {"half": 2, "bfloat16": 2, "float16": 2, "fp16": 2, "int8": 1, "fp8": 1, "float32": 4, "default": 2}
 
 
@@ -121,8 +123,9 @@ def _nccl(df):  # nccl-tests convention: message_size elements of the whole buff
             "bytes": _i(df.message_size) * nb}, df
 
 
-def _moe_a2a(df):
-    return {"family": "moe_a2a", "op": _s(df.phase), "dtype": _s(df.comm_dtype), "kernel_source": _s(df.comm_backend),
+def _moe_a2a(df):  # latency = transmit_us + notify_us: microseconds, unlike the other tables
+    return {"family": "moe_a2a", LATENCY_SCALE: 1e-6, "op": _s(df.phase), "dtype": _s(df.comm_dtype),
+            "kernel_source": _s(df.comm_backend),
             "tokens": _i(df.num_tokens), "hidden": _i(df.hidden_size), "topk": _i(df.topk),
             "experts": _i(df.num_experts), "ep": _i(df.ep_size), "nodes": _i(df.node_num)}, df
 
@@ -236,7 +239,8 @@ def convert_file(path: Path, data_root: Path, pkg_version: str = ""):
         out[c] = cols.get(c, np.full(n, "", dtype=object))
     for c in fam.coords:
         out[c] = np.asarray(cols[c], dtype=np.int64)
-    out[LATENCY] = df["latency"].to_numpy(np.float64) * 1e-3  # milliseconds -> seconds
+    # milliseconds -> seconds (a table whose latency is in other units says so)
+    out[LATENCY] = df["latency"].to_numpy(np.float64) * cols.get(LATENCY_SCALE, 1e-3)
     res = pd.DataFrame(out)
     for c in COMMON + fam.identity:
         res[c] = res[c].astype(str)

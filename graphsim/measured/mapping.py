@@ -19,7 +19,7 @@ from typing import Callable
 
 import attrs
 
-from graphsim.ir import Feature, Op
+from graphsim.ir import Feature, Op, fmt
 
 #: graphsim compute precision -> the tables' dtype names
 PRECISION_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "fp8", "fp4": "nvfp4", "fp32": "float32",
@@ -31,6 +31,9 @@ GEMM_WEIGHT_DTYPE = {"fp8_b128x128": "fp8_block", "fp8": "fp8", "bf16": "bfloat1
 MOE_WEIGHT_DTYPE = {"fp8_b128x128": "fp8_block", "fp8": "fp8", "bf16": "bfloat16", "nvfp4": "nvfp4",
                     "fp4_ue8m0_32": "w4a8_mxfp4_mxfp8", "mxfp4": "w4a8_mxfp4_mxfp8", "nvfp4_w4a16": "w4a16_nvfp4",
                     "w4a16_g32": "int4_wo", "w4a16_g64": "int4_wo", "w4a16_g128": "int4_wo"}
+#: an MoE exchange's row format -> the dispatch / combine tables' dtype
+A2A_DTYPE = {"bf16": "bfloat16", "fp8": "fp8", "fp8_s128": "fp8", "fp8_e8m0_32": "fp8", "fp8_b128x128": "fp8",
+             "nvfp4": "nvfp4"}
 #: KV-cache storage format -> the attention tables' kv dtype
 KV_DTYPE = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "fp8_s128": "fp8", "fp8_e8m0_32": "fp8"}
 
@@ -103,7 +106,9 @@ def rule(*kinds: str):
     return deco
 
 
-def lookup_for(op: Op, ctx: MapContext) -> Lookup | Miss:
+def lookup_for(op: Op, ctx: MapContext) -> Lookup | Miss | tuple:
+    """The op's lookup, a tuple of them in order of preference (the first the tables cover serves), or why
+    it has none."""
     fn = RULES.get(op.kind)
     if fn is None:
         return Miss("", f"no table family times {op.kind} ops (priced at SOL in every view)")
@@ -259,7 +264,17 @@ def _collective(op: Op, ctx: MapContext):
     if not link or i.link_factor <= 0:
         return Miss("collective", "no link bytes")
     size = Coord(tuple((f, v / i.link_factor) for f, v in link))
-    return Lookup("collective", i.collective, (("dtype", ("bfloat16",)),), (("gpus", i.ranks),), (("bytes", size),))
+    generic = Lookup("collective", i.collective, (("dtype", ("bfloat16",)),), (("gpus", i.ranks),), (("bytes", size),))
+    if i.role in ("dispatch", "combine") and i.hidden and i.top_k:
+        # an MoE token exchange: the runtime's own dispatch / combine kernels (DeepEP, ...) or a plain
+        # all-to-all, whichever is faster at the plan's point; the rows' bytes per token give the dispatch
+        # tables' token count from the same payload
+        row = i.top_k * fmt(i.payload_format or "bf16").nbytes(i.hidden)
+        tokens = Coord(tuple((f, v / i.link_factor / row) for f, v in link))
+        dt = A2A_DTYPE.get(i.payload_format, i.payload_format)
+        fixed = (("hidden", i.hidden), ("topk", i.top_k), ("experts", i.experts), ("ep", i.ranks), ("nodes", 1))
+        return (Lookup("moe_a2a", i.role, (("dtype", (dt,)),), fixed, (("tokens", tokens),)), generic)
+    return generic
 
 
 #: mHC roles -> the module that times them (DeepSeek-V4's pre and post kernels: the pre module computes the

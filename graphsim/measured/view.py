@@ -247,6 +247,14 @@ def bind(spec: ViewSpec, graph, logical, plan, hw, model=None) -> BoundView | No
     keys, sources, fams, notes, modules = [], [], [], [], []
     for op in graph.ops:
         lk = lookup_for(op, ctx) if op.cost.terms else Miss("", "no cost")
+        if isinstance(lk, tuple):  # implementations of one op: the fastest the tables cover, at the plan's point
+            for alt in lk:
+                key = alt.key()
+                if key not in curves and key not in failed:
+                    got = _resolve(sel, alt, graph, plan, wl)
+                    (curves if not isinstance(got, str) else failed)[key] = got
+            covered = [alt for alt in lk if alt.key() in curves]
+            lk = min(covered, key=lambda alt: _at_plan(curves[alt.key()][0], alt, graph, wl)) if covered else lk[-1]
         modules.append(lk.module if isinstance(lk, Lookup) else "")
         if isinstance(lk, Miss):
             keys.append("")
@@ -297,6 +305,12 @@ def _resolve(sel, lk: Lookup, graph, plan, wl):
         return "; ".join(why[:3])
     if len(built) == 1:
         return built[0], lk
+    best = min(built, key=lambda cv: (_at_plan(cv, lk, graph, wl), cv.partition.key))
+    return best, lk
+
+
+def _at_plan(cv, lk: Lookup, graph, wl) -> float:
+    """A curve's latency at the plan's own workload point."""
     from graphsim.lowering.features import feature_column
 
     a = wl.arrays()
@@ -304,9 +318,7 @@ def _resolve(sel, lk: Lookup, graph, plan, wl):
     def col(f):
         return feature_column(f, graph.token_set_map, wl.kinds, a, np)
 
-    qs = [c.value(col, np) for _, c in lk.varying]
-    best = min(built, key=lambda cv: (float(eval_curve(cv, qs, np)[0][0]), cv.partition.key))
-    return best, lk
+    return float(eval_curve(cv, [c.value(col, np) for _, c in lk.varying], np)[0][0])
 
 
 __all__ = ["VIEWS", "ViewSpec", "BoundView", "bind", "SOURCE_NAMES", "MEASURED", "INTERPOLATED", "EXTRAPOLATED",
