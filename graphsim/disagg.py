@@ -155,7 +155,7 @@ def _forward_seconds(model, hw, mapping, policies, kind: str, batch: Sequence[in
         wl = Workload(("prefill",), b, np.full_like(b, length), np.zeros_like(b))
     else:
         wl = Workload(("decode",), b, np.ones_like(b), np.full_like(b, length))
-    return evaluate_reference(c.program, wl, c.unit_time(), c.overhead).forward
+    return evaluate_reference(c.program, wl, c.unit_time(), c.overhead, c.view).forward
 
 
 def disagg(model, hw, prefill: Pool, decode: Pool, *, isl: int, osl: int, kv: str = "global",

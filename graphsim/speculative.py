@@ -136,7 +136,8 @@ class StepCurve:
     #: points per evaluation call: every call is padded to a multiple of it, so one kernel is compiled
     block: int = 16
     evaluator: Evaluator = attrs.field(default=attrs.Factory(
-        lambda self: Evaluator(self.compiled.program, self.compiled.plan.kinds, self.block), takes_self=True))
+        lambda self: Evaluator(self.compiled.program, self.compiled.plan.kinds, self.block, view=self.compiled.view),
+        takes_self=True))
 
     @classmethod
     def compile(cls, model, hw, contexts, *, counts=None, mapping: ParallelMapping = ParallelMapping(),
