@@ -332,6 +332,14 @@ def sweep_spec(draw) -> dict:
         structure["mapping"] = draw(st.one_of(mapping(), st.sampled_from(["tp4-ep4", "tp3", "x", 4])))
     if draw(st.booleans()):
         structure["policies"] = draw(policies())
+    if rare(draw, 4):  # measured views as structural axes
+        structure["view"] = draw(st.sampled_from(["op", "hybrid", ["sol", "hybrid"], "x", 3]))
+        if draw(st.booleans()):
+            structure["measured"] = draw(st.sampled_from([MEASURED, MEASURED, "/nonexistent", 7, ""]))
+        if draw(st.booleans()):
+            structure["backend"] = draw(st.sampled_from(["trtllm@1.3.0rc20", ["trtllm@1.3.0rc20", "nccl"], "x y", 1]))
+        if draw(st.booleans()):
+            structure["profile"] = draw(st.sampled_from(["practitioner", ["sol", "practitioner"]]))
     axis_names = ["decode.count", "decode.context", "decode.new", "prefill.prompt", "prefill.cached",
                   "prefill.count", "prefill.tier", "hw.hbm_bw", "hw.exp_rate", "hw.nvlink_domain", "profile.hbm", "x.y"]
     axes = {}
