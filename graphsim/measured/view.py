@@ -141,6 +141,8 @@ class BoundView:
 
         cols, flag_cols = {}, {}
         table_t, table_sol, table_fam = [], [], []
+        # SOL columns are strided reads of a (P, C) array: only fused modules and the hybrid fit need them
+        fitting = bool((np.asarray(self.cls_kind) == FALLBACK).any())
         timed: dict = {}  # lookup key -> (latency, flag) at every point
         located: dict = {}  # (coordinate, grid) -> where its points fall: shared by curves on one grid
         coords: dict = {}  # Coord -> (value, log value): shared by every curve that reads it
@@ -160,14 +162,16 @@ class BoundView:
                     timed[key] = eval_curve(cv, [v for v, _ in got], xp, [lg for _, lg in got],
                                             [co for _, co in lk.varying], located)
                 t, f = timed[key]
-                sol = cls_sol[:, c]
                 if key in self.modules:  # one timing for the module, split over its members by their SOL
+                    sol = cls_sol[:, c]
                     total = sum(n * cls_sol[:, m] for m, n in self.modules[key].items())
                     t = xp.where(total > 0, t * sol / xp.where(total > 0, total, 1.0), 0.0)
-                t = xp.where(sol > 0, t, 0.0)
-                table_t.append((t, self.cls_count[c]))
-                table_sol.append(sol)
-                table_fam.append(self.cls_family[c])
+                else:  # no work at this point (no tokens, no requests): no time
+                    t = xp.where(coord(lk.varying[0][1])[0] > 0, t, 0.0)
+                if fitting:
+                    table_t.append((t, self.cls_count[c]))
+                    table_sol.append(cls_sol[:, c])
+                    table_fam.append(self.cls_family[c])
                 cols[c] = t
                 if flags:
                     flag_cols[c] = f
