@@ -33,6 +33,20 @@ def load_model_args(a):
                       redundant_experts=getattr(a, "redundant_experts", 0))
 
 
+def _view_args(p: argparse.ArgumentParser) -> None:
+    """Which view prices the ops: SOL, or measured tables (docs/measured.md)."""
+    p.add_argument("--view", default="sol", choices=("sol", "op", "hybrid"),
+                   help="sol: speed of light; op: measured tables for every op a table family times (strict); "
+                        "hybrid: measured where covered, else a + b x SOL fitted on the backend's covered ops")
+    p.add_argument("--measured", default=None, metavar="DIR",
+                   help="folder of measured tables (graphsim measured import ...) for --view op|hybrid")
+    p.add_argument("--backend", default="", metavar="FRAMEWORK[@VERSION]",
+                   help="the measured tables' identity, e.g. trtllm@1.3.0rc20 or sglang@0.5.14")
+    p.add_argument("--fill", default="older", choices=("older", "none"),
+                   help="a family the named version did not collect: from the newest older version of the same "
+                        "framework (older, reported per op) or uncovered (none)")
+
+
 def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
     p.add_argument("--model", required=True,
                    help="shipped model name, a config.json path or a checkpoint directory (HF layout)")
@@ -44,16 +58,7 @@ def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
         p.add_argument("--request", action="append", required=True, metavar="KIND:LEN[xCOUNT][@CACHED]",
                        help="repeatable, e.g. decode:4096x64 or prefill:2048@1024")
     p.add_argument("--profile", default=None, help="efficiency profile name or TOML (default: SOL, no derating)")
-    p.add_argument("--view", default="sol", choices=("sol", "op", "hybrid"),
-                   help="sol: speed of light; op: measured tables for every op a table family times (strict); "
-                        "hybrid: measured where covered, else SOL x the backend's measured/SOL (docs/measured.md)")
-    p.add_argument("--measured", default=None, metavar="DIR",
-                   help="folder of measured tables (graphsim measured import ...) for --view op|hybrid")
-    p.add_argument("--backend", default="", metavar="FRAMEWORK[@VERSION]",
-                   help="the measured tables' identity, e.g. trtllm@1.3.0rc20 or sglang@0.5.14")
-    p.add_argument("--fill", default="older", choices=("older", "none"),
-                   help="a family the named version did not collect: from the newest older version of the same "
-                        "framework (older, reported per op) or uncovered (none)")
+    _view_args(p)
     p.add_argument("--decoder-replay", default="off", choices=("off", "sglang", "paper"))
     p.add_argument("--encoder-replay", default="on", choices=("on", "off"))
     p.add_argument("--fusion", default="unfused", choices=("unfused", "two-pass", "single-pass"))

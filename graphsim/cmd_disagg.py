@@ -32,6 +32,8 @@ def _ints(text: str, field: str) -> list[int]:
 
 
 def register(sub) -> None:
+    from .cli import _view_args
+
     p = sub.add_parser("disagg", help="disaggregated prefill/decode pools: TTFT, ITL, tokens/s per GPU and user")
     p.add_argument("--model", required=True)
     p.add_argument("--hw", default="gb200")
@@ -47,6 +49,7 @@ def register(sub) -> None:
     p.add_argument("--kv", default="global", choices=("global", "global+swa"))
     p.add_argument("--link", default="scaleout", choices=("scaleout", "nvlink"))
     p.add_argument("--overlap", default="none", choices=("none", "two-batch"))
+    _view_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=run)
 
@@ -59,13 +62,17 @@ def run(a) -> None:
     pre = Pool(parse_mapping(a.prefill), a.prefill_batch, a.prefill_replicas, pol)
     decs = [Pool(parse_mapping(d), b, a.decode_replicas, pol) for d in a.decode
             for b in _ints(a.decode_batch, "decode-batch")]
-    res = sweep(a.model, a.hw, [pre], decs, isl=a.isl, osl=a.osl, kv=a.kv, link=a.link, profile=a.profile)
+    from .cli import view_spec
+
+    res = sweep(a.model, a.hw, [pre], decs, isl=a.isl, osl=a.osl, kv=a.kv, link=a.link, profile=a.profile,
+                view=view_spec(a))
     best = frontier(res)
     if a.json:
-        print(json.dumps({"points": [r.to_dict() for r in res], "frontier": [r.to_dict() for r in best]},
-                         indent=2, default=float))
+        print(json.dumps({"view": a.view, "backend": a.backend, "points": [r.to_dict() for r in res],
+                          "frontier": [r.to_dict() for r in best]}, indent=2, default=float))
         return
-    print(f"graphsim disagg {a.model} on {a.hw}: ISL {a.isl}, OSL {a.osl}, KV {a.kv} over {a.link}")
+    view = f"; {a.view} view on {a.backend} tables" if a.view != "sol" else ""
+    print(f"graphsim disagg {a.model} on {a.hw}: ISL {a.isl}, OSL {a.osl}, KV {a.kv} over {a.link}{view}")
     print(f"{'decode mapping':<22}{'batch':>7}{'GPUs':>6}{'TTFT ms':>10}{'xfer ms':>9}{'ITL ms':>9}"
           f"{'tok/s/user':>12}{'tok/s/GPU':>11}  bound  pareto")
     for r in res:

@@ -143,13 +143,14 @@ def transfer_seconds(model, hw, prefill: Pool, decode: Pool, isl: int, kv: str =
     return per_group * nbytes / (lanes * bw) + lat, nbytes
 
 
-def _forward_seconds(model, hw, mapping, policies, kind: str, batch: Sequence[int], length: int, profile) -> np.ndarray:
+def _forward_seconds(model, hw, mapping, policies, kind: str, batch: Sequence[int], length: int, profile,
+                     view=None) -> np.ndarray:
     """Forward time of one replica for each batch size (one compile, a vectorized evaluation)."""
     from .lowering.evaluate import evaluate_reference
     from .workload import Workload
 
     req = f"prefill:{length}x{max(batch)}" if kind == "prefill" else f"decode:{length}x{max(batch)}"
-    c = compile_plan(model, Plan([req], mapping, policies), hw, profile)
+    c = compile_plan(model, Plan([req], mapping, policies), hw, profile, view=view)
     b = np.asarray(batch, dtype=np.float64)[:, None]
     if kind == "prefill":
         wl = Workload(("prefill",), b, np.full_like(b, length), np.zeros_like(b))
@@ -159,13 +160,13 @@ def _forward_seconds(model, hw, mapping, policies, kind: str, batch: Sequence[in
 
 
 def disagg(model, hw, prefill: Pool, decode: Pool, *, isl: int, osl: int, kv: str = "global",
-           link: str = "scaleout", profile=None) -> DisaggResult:
-    """One disaggregated deployment point."""
-    return sweep(model, hw, [prefill], [decode], isl=isl, osl=osl, kv=kv, link=link, profile=profile)[0]
+           link: str = "scaleout", profile=None, view=None) -> DisaggResult:
+    """One disaggregated deployment point (``view``: a measured view, graphsim.measured.view.ViewSpec)."""
+    return sweep(model, hw, [prefill], [decode], isl=isl, osl=osl, kv=kv, link=link, profile=profile, view=view)[0]
 
 
 def sweep(model, hw, prefills: Iterable[Pool], decodes: Iterable[Pool], *, isl: int, osl: int,
-          kv: str = "global", link: str = "scaleout", profile=None) -> list[DisaggResult]:
+          kv: str = "global", link: str = "scaleout", profile=None, view=None) -> list[DisaggResult]:
     """Every (prefill pool, decode pool) pair; each distinct mapping is compiled once and evaluated at all
     of its batch sizes in one call."""
     from .hw import load_hw, load_profile
@@ -184,7 +185,8 @@ def sweep(model, hw, prefills: Iterable[Pool], decodes: Iterable[Pool], *, isl: 
         out = {}
         for key in dict.fromkeys((p.mapping, p.policies) for p in pools):
             batches = sorted({p.batch for p in pools if (p.mapping, p.policies) == key})
-            for b, t in zip(batches, _forward_seconds(model, hw, key[0], key[1], kind, batches, length, profile)):
+            for b, t in zip(batches, _forward_seconds(model, hw, key[0], key[1], kind, batches, length, profile,
+                                                      view)):
                 out[(key, b)] = float(t)
         return out
 

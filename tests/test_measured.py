@@ -274,3 +274,16 @@ def test_an_moe_exchange_takes_the_fastest_implementation_the_tables_cover(v3_op
         assert len(times) == 2
         assert c.view.op_note[i].startswith(min(times, key=times.get))
         assert c.schedule().duration[0, i] == pytest.approx(min(times.values()), rel=1e-12)
+
+
+def test_disagg_in_a_measured_view(capsys):
+    args = ["disagg", "--model", "deepseek-v3", "--hw", "gb200", "--isl", "1024", "--osl", "1024",
+            "--prefill", "tp=4,ep=4", "--decode", "tp=4,ep=4", "--decode-batch", "16", "--json"]
+    assert main(args) == 0
+    sol = json.loads(capsys.readouterr().out)
+    assert main(args + ["--view", "hybrid", "--measured", FIX, "--backend", TRT]) == 0
+    hyb = json.loads(capsys.readouterr().out)
+    assert hyb["view"] == "hybrid" and sol["view"] == "sol"
+    # measured kernels are slower than their roofline: every phase takes longer than at SOL
+    assert hyb["points"][0]["itl_s"] > sol["points"][0]["itl_s"]
+    assert hyb["points"][0]["ttft_s"] > sol["points"][0]["ttft_s"]
