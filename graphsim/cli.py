@@ -178,6 +178,10 @@ def _estimate_chunked(a) -> None:
     print(f"TTFT (sum of {len(steps)} chunk steps): {ttft * 1e3:.3f} ms")
 
 
+#: SVG pictures of larger graphs collapse to one node per layer (the DOT text always has every op)
+SVG_MAX_OPS = 1000
+
+
 def cmd_graph(a) -> None:
     from .exports.dot import render_svg, to_dot
 
@@ -186,8 +190,15 @@ def cmd_graph(a) -> None:
     if a.output:
         output_path(a.output)  # before the work: a directory or a missing folder fails at once
     c = _compile(a)
-    text = to_dot(c.graph, schedule=c.schedule(), collapse_layers=a.collapse)
-    if a.output and a.output.endswith(".svg"):
+    svg = bool(a.output and a.output.endswith(".svg"))
+    collapse = a.collapse
+    if svg and not collapse and len(c.graph.ops) > SVG_MAX_OPS:
+        # graphviz's layout of a few thousand clustered nodes runs for many minutes (1,606 ops: > 5 min)
+        collapse = True
+        print(f"graphsim: note: {len(c.graph.ops):,} ops is more than graphviz lays out in reasonable time "
+              f"(> {SVG_MAX_OPS:,}): the SVG has one node per layer; write .dot for every op", file=sys.stderr)
+    text = to_dot(c.graph, schedule=c.schedule(), collapse_layers=collapse)
+    if svg:
         text = render_svg(text)
     if a.output:
         write_text(a.output, text)

@@ -128,3 +128,23 @@ def test_reduction_collapses_single_stream_graph_to_one_segment():
     p = lower(b.build())
     assert p.n_segments == 1
     assert p.n_classes == 1  # 22 identical cost rows -> one cost class
+
+
+def test_big_dags_at_few_points_take_the_numpy_route_with_the_same_numbers():
+    # a pipeline-parallel prefill unrolls into thousands of segments: at a few points the evaluator uses
+    # the NumPy full-graph schedule instead of compiling the max-plus; both give the same outputs
+    import graphsim as gs
+    from graphsim.lowering import evaluate as E
+
+    c = gs.compile_plan("llama-3.1-70b", gs.Plan(["prefill:2048x4"], gs.ParallelMapping(pp=4, dp=2)), "gb200")
+    wl = gs.Workload.stack([gs.Plan([f"prefill:{n}x4"]).workload() for n in (1024, 2048, 3000)])
+    outs = ("forward", "stages", "kinds", "classes", "workspace", "components")
+    ref = E.reference_outputs(c.program, wl, c.unit_time(), 0.0, None, outs)
+    jit = E.build_kernel(c.program, wl.kinds, outs)(wl.arrays(), np.broadcast_to(c.unit_time(), (3, len(c.unit_time()))),
+                                                     np.zeros(3))
+    for k in outs:
+        np.testing.assert_allclose(ref[k], np.asarray(jit[k]), rtol=1e-9, atol=1e-18, err_msg=k)
+    assert c.program.n_segments > E.NUMPY_SEGMENTS  # this plan does take the NumPy route
+    routed = c.evaluate(wl, outputs=outs)
+    for k in outs:
+        np.testing.assert_allclose(routed[k], ref[k], rtol=1e-12, atol=1e-18, err_msg=k)

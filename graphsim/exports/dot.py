@@ -181,7 +181,7 @@ def dot_available() -> bool:
 #: 1,184-op decode graph): cap their iterations (1.3 s, a plainer layout of the same graph).
 FAST_LAYOUT_NODES = 400
 FAST_LAYOUT = ("-Gnslimit=1", "-Gnslimit1=1", "-Gmclimit=0.1")
-DOT_TIMEOUT_S = 300
+DOT_TIMEOUT_S = 120
 
 
 def render_svg(dot_text: str) -> str:
