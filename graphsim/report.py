@@ -143,6 +143,12 @@ def make_report(compiled, point: int = 0) -> Report:
          "formula": g.ops[i].formula}
         for i in sched.critical_path(point)
     ]
+    if sched.source is not None:  # a measured view: the bound is its SOL roofline's; where the time came from
+        from .measured.view import SOURCE_NAMES
+
+        for p, i in zip(path, sched.critical_path(point)):
+            p["source"] = SOURCE_NAMES[int(sched.source[point, i])]
+            p["bound"] = f"{p['bound']} at SOL; {p['source']}"
     comps = sched.components[point]
     totals = dict(zip(COMPONENTS, comps.sum(axis=0).tolist()))
     # ---- tokens and throughput (the sweep metrics' definitions, at this one point)
