@@ -22,7 +22,6 @@ from .schema import FAMILIES
 from .store import Partition
 
 MEASURED, INTERPOLATED, EXTRAPOLATED = 0, 1, 2
-SOURCES = ("measured", "interpolated", "extrapolated")
 
 
 @attrs.frozen(eq=False)

@@ -80,8 +80,7 @@ _family("dsv4_attention", ("batch", "seq", "heads", "compress_ratio"), ("model",
         doc="DeepSeek-V4 attention module (op = csa_context / csa_generation / hca_context / hca_generation): "
         "compressor, indexer and sparse attention as one timing; seq = new tokens (context) or cached "
         "positions (generation)", exact=("heads", "compress_ratio"))
-_family("elementwise", ("tokens", "elems"), doc="norm / activation / quantize over tokens x elems (op = the "
-        "kind)", exact=("elems",))
+
 
 #: What one timing covers.
 BOUNDARIES = ("kernel", "module")
