@@ -165,8 +165,6 @@ def _gemm(op: Op, ctx: MapContext):
     i = op.info
     if not (i.k and i.n):
         return Miss("", f"a {op.kind} op without a GEMM shape (no table family)")
-    if i.role:
-        return Miss("mhc", f"mHC {i.role}: the mhc tables time the fused pre/post module, graphsim prices its parts")
     flops = [(f, v) for c, f, v in op.cost.terms if c.startswith("flops_")]
     if not flops:
         return Miss("gemm", "no FLOPs to read m from")
@@ -298,9 +296,11 @@ def _mhc(op: Op, ctx: MapContext):
     tok = _own(op, "tokens")
     if not (hc and iters and hidden) or tok is None:
         return Miss("mhc", "the model does not declare hc_mult, hc_sinkhorn_iters and hidden_size")
-    # the module instance: the op's name without its site and role (layer and any micro-batch copy kept)
+    # the module instance: the op's name without its site and role (layer and any micro-batch copy kept);
+    # it covers every site of the layer (attention and FFN in DeepSeek-V4)
     instance = re.sub(r"\.hc_[^.]+\.[^.]+", "", op.name)
-    sites = 2  # every DeepSeek-V4-style layer has an attention and an FFN site; a module covers both
+    sites = len({m.group(1) for o in ctx.logical.ops if o.layer == op.layer and o.kind == "mhc"
+                 for m in [re.search(r"\.hc_([^.]+)\.", o.name)] if m})
     fixed = (("hidden", int(hidden)), ("hc_mult", int(hc)), ("sites", sites), ("sinkhorn", int(iters)))
     return Lookup("mhc", MHC_MODULE[role], (), fixed, (("tokens", Coord(((tok, 1.0 / _dp_div(op, ctx)),))),),
                   module=f"{op.device}:{instance}")

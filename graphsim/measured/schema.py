@@ -11,7 +11,7 @@ import math
 
 import attrs
 
-from graphsim.errors import GraphsimError, require
+from graphsim.errors import require
 
 #: Identity columns every row carries ("" where unknown, e.g. an image digest the collector did not record).
 COMMON = (
@@ -113,8 +113,3 @@ def check_frame(df, where: str) -> None:
     bnd = sorted(set(df["boundary"].astype(str)) - set(BOUNDARIES))
     require(not bnd, f"{where}.boundary", f"must be one of {', '.join(BOUNDARIES)}, got {bnd[:3]}")
 
-
-def family_of(name: str) -> Family:
-    if name not in FAMILIES:
-        raise GraphsimError("family", f"unknown table family {name!r}; allowed: {', '.join(FAMILIES)}")
-    return FAMILIES[name]
