@@ -35,9 +35,12 @@ def load_model_args(a):
 
 def _view_args(p: argparse.ArgumentParser) -> None:
     """Which view prices the ops: SOL, or measured tables (docs/measured.md)."""
-    p.add_argument("--view", default="sol", choices=("sol", "op", "hybrid"),
+    p.add_argument("--view", default="sol", choices=("sol", "op", "hybrid", "fpm"),
                    help="sol: speed of light; op: measured tables for every op a table family times (strict); "
-                        "hybrid: measured where covered, else a + b x SOL fitted on the backend's covered ops")
+                        "hybrid: measured where covered, else a + b x SOL fitted on the backend's covered ops; "
+                        "fpm: whole forwards from a fitted FPM model (--fpm FILE)")
+    p.add_argument("--fpm", default=None, metavar="FILE",
+                   help="the FPM model for --view fpm (graphsim fpm fit samples.parquet -o model.fpm)")
     p.add_argument("--measured", default=None, metavar="DIR",
                    help="folder of measured tables (graphsim measured import ...) for --view op|hybrid")
     p.add_argument("--backend", default="", metavar="FRAMEWORK[@VERSION]",
@@ -126,10 +129,17 @@ def _compile(a, requests=None):
 def view_spec(a):
     """The measured view the flags name (None for SOL)."""
     if getattr(a, "view", "sol") == "sol":
-        if getattr(a, "measured", None) or getattr(a, "backend", ""):
-            raise GraphsimError("view", "--measured/--backend need --view op or --view hybrid")
+        if getattr(a, "measured", None) or getattr(a, "backend", "") or getattr(a, "fpm", None):
+            raise GraphsimError("view", "--measured/--backend need --view op or --view hybrid; --fpm needs --view fpm")
         return None
     from .measured.view import ViewSpec
+
+    if a.view == "fpm":
+        if getattr(a, "measured", None):
+            raise GraphsimError("measured", "--view fpm reads an FPM model (--fpm FILE), not measured tables")
+        return ViewSpec("fpm", getattr(a, "fpm", None) or "", a.backend, a.fill)
+    if getattr(a, "fpm", None):
+        raise GraphsimError("fpm", "--fpm needs --view fpm")
 
     return ViewSpec(a.view, a.measured, a.backend, a.fill)
 
@@ -210,6 +220,19 @@ def cmd_graph(a) -> None:
 def cmd_hw(a) -> None:
     from .hw import list_hw, load_hw
 
+    if a.action == "probe":
+        from .collect.probe import probe, to_toml
+
+        desc = probe(a.name or "local", quick=a.quick, log=lambda m: print(m, file=sys.stderr))
+        text = to_toml(desc)
+        if a.output:
+            from .outputs import write_text
+
+            write_text(a.output, text)
+            print(f"wrote {a.output} ({desc['name']}: use --hw {a.output})")
+        else:
+            sys.stdout.write(text)
+        return
     if a.action == "list":
         if a.json:
             print(json.dumps([{"name": n, "description": load_hw(n).description} for n in list_hw()], indent=2))
@@ -289,9 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--collapse", action="store_true", help="one summary node per layer")
     g.set_defaults(fn=cmd_graph)
     h = sub.add_parser("hw", help="hardware descriptors")
-    h.add_argument("action", choices=("list", "show"))
-    h.add_argument("name", nargs="?")
+    h.add_argument("action", choices=("list", "show", "probe"),
+                   help="list shipped descriptors, show one, or probe this machine's default JAX device")
+    h.add_argument("name", nargs="?", help="show: the descriptor; probe: the name to give it (default local)")
     h.add_argument("--json", action="store_true")
+    h.add_argument("-o", "--output", default=None, help="probe: write the descriptor TOML here")
+    h.add_argument("--quick", action="store_true", help="probe: fewer sizes and repetitions (seconds)")
     h.set_defaults(fn=cmd_hw)
     m = sub.add_parser("models", help="list shipped models")
     m.set_defaults(fn=cmd_models)

@@ -6,11 +6,15 @@ Shapes are per rank, read off the **sharded** op: a GEMM's m is its FLOPs / (2·
 the TP-split dimension is k for a row-parallel layer (one that all-reduces over TP) and n otherwise; heads
 are divided by TP. A varying coordinate is a ratio of two linear forms over workload features.
 
-Op kinds with no table family (norms, elementwise, quantize, cache writes, embedding lookups, host copies,
-Engram, the V4 compressor/indexer parts, ...) are not "missing data": no collector times them at graphsim's
-op boundary, so every view prices them at SOL and labels them ``sol``. Where a table times a fused module
-(the mHC pre/post modules, aiconfigurator's MLA and DeepSeek-V4 attention modules) and graphsim prices the
-parts, the parts are not matched to it: the boundary differs, and the report says so.
+Norms, gated activations and plain cache writes are timed by the ``elementwise`` (rmsnorm, silu_mul) and
+``copy`` families that a local collector writes (``graphsim collect ops``); runtime tables imported from
+aiconfigurator have neither, so with a backend that has no partition of such a family on the device at all
+these ops stay at SOL, labelled ``sol``, in every view (see :func:`_collected`). Op kinds with no table
+family (other elementwise ops, quantize, embedding lookups, host copies, Engram, the V4 compressor/indexer
+parts, ...) are not "missing data": no collector times them at graphsim's op boundary, so every view prices
+them at SOL and labels them ``sol``. Where a table times a fused module (the mHC pre/post modules,
+aiconfigurator's MLA and DeepSeek-V4 attention modules) and graphsim prices the parts, the parts are not
+matched to it: the boundary differs, and the report says so.
 """
 from __future__ import annotations
 
@@ -93,6 +97,9 @@ class MapContext:
     kinds: tuple  # request kinds of the plan's groups
     token_sets: dict
     model: object = None
+    #: the backend's admitted partitions (a measured.store.Selection), when the caller has one
+    selection: object = None
+    _memo: dict = attrs.field(factory=dict, eq=False, repr=False)  # family -> collected at all
 
 
 RULES: dict[str, Callable] = {}
@@ -156,6 +163,47 @@ def _dp_div(op: Op, ctx: MapContext) -> float:
     from graphsim.passes.sharding import effective_split
 
     return float(ctx.mapping.dp) if "dp" in effective_split(op) else 1.0
+
+
+def _collected(ctx: MapContext, family: str) -> bool:
+    """Whether the selected backend has any partition of ``family`` on the device (the named version, or an
+    older one the fill rule admits); True without a selection."""
+    sel = ctx.selection
+    if sel is None:
+        return True
+    if family not in ctx._memo:
+        ops = {p.identity["op"] for p in sel._family(family)}
+        ctx._memo[family] = any(sel.candidates(family, o, {}) for o in ops)
+    return ctx._memo[family]
+
+
+def _not_collected(ctx: MapContext, family: str, what: str) -> Miss | None:
+    """The families only a local collector writes (elementwise, copy) time ops that every runtime also runs
+    but no imported table times (norms, activations, cache writes). Where the backend has no partition of
+    the family at all, the op is treated like a kind no family times — ``Miss("")``: SOL in every view,
+    labelled — rather than as uncovered (``Miss(family)``: an error in the strict op view, a fallback fitted
+    on the GEMMs in hybrid), so the op view of imported runtime tables keeps working and prices these ops as
+    before. Once the backend has the family, an op it does not cover is uncovered as usual."""
+    if _collected(ctx, family):
+        return None
+    sel = ctx.selection
+    return Miss("", f"{what}: no {family} tables for {sel.backend} on {sel.device} (runtime tables do not time "
+                "it; `graphsim collect ops` does): priced at SOL")
+
+
+def _rows(op: Op, elems: float, bytes_per_elem: float) -> Coord | None:
+    """Rows of ``elems`` elements on one rank, from the op's activation bytes (per-rank coefficients: DP and
+    micro-batch splits are the SOL view's)."""
+    terms = [(f, v) for c, f, v in op.cost.terms if c == "bytes_act"]
+    if not terms or elems <= 0 or bytes_per_elem <= 0:
+        return None
+    return Coord(tuple((f, v / (elems * bytes_per_elem)) for f, v in terms))
+
+
+def _width(op: Op, ctx: MapContext) -> int:
+    """An elementwise op's width per token on one rank (a TP-split op holds elems / tp of it)."""
+    tp = _tp_split(op, ctx)
+    return int(round(op.info.elems / tp))
 
 
 # ---- rules ---------------------------------------------------------------------------------------------
@@ -304,3 +352,69 @@ def _mhc(op: Op, ctx: MapContext):
     fixed = (("hidden", int(hidden)), ("hc_mult", int(hc)), ("sites", sites), ("sinkhorn", int(iters)))
     return Lookup("mhc", MHC_MODULE[role], (), fixed, (("tokens", Coord(((tok, 1.0 / _dp_div(op, ctx)),))),),
                   module=f"{op.device}:{instance}")
+
+
+#: an elementwise op's bytes per element (in = out) -> the elementwise tables' dtype
+ELEM_DTYPE = {2.0: "bfloat16", 4.0: "float32"}
+#: a gated MLP activation (hidden_act) -> the elementwise tables' op
+GATED_OP = {"silu": "silu_mul", "gelu": "gelu_mul", "gelu_pytorch_tanh": "gelu_tanh_mul", "swigluoai": "swiglu_oai"}
+
+
+def _elementwise(op: Op, ctx: MapContext, name: str, bytes_in: float):
+    """An elementwise lookup over [tokens, elems] (bf16 / fp32 in and out: a fused quantizing output is
+    another kernel, uncovered)."""
+    i = op.info
+    dt = ELEM_DTYPE.get(float(bytes_in)) if bytes_in == i.bytes_out else None
+    if dt is None:
+        return Miss("elementwise", f"{name} reading {bytes_in:g} and writing {i.bytes_out:g} B per element (a fused "
+                    "quantizing output): the elementwise tables time the same dtype in and out")
+    e = _width(op, ctx)
+    tok = _rows(op, e, i.bytes_in + i.bytes_out)
+    if tok is None or e <= 0:
+        return Miss("elementwise", f"a {op.kind} op without a width or activation bytes")
+    return Lookup("elementwise", name, (("dtype", (dt,)),), (("elems", e),), (("tokens", tok),))
+
+
+@rule("norm")
+def _norm(op: Op, ctx: MapContext):
+    """RMSNorm over the op's width per token (a per-head norm — q/k norm — is timed as one row per token)."""
+    miss = _not_collected(ctx, "elementwise", "a norm")
+    return miss if miss else _elementwise(op, ctx, "rmsnorm", op.info.bytes_in)
+
+
+def _act(op: Op, ctx: MapContext) -> str:
+    cfg = getattr(ctx.model, "cfg", None)
+    layers = getattr(cfg, "layers", None)
+    if isinstance(layers, tuple) and isinstance(op.layer, int) and 0 <= op.layer < len(layers):
+        return getattr(layers[op.layer], "act", "silu")
+    return getattr(cfg, "hidden_act", None) or "silu"
+
+
+@rule("activation")
+def _activation(op: Op, ctx: MapContext):
+    """A gated MLP activation act(g)·u of [tokens, 2·elems] -> [tokens, elems] (SwiGLU: silu_mul). Other
+    activations (ReLU², gates, convolutions) are not what the elementwise tables time: SOL."""
+    miss = _not_collected(ctx, "elementwise", "an activation")
+    if miss:
+        return miss
+    i = op.info
+    if op.name.rsplit(".", 1)[-1] != "swiglu" or i.bytes_in <= 0:
+        return Miss("", f"{op.name.rsplit('.', 1)[-1]}: not a gated MLP activation (the elementwise tables time "
+                    "silu_mul): priced at SOL")
+    act = _act(op, ctx)
+    return _elementwise(op, ctx, GATED_OP.get(act, f"{act}_mul"), i.bytes_in / 2.0)
+
+
+@rule("cache_write")
+def _cache_write(op: Op, ctx: MapContext):
+    """A plain cache write (the op reads and writes nothing but the entries it stores): a copy of its bytes."""
+    miss = _not_collected(ctx, "copy", "a cache write")
+    if miss:
+        return miss
+    terms = [(c, f, v) for c, f, v in op.cost.terms if c.startswith("bytes_")]
+    if not terms:
+        return Miss("", "a cache write without bytes")
+    if any(c != "bytes_kv" for c, _, _ in terms):
+        return Miss("copy", "a converting cache write (reads activations, writes another format): the copy "
+                    "tables time a plain copy")
+    return Lookup("copy", "copy", (), (), (("bytes", Coord(tuple((f, v) for _, f, v in terms))),))

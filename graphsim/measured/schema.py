@@ -80,6 +80,9 @@ _family("dsv4_attention", ("batch", "seq", "heads", "compress_ratio"), ("model",
         doc="DeepSeek-V4 attention module (op = csa_context / csa_generation / hca_context / hca_generation): "
         "compressor, indexer and sparse attention as one timing; seq = new tokens (context) or cached "
         "positions (generation)", exact=("heads", "compress_ratio"))
+_family("elementwise", ("tokens", "elems"), doc="a per-token elementwise op (op = rmsnorm: [tokens, elems] in and "
+        "out; silu_mul: silu(g)·u of [tokens, 2·elems] -> [tokens, elems]; add: a residual add) on one rank")
+_family("copy", ("bytes",), doc="a device memory copy / cache write (op = copy) of bytes on one rank")
 
 
 #: What one timing covers.

@@ -21,7 +21,7 @@ from .interp import EXTRAPOLATED, INTERPOLATED, MEASURED, build_curve, eval_curv
 from .mapping import Lookup, MapContext, Miss, lookup_for
 from .store import FILLS, Backend, Store
 
-VIEWS = ("sol", "op", "hybrid")
+VIEWS = ("sol", "op", "hybrid", "fpm")
 #: A fallback op's family without covered ops borrows the measured/SOL of covered ops of its group (matrix
 #: engines vs links), never across groups.
 GROUPS = {"collective": "communication", "moe_a2a": "communication"}
@@ -41,7 +41,10 @@ class ViewSpec:
     def __attrs_post_init__(self):
         require(self.name in VIEWS, "view", f"must be one of {', '.join(VIEWS)}, got {self.name!r}")
         require(self.fill in FILLS, "fill", f"must be one of {', '.join(FILLS)}, got {self.fill!r}")
-        if self.name != "sol":
+        if self.name == "fpm":
+            require(self.measured is not None and self.measured != "", "fpm",
+                    "the fpm view needs --fpm FILE (a model from graphsim fpm fit, docs/fpm.md)")
+        elif self.name != "sol":
             require(self.measured is not None and self.measured != "", "measured",
                     f"the {self.name} view needs --measured DIR (a folder of measured tables, docs/measured.md)")
             require(bool(self.backend), "backend", f"the {self.name} view needs --backend FRAMEWORK[@VERSION], "
@@ -244,7 +247,7 @@ def bind(spec: ViewSpec, graph, logical, plan, hw, model=None) -> BoundView | No
         return None
     store = spec.store()
     sel = store.select(hw.name, Backend.parse(spec.backend), spec.fill)
-    ctx = MapContext(plan.mapping, logical, graph.tensor_map, plan.kinds, graph.token_set_map, model)
+    ctx = MapContext(plan.mapping, logical, graph.tensor_map, plan.kinds, graph.token_set_map, model, sel)
     wl = plan.workload()
     curves: dict = {}
     failed: dict = {}
