@@ -145,9 +145,13 @@ class Compiled:
     evaluator: Evaluator
     #: a measured view bound to this graph (graphsim.measured.view.BoundView); None = the SOL view
     view: object = None
+    #: the FPM view (graphsim.fpm.view.FPMView): whole forwards = SOL forward x the partition's fitted ratio
+    fpm: object = None
 
     @property
     def view_name(self) -> str:
+        if self.fpm is not None:
+            return "fpm"
         return self.view.spec.name if self.view is not None else "sol"
 
     def unit_time(self, hw: HardwareSpec | None = None) -> np.ndarray:
@@ -165,7 +169,15 @@ class Compiled:
     def evaluate(self, workload: Workload, ut=None, overhead=None, outputs=("forward", "stages")) -> dict:
         """Vectorized evaluation (JAX) over every point of ``workload``."""
         ut = self.unit_time() if ut is None else ut
-        return self.evaluator(workload, ut, self.overhead if overhead is None else overhead, outputs)
+        out = self.evaluator(workload, ut, self.overhead if overhead is None else overhead, outputs)
+        if self.fpm is not None and "forward" in out:  # FPM times whole forwards: scale SOL's, mark the domain
+            sol = np.asarray(out["forward"], np.float64)
+            t, inside, _, _ = self.fpm.scale(workload, sol)
+            ratio = np.where(sol > 0, t / np.where(sol > 0, sol, 1.0), np.nan)
+            out = dict(out, forward=t, sol_forward=sol, fpm_in_domain=inside)
+            if "stages" in out:
+                out["stages"] = np.asarray(out["stages"]) * ratio[:, None]
+        return out
 
     def report(self):
         from .report import make_report
@@ -259,8 +271,14 @@ def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyP
     passes = [*default_passes(model, plan.policies), *extra_passes, *plan_passes(ctx)]
     graph = PassPipeline(passes).run(logical, ctx)
     graph = graph.evolve(meta=attrs.evolve(graph.meta, hw=hw.name, policies=str(plan.policies.identity())))
-    bound = None
-    if view is not None and getattr(view, "name", "sol") != "sol":
+    bound = fpm = None
+    if view is not None and getattr(view, "name", "sol") == "fpm":
+        from .fpm.view import bind_fpm
+
+        require(profile is None, "profile", "an efficiency profile derates the SOL view; the fpm view takes its "
+                "forwards from measured samples (drop --profile)")
+        fpm = bind_fpm(view, model, plan, hw)
+    elif view is not None and getattr(view, "name", "sol") != "sol":
         from .measured.view import bind
 
         require(profile is None, "profile", "an efficiency profile derates the SOL view; the op and hybrid views "
@@ -270,4 +288,4 @@ def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyP
     if bound is not None:
         bound = bound.attach(program)
     return Compiled(model, plan, hw, profile, logical, graph, program,
-                    Evaluator(program, plan.kinds, chunk, view=bound), bound)
+                    Evaluator(program, plan.kinds, chunk, view=bound), bound, fpm)

@@ -75,7 +75,18 @@ class Report:
 
 
 def coverage_text(cov: dict) -> list[str]:
-    """The coverage table of a measured view (per op kind: SOL, view time, efficiency, sources)."""
+    """The coverage table of a measured view (per op kind: SOL, view time, efficiency, sources); for the FPM
+    view, the partition, the ratio to SOL and whether the point was inside the sampled coordinates."""
+    if cov.get("view") == "fpm":
+        e = cov["train_error"]
+        dom = "in domain" if cov["domain"] == "in" else f"EXTRAPOLATED (outside the samples in {', '.join(cov['outside'])})"
+        return [f"fpm view: {cov['backend']} forwards on {cov['device']}, partition {cov['partition']}",
+                f"  forward = SOL {_ms(cov['sol_forward_s']).strip()} x {cov['ratio']:.3f} = "
+                f"{_ms(cov['fpm_forward_s']).strip()}  [{cov['mix']} curve, {cov['samples']} samples, {dom}]",
+                f"  curve: {cov['curve']}",
+                f"  training error: median {100 * e['median']:.1f} %, p90 {100 * e['p90']:.1f} %, worst "
+                f"{100 * e['worst']:.1f} % (held-out error: graphsim fpm eval)",
+                "  stages, op kinds and the critical path below are SOL's (FPM times whole forwards)"]
     lines = [f"{cov['view']} view: {cov['backend']} tables on {cov['device']} — forward by source: "
              + ", ".join(f"{k} {100 * v:.1f} %" for k, v in cov["forward_share"].items() if v)]
     lines.append("op kind          SOL          view        SOL/view  sources (ops)")
@@ -125,6 +136,9 @@ def make_report(compiled, point: int = 0) -> Report:
     sched = c.schedule(wl)
     dur, start, finish = sched.duration[point], sched.start[point], sched.finish[point]
     forward = float(finish.max())
+    fpm = c.fpm.describe(wl.point(point), np.array([forward])) if c.fpm is not None else None
+    if fpm is not None:  # the FPM view: the forward is measured-and-fitted; the breakdowns stay SOL's
+        forward = fpm["fpm_forward_s"]
     bounds = sched.bound(point)
     stages: dict[str, dict] = {}
     kinds: dict[str, float] = {}
@@ -196,6 +210,9 @@ def make_report(compiled, point: int = 0) -> Report:
     if c.view is not None:
         identity["backend"] = c.view.backend
     cov = coverage(c, sched, point) if c.view is not None else None
+    if fpm is not None:
+        identity["backend"] = fpm["backend"]
+        cov = fpm
     return Report(identity, forward, stages, kinds, layers, path, memory, tokens, traffic, cov)
 
 

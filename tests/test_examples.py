@@ -1,4 +1,4 @@
-"""Every shipped example runs (the sweep example is run at a reduced size by tests/test_sweep.py)."""
+"""Every shipped example runs (the sweep and local FPM examples at a reduced size by their own tests)."""
 import pathlib
 import subprocess
 import sys
@@ -6,7 +6,8 @@ import sys
 import pytest
 
 EXAMPLES = sorted(p for p in (pathlib.Path(__file__).parent.parent / "examples").glob("*.py"))
-RUN_ELSEWHERE = {"run_sweep.py": "run at a reduced size by tests/test_sweep.py"}
+RUN_ELSEWHERE = {"run_sweep.py": "run at a reduced size by tests/test_sweep.py",
+                 "local_fpm.py": "run with --quick by tests/test_fpm.py (the full grid takes minutes)"}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

@@ -300,6 +300,11 @@ def _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress):
             workload = Workload(kinds, **{f: wl[f][sel] for f in FIELDS})
             out = compiled.evaluate(workload, ut[sel], overhead[sel], want)
             res = {k: np.asarray(v)[: idx.size] for k, v in out.items()}
+            if "sol_forward" in res:  # FPM: a request mix the partition never sampled has no curve
+                bad = ~np.isfinite(res["forward"])
+                msg[idx[bad]] = "fpm: the FPM partition has no forwards of this request mix"
+                fld[idx[bad]] = "fpm"
+                ok = msg == ""
 
         def full(x, width=None):
             a = np.full((n,) if width is None else (n, width), np.nan)
@@ -313,6 +318,13 @@ def _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress):
         for name in grid.names:
             cols[name] = pa.array(cols_in[name])
         cols["forward_s"] = pa.array(forward)
+        if "sol_forward" in res:  # the FPM view: SOL beside it, and whether the point was inside the samples
+            cols["sol_forward_s"] = pa.array(full(res["sol_forward"]))
+            dom = np.full(n, None, dtype=object)
+            if idx.size:
+                fin = np.isfinite(res["forward"])
+                dom[idx] = np.where(~fin, "no_curve", np.where(res["fpm_in_domain"], "in", "extrapolated"))
+            cols["fpm_domain"] = pa.array(dom.tolist(), pa.string())
         if "stages" in spec.outputs:
             st = full(res.get("stages"), len(stage_names))
             for j, s in enumerate(stage_names):

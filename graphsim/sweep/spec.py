@@ -27,7 +27,7 @@ GROUP_FIELDS = {
 HW_AXES = ("hbm_bw", "nvlink_bw", "scaleout_bw", "c2c_bw", "disk_bw", "exp_rate", "nvlink_latency_s",
            "scaleout_latency_s", "hbm_capacity_bytes")
 PROFILE_AXES = ("compute", "sfu", "hbm", "nvlink", "scaleout", "c2c", "disk", "op_overhead_s")
-STRUCT_KEYS = ("model", "hw", "profile", "mapping", "requests", "policies", "view", "measured", "backend")
+STRUCT_KEYS = ("model", "hw", "profile", "mapping", "requests", "policies", "view", "measured", "backend", "fpm")
 SPEC_KEYS = ("name", "structure", "axes", "zip", "outputs", "chunk")
 EXTRA_OUTPUTS = ("stages", "kinds", "traffic")
 IDENTITY_HEAD = ("struct_id", "sweep", "graphsim_version", "model", "hw", "profile", "view", "backend", "measured",
@@ -437,8 +437,9 @@ class SweepSpec:
 
 
 def _parse_views(s: Mapping) -> tuple:
-    """structure.view (sol / op / hybrid, one or a list) x structure.backend (one or a list), with one
-    structure.measured folder: the measured views each backend is evaluated in."""
+    """structure.view (sol / op / hybrid / fpm, one or a list) x structure.backend (one or a list), with one
+    structure.measured folder (op / hybrid) and one structure.fpm model file (fpm): the measured views each
+    backend is evaluated in. The fpm view's backend is optional (the model file may hold one runtime)."""
     from ..measured.view import VIEWS
 
     views = [str(v) for v in _listify(s.get("view", "sol"))]
@@ -451,6 +452,13 @@ def _parse_views(s: Mapping) -> tuple:
     for v in views:
         if v == "sol":
             out.append(("sol", "", ""))
+            continue
+        if v == "fpm":
+            fpm = s.get("fpm", "")
+            require(isinstance(fpm, str) and bool(fpm), "structure.fpm", "the fpm view needs one FPM model file "
+                    "(graphsim fpm fit samples.parquet -o model.fpm)")
+            for b in backends or [""]:
+                out.append(("fpm", fpm, b))
             continue
         require(bool(measured), "structure.measured", f"the {v} view needs a folder of measured tables")
         for b in backends:

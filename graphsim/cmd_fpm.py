@@ -1,0 +1,87 @@
+"""``graphsim fpm fit SAMPLES... -o model.fpm`` and ``graphsim fpm eval model.fpm --holdout SAMPLES``
+(docs/fpm.md)."""
+from __future__ import annotations
+
+import json
+
+
+def cmd_fpm(a) -> None:
+    from .errors import GraphsimError
+
+    if a.action == "fit":
+        from .fpm.fit import fit_files
+
+        if not a.inputs:
+            raise GraphsimError("samples", "give the samples to fit: graphsim fpm fit samples.parquet -o model.fpm")
+        if not a.output:
+            raise GraphsimError("output", "required: the model file to write (-o model.fpm)")
+        model = fit_files(a.inputs, a.output, log=None if a.json else print)
+        if a.json:
+            print(json.dumps(model.to_json(), indent=1))
+        return
+    if a.action == "eval":
+        import pandas as pd
+
+        from .fpm.evaluate import evaluate, to_text
+        from .fpm.fit import FPMModel
+        from .fpm.schema import read_samples
+
+        if len(a.inputs) != 1:
+            raise GraphsimError("model", "give one FPM model: graphsim fpm eval model.fpm --holdout samples.parquet")
+        if not a.holdout:
+            raise GraphsimError("holdout", "required: the held-out samples (--holdout samples.parquet)")
+        model = FPMModel.load(a.inputs[0])
+        hold = pd.concat([read_samples(p) for p in a.holdout], ignore_index=True)
+        op_view = None
+        if a.measured:
+            op_view = _op_view(a, hold)
+        rep = evaluate(model, hold, op_view=op_view, log=None if a.json else print)
+        text = json.dumps(rep, indent=1) if a.json else to_text(rep)
+        if a.output:
+            from .outputs import write_text
+
+            write_text(a.output, text + "\n")
+            print(f"wrote {a.output}")
+        else:
+            print(text)
+        return
+    raise GraphsimError("action", f"must be fit or eval, got {a.action!r}")
+
+
+def _op_view(a, hold):
+    """(model, hw, ViewSpec) for the OP column: the model and descriptor the samples name (checked by digest)."""
+    from .errors import GraphsimError
+    from .fpm.schema import hw_digest, model_identity
+    from .hw import load_hw
+    from .measured.view import ViewSpec
+    from .models import load_model
+
+    if not a.model or not a.hw:
+        raise GraphsimError("measured", "the OP column needs --model and --hw (the model and descriptor the samples "
+                            "were collected with)")
+    m = load_model(a.model)
+    hw = load_hw(a.hw)
+    ok = hold[hold["status"] == "ok"]
+    if m.name and set(ok["model_digest"]) - {model_identity(m)[1]}:
+        raise GraphsimError("model", f"{a.model} is not the model the held-out samples ran (digest differs)")
+    if set(ok["sol_hw_digest"]) - {hw_digest(hw)}:
+        raise GraphsimError("hw", f"{a.hw} is not the descriptor the held-out samples' SOL was priced on")
+    return m, hw, ViewSpec(a.op_view, a.measured, a.backend or "jax", "older")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("fpm", help="FPM (whole-forward) models: fit samples per partition, evaluate on held-out "
+                       "forwards against SOL and OP")
+    p.add_argument("action", choices=("fit", "eval"))
+    p.add_argument("inputs", nargs="*", help="fit: samples files (.parquet); eval: the model file (.fpm)")
+    p.add_argument("-o", "--output", default=None, help="fit: the model file to write; eval: write the report here")
+    p.add_argument("--holdout", action="append", default=[], help="eval: held-out samples (repeatable)")
+    p.add_argument("--measured", default=None, metavar="DIR",
+                   help="eval: measured operator tables (graphsim collect ops) for the OP column")
+    p.add_argument("--backend", default="", help="eval: the tables' FRAMEWORK[@VERSION] (default jax)")
+    p.add_argument("--op-view", default="hybrid", choices=("op", "hybrid"),
+                   help="eval: the OP column's view (hybrid prices ops no table covers at a + b x SOL)")
+    p.add_argument("--model", default=None, help="eval: the model the samples ran (for the OP column)")
+    p.add_argument("--hw", default=None, help="eval: the descriptor the samples' SOL used (for the OP column)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_fpm)

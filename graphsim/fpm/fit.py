@@ -1,0 +1,310 @@
+"""FPM fits: measured forward time / SOL forward time, inside one partition, over SOL-normalised coordinates.
+
+For each partition (every identity field equal, :data:`graphsim.fpm.schema.IDENTITY`) and each request mix
+present in it (decode-only, prefill-only, mixed — different code paths, never pooled), the model is
+
+    log(measured / SOL) = b0 + Σ_j [ a_j·z_j + Σ_k c_jk·max(0, z_j − κ_jk) ],   z_j = log(1 + x_j)
+
+a piecewise-linear function of each coordinate in log space (knots κ at interior training values), fitted
+by least squares with a small ridge on the hinge terms. The coordinates x_j of a mix are per-request means
+and counts (requests, new tokens per request, cached positions per request). It is read as "how far
+this backend stays from the speed of light, as a function of the shape": SOL carries the physics (what
+scales with weights, KV, FLOPs), the fit carries the implementation's efficiency.
+
+A query inside every coordinate's training range is **in domain** (interpolated); outside, each
+coordinate is clamped to its range — the ratio to SOL is held at the edge, i.e. the forward is assumed to
+scale like SOL beyond the data — and the answer is marked **extrapolated** with the coordinates that left
+the range. A query whose identity matches no partition, or whose request mix the partition never sampled,
+is refused.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from graphsim.errors import GraphsimError, require
+
+from .schema import COORDS, IDENTITY, STATUSES, read_samples
+
+FORMAT = "graphsim-fpm"
+SCHEMA_VERSION = 1
+MIXES = ("decode", "prefill", "mixed")
+#: the coordinates of each mix (derived from the sample sums; "per request" = sum / requests of that kind)
+MIX_COORDS = {
+    "decode": ("decode_requests", "decode_new", "decode_ctx"),
+    "prefill": ("prefill_requests", "prefill_len", "prefill_cached"),
+    "mixed": ("prefill_requests", "prefill_len", "prefill_cached", "decode_requests", "decode_new", "decode_ctx"),
+}
+MAX_KNOTS = 4
+RIDGE = 1e-6  # conditioning only: collinear knots stay solvable without biasing the fit
+
+
+def derived(cols: dict) -> dict:
+    """Per-request coordinates from the sample sums (arrays or scalars)."""
+    def per(a, b):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        return np.where(b > 0, a / np.where(b > 0, b, 1.0), 0.0)
+
+    return {
+        "prefill_requests": np.asarray(cols["prefill_requests"], np.float64),
+        "prefill_len": per(cols["prefill_tokens"], cols["prefill_requests"]),
+        "prefill_cached": per(cols["prefill_past"], cols["prefill_requests"]),
+        "decode_requests": np.asarray(cols["decode_requests"], np.float64),
+        "decode_new": per(cols["decode_tokens"], cols["decode_requests"]),
+        "decode_ctx": per(cols["decode_past"], cols["decode_requests"]),
+    }
+
+
+def mix_of(cols: dict) -> np.ndarray:
+    p = np.asarray(cols["prefill_requests"]) > 0
+    d = np.asarray(cols["decode_requests"]) > 0
+    return np.where(p & d, "mixed", np.where(p, "prefill", np.where(d, "decode", "")))
+
+
+@attrs.frozen
+class Curve:
+    """One mix of one partition: log(measured/SOL) as a sum of piecewise-linear terms in z = log(1 + x)."""
+
+    mix: str
+    coords: tuple  # coordinates that vary in the training data
+    fixed: tuple  # ((coordinate, value), ...): constant in the training data
+    lo: tuple
+    hi: tuple
+    knots: tuple  # per varying coordinate, its interior knots (in z)
+    coef: tuple  # b0, then per coordinate: a_j, c_j1..c_jK
+    n: int
+    train_err: tuple  # median, p90, worst relative error on the training rows
+
+    def _basis(self, z: np.ndarray) -> np.ndarray:
+        cols = [np.ones(z.shape[0])]
+        for j, ks in enumerate(self.knots):
+            cols.append(z[:, j])
+            cols.extend(np.maximum(0.0, z[:, j] - k) for k in ks)
+        return np.stack(cols, axis=1)
+
+    def log_ratio(self, x: dict) -> tuple[np.ndarray, np.ndarray, list]:
+        """(log(measured/SOL), in-domain flags, per point the coordinates outside the training range)."""
+        P = len(next(iter(x.values())))
+        z = np.zeros((P, len(self.coords)))
+        inside = np.ones(P, bool)
+        outside = [[] for _ in range(P)]
+        for j, c in enumerate(self.coords):
+            raw = np.log1p(np.asarray(x[c], np.float64))
+            out = (raw < self.lo[j] - 1e-9) | (raw > self.hi[j] + 1e-9)
+            inside &= ~out
+            for p in np.flatnonzero(out):
+                outside[p].append(c)
+            z[:, j] = np.clip(raw, self.lo[j], self.hi[j])
+        for c, v in self.fixed:
+            out = np.abs(np.asarray(x[c], np.float64) - v) > 1e-9 * max(1.0, abs(v))
+            inside &= ~out
+            for p in np.flatnonzero(out):
+                outside[p].append(c)
+        return self._basis(z) @ np.asarray(self.coef), inside, outside
+
+    def describe(self) -> str:
+        parts = [f"log(t/SOL) = {self.coef[0]:+.3f}"]
+        i = 1
+        for c, ks in zip(self.coords, self.knots):
+            parts.append(f"{self.coef[i]:+.3f}·z({c})")
+            i += 1
+            for k in ks:
+                parts.append(f"{self.coef[i]:+.3f}·max(0, z({c}) - {k:.2f})")
+                i += 1
+        return " ".join(parts) + "   [z = log(1 + x)]"
+
+
+def fit_curve(mix: str, x: dict, ratio: np.ndarray) -> Curve:
+    """Least squares of log(ratio) on the piecewise-linear basis of the mix's varying coordinates."""
+    names = MIX_COORDS[mix]
+    n = len(ratio)
+    coords, fixed, lo, hi, knots = [], [], [], [], []
+    for c in names:
+        v = np.asarray(x[c], np.float64)
+        if np.ptp(v) == 0:
+            fixed.append((c, float(v[0])))
+            continue
+        z = np.log1p(v)
+        coords.append(c)
+        lo.append(float(z.min()))
+        hi.append(float(z.max()))
+        uniq = np.unique(z)[1:-1]
+        if len(uniq) > MAX_KNOTS:
+            uniq = np.unique(np.quantile(z, np.linspace(0, 1, MAX_KNOTS + 2)[1:-1]))
+        knots.append(tuple(float(k) for k in uniq))
+    # never more parameters than rows: drop knots, then coordinates, from the last
+    def size():
+        return 1 + sum(1 + len(k) for k in knots)
+    while size() > max(1, n - 1) and any(knots):
+        j = max(range(len(knots)), key=lambda i: len(knots[i]))
+        knots[j] = knots[j][:-1]
+    while size() > max(1, n) and coords:
+        c = coords.pop()
+        lo.pop(), hi.pop(), knots.pop()
+        fixed.append((c, float(np.median(np.asarray(x[c], np.float64)))))
+    cur = Curve(mix, tuple(coords), tuple(fixed), tuple(lo), tuple(hi), tuple(knots), (0.0,), n, (0.0, 0.0, 0.0))
+    z = np.stack([np.log1p(np.asarray(x[c], np.float64)) for c in coords], axis=1) if coords else np.zeros((n, 0))
+    A = cur._basis(z)
+    y = np.log(ratio)
+    reg = np.full(A.shape[1], RIDGE)
+    reg[0] = 0.0
+    coef = np.linalg.solve(A.T @ A + np.diag(reg) * n, A.T @ y)
+    pred = np.exp(A @ coef)
+    err = np.abs(pred - ratio) / ratio
+    return attrs.evolve(cur, coef=tuple(float(v) for v in coef),
+                        train_err=(float(np.median(err)), float(np.quantile(err, 0.9)), float(err.max())))
+
+
+@attrs.frozen
+class Partition:
+    identity: dict
+    curves: dict  # mix -> Curve
+    failures: dict  # status -> count (the partition's non-ok samples)
+
+    @property
+    def key(self) -> str:
+        i = self.identity
+        return (f"{i['model']}[{i['model_digest'][:8]}]/{i['framework']}@{i['version']}/{i['device']}/"
+                f"{i['mapping']}/{i['image_digest'][-8:]}")
+
+
+@attrs.frozen
+class FPMModel:
+    partitions: tuple
+    created: str = ""
+    samples: tuple = ()
+
+    # ---- persistence --------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "schema_version": SCHEMA_VERSION, "created": self.created,
+                "samples": list(self.samples),
+                "partitions": [{"key": p.key, "identity": p.identity, "failures": p.failures,
+                                "curves": {m: {**attrs.asdict(c), "formula": c.describe()} for m, c in p.curves.items()}}
+                               for p in self.partitions]}
+
+    def save(self, path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1, default=_json_default))
+
+    @staticmethod
+    def load(path) -> "FPMModel":
+        p = Path(path)
+        require(p.is_file(), "fpm", f"{path}: no such file (fit one: graphsim fpm fit samples.parquet -o model.fpm)")
+        try:
+            d = json.loads(p.read_text())
+        except (ValueError, UnicodeDecodeError):
+            raise GraphsimError("fpm", f"{p.name}: not an FPM model (JSON from graphsim fpm fit)") from None
+        require(isinstance(d, dict) and d.get("format") == FORMAT, "fpm", f"{p.name}: not a {FORMAT} file")
+        require(d.get("schema_version") == SCHEMA_VERSION, "fpm.schema_version",
+                f"{p.name} has version {d.get('schema_version')!r}; this graphsim reads {SCHEMA_VERSION} (refit it)")
+        parts = []
+        for q in d["partitions"]:
+            curves = {}
+            for m, c in q["curves"].items():
+                c = dict(c)
+                c.pop("formula", None)
+                curves[m] = Curve(mix=c["mix"], coords=tuple(c["coords"]), fixed=tuple(tuple(f) for f in c["fixed"]),
+                                  lo=tuple(c["lo"]), hi=tuple(c["hi"]), knots=tuple(tuple(k) for k in c["knots"]),
+                                  coef=tuple(c["coef"]), n=int(c["n"]), train_err=tuple(c["train_err"]))
+            parts.append(Partition(dict(q["identity"]), curves, dict(q["failures"])))
+        return FPMModel(tuple(parts), d.get("created", ""), tuple(d.get("samples", ())))
+
+    # ---- queries ------------------------------------------------------------------------------------
+    def find(self, identity: dict, backend: str = "") -> Partition:
+        """The one partition whose identity agrees with every field of ``identity`` (and the backend
+        FRAMEWORK[@VERSION], when given). Refuses none or several, naming what differs."""
+        fw, _, ver = backend.partition("@")
+        want = dict(identity)
+        if fw:
+            want["framework"] = fw
+        if ver:
+            want["version"] = ver
+        match = [p for p in self.partitions if all(str(p.identity.get(k)) == str(v) for k, v in want.items())]
+        if len(match) == 1:
+            return match[0]
+        if not match:
+            near = min(self.partitions, key=lambda p: sum(str(p.identity.get(k)) != str(v) for k, v in want.items()),
+                       default=None)
+            diff = [f"{k}={want[k]!r} (fitted: {near.identity.get(k)!r})" for k in want
+                    if near is not None and str(near.identity.get(k)) != str(want[k])]
+            raise GraphsimError("fpm", "no FPM partition matches this plan" + (f"; the nearest differs in {', '.join(diff[:4])}"
+                                if diff else "") + f" [{len(self.partitions)} partitions: "
+                                f"{'; '.join(p.key for p in self.partitions[:4])}]")
+        fields = [k for k in IDENTITY if len({str(p.identity.get(k)) for p in match}) > 1]
+        raise GraphsimError("fpm", f"{len(match)} FPM partitions match this plan, differing in {', '.join(fields)}; "
+                            "name one with --backend FRAMEWORK@VERSION or fit them into separate files")
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    raise TypeError(type(o).__name__)
+
+
+def fit(samples, *, sources: tuple = ()) -> FPMModel:
+    """Fit every partition of a samples DataFrame (or several files' rows concatenated)."""
+    df = samples
+    parts = []
+    ok_all = df["status"] == "ok"
+    require(bool(ok_all.any()), "samples", "no ok samples to fit (every row failed: see its status and error)")
+    for key, g in df.groupby(list(IDENTITY), sort=True, dropna=False):
+        ident = {k: (int(v) if k in ("devices", "mtp", "warmup") else str(v)) for k, v in zip(IDENTITY, key)}
+        fails = {s: int((g["status"] == s).sum()) for s in STATUSES if s != "ok" and (g["status"] == s).any()}
+        ok = g[g["status"] == "ok"]
+        curves = {}
+        if len(ok):
+            cols = {c: ok[c].to_numpy() for c in COORDS}
+            x = derived(cols)
+            mixes = mix_of(cols)
+            ratio = ok["latency_s"].to_numpy(np.float64) / ok["sol_s"].to_numpy(np.float64)
+            for mix in MIXES:
+                sel = mixes == mix
+                if sel.any():
+                    curves[mix] = fit_curve(mix, {c: v[sel] for c, v in x.items()}, ratio[sel])
+        parts.append(Partition(ident, curves, fails))
+    return FPMModel(tuple(parts), datetime.datetime.now().isoformat(timespec="seconds"), tuple(sources))
+
+
+def fit_files(paths, output=None, log=None) -> FPMModel:
+    import pandas as pd
+
+    frames = [read_samples(p) for p in paths]
+    model = fit(pd.concat(frames, ignore_index=True), sources=tuple(str(Path(p).name) for p in paths))
+    if output:
+        model.save(output)
+    if log:
+        for p in model.partitions:
+            log(f"{p.key}: " + ", ".join(f"{m} n={c.n} train median {100 * c.train_err[0]:.1f} % worst "
+                                         f"{100 * c.train_err[2]:.1f} %" for m, c in p.curves.items())
+                + (f"; failures {p.failures}" if p.failures else ""))
+            for c in p.curves.values():
+                log(f"    {c.mix}: {c.describe()}")
+        if output:
+            log(f"wrote {output} ({len(model.partitions)} partitions)")
+    return model
+
+
+def predict(part: Partition, cols: dict, sol: np.ndarray):
+    """Forward times for points of one partition: (time, in-domain flags, outside-coordinates, mixes).
+    ``cols``: the sample-sum coordinates (arrays). A point whose mix the partition never sampled is NaN."""
+    sol = np.asarray(sol, np.float64)
+    x = derived(cols)
+    mixes = mix_of(cols)
+    t = np.full(sol.shape, np.nan)
+    inside = np.zeros(sol.shape, bool)
+    outside: list = [[] for _ in range(len(sol))]
+    for mix, cur in part.curves.items():
+        sel = mixes == mix
+        if not sel.any():
+            continue
+        lr, ins, out = cur.log_ratio({c: v[sel] for c, v in x.items()})
+        t[sel] = sol[sel] * np.exp(lr)
+        inside[sel] = ins
+        for i, o in zip(np.flatnonzero(sel), out):
+            outside[i] = o
+    return t, inside, outside, mixes
