@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 import attrs
 import numpy as np
 
-from .errors import require
+from .errors import GraphsimError, require
 from .pipeline import Plan, Policies, compile_plan
 from .plan import ParallelMapping
 
@@ -156,7 +156,12 @@ def _forward_seconds(model, hw, mapping, policies, kind: str, batch: Sequence[in
         wl = Workload(("prefill",), b, np.full_like(b, length), np.zeros_like(b))
     else:
         wl = Workload(("decode",), b, np.ones_like(b), np.full_like(b, length))
-    return evaluate_reference(c.program, wl, c.unit_time(), c.overhead, c.view).forward
+    fwd = evaluate_reference(c.program, wl, c.unit_time(), c.overhead, c.view).forward
+    if c.fpm is not None:  # the FPM view: whole forwards from the plan's fitted partition
+        fwd = c.fpm.scale(wl, fwd)[0]
+        if not np.isfinite(fwd).all():
+            raise GraphsimError("fpm", f"the FPM partition {c.fpm.partition.key} has no {kind} forwards")
+    return fwd
 
 
 def disagg(model, hw, prefill: Pool, decode: Pool, *, isl: int, osl: int, kv: str = "global",

@@ -299,3 +299,13 @@ def test_local_fpm_example_runs_end_to_end(tmp_path):
         for dom in ("in", "out"):
             assert f"\n{view:<5} {dom:<7}" in out
     assert "SOL bound" in out and (tmp_path / "local_fpm" / "model.fpm").is_file()
+
+
+def test_disagg_takes_the_fpm_view(micro, fpm_file, capsys):
+    """disagg reads its forwards from the FPM partition: a phase it never sampled is refused, never priced at SOL."""
+    base = ["disagg", "--model", micro, "--hw", "gb200", "--isl", "64", "--osl", "32", "--prefill", "tp=1",
+            "--decode", "tp=1", "--json"]
+    capsys.readouterr()
+    assert main(base + ["--view", "fpm", "--fpm", str(fpm_file / "m.fpm")]) == 2
+    err = capsys.readouterr().err
+    assert "no prefill forwards" in err and err.count("\n") == 1
