@@ -195,7 +195,7 @@ SVG_MAX_OPS = 1000
 def cmd_graph(a) -> None:
     from .exports.dot import render_svg, to_dot
 
-    from .outputs import output_path, write_text
+    from .outputs import emit, output_path
 
     if a.output:
         output_path(a.output)  # before the work: a directory or a missing folder fails at once
@@ -210,11 +210,7 @@ def cmd_graph(a) -> None:
     text = to_dot(c.graph, schedule=c.schedule(), collapse_layers=collapse)
     if svg:
         text = render_svg(text)
-    if a.output:
-        write_text(a.output, text)
-        print(f"wrote {a.output} ({len(c.graph.ops)} ops)")
-    else:
-        sys.stdout.write(text)
+    emit(a.output, text, f"{len(c.graph.ops)} ops")
 
 
 def cmd_hw(a) -> None:
@@ -224,14 +220,9 @@ def cmd_hw(a) -> None:
         from .collect.probe import probe, to_toml
 
         desc = probe(a.name or "local", quick=a.quick, log=lambda m: print(m, file=sys.stderr))
-        text = to_toml(desc)
-        if a.output:
-            from .outputs import write_text
+        from .outputs import emit
 
-            write_text(a.output, text)
-            print(f"wrote {a.output} ({desc['name']}: use --hw {a.output})")
-        else:
-            sys.stdout.write(text)
+        emit(a.output, to_toml(desc), f"{desc['name']}: use --hw {a.output}")
         return
     if a.action == "list":
         if a.json:

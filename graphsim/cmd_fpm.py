@@ -36,14 +36,9 @@ def cmd_fpm(a) -> None:
         if a.measured:
             op_view = _op_view(a, hold)
         rep = evaluate(model, hold, op_view=op_view, log=None if a.json else print)
-        text = json.dumps(rep, indent=1) if a.json else to_text(rep)
-        if a.output:
-            from .outputs import write_text
+        from .outputs import emit
 
-            write_text(a.output, text + "\n")
-            print(f"wrote {a.output}")
-        else:
-            print(text)
+        emit(a.output, (json.dumps(rep, indent=1) if a.json else to_text(rep)) + "\n")
         return
     raise GraphsimError("action", f"must be fit or eval, got {a.action!r}")
 

@@ -158,7 +158,7 @@ def _forward_seconds(model, hw, mapping, policies, kind: str, batch: Sequence[in
         wl = Workload(("decode",), b, np.ones_like(b), np.full_like(b, length))
     fwd = evaluate_reference(c.program, wl, c.unit_time(), c.overhead, c.view).forward
     if c.fpm is not None:  # the FPM view: whole forwards from the plan's fitted partition
-        fwd = c.fpm.scale(wl, fwd)[0]
+        fwd = c.fpm.scale(wl, fwd).t
         if not np.isfinite(fwd).all():
             raise GraphsimError("fpm", f"the FPM partition {c.fpm.partition.key} has no {kind} forwards")
     return fwd

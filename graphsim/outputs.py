@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import uuid
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -75,6 +76,15 @@ def write_text(path, text: str, *, field: str = "output", suffixes: Sequence[str
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
     return str(path)
+
+
+def emit(output, text: str, note: str = "") -> None:
+    """A command's result: written to ``output`` (atomically; one line says so, with ``note``) or printed."""
+    if output:
+        write_text(output, text)
+        print(f"wrote {output}" + (f" ({note})" if note else ""))
+    else:
+        sys.stdout.write(text)
 
 
 @contextlib.contextmanager

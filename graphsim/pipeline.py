@@ -172,9 +172,9 @@ class Compiled:
         out = self.evaluator(workload, ut, self.overhead if overhead is None else overhead, outputs)
         if self.fpm is not None and "forward" in out:  # FPM times whole forwards: scale SOL's, mark the domain
             sol = np.asarray(out["forward"], np.float64)
-            t, inside, _, _ = self.fpm.scale(workload, sol)
-            ratio = np.where(sol > 0, t / np.where(sol > 0, sol, 1.0), np.nan)
-            out = dict(out, forward=t, sol_forward=sol, fpm_in_domain=inside)
+            pr = self.fpm.scale(workload, sol)
+            ratio = np.where(sol > 0, pr.t / np.where(sol > 0, sol, 1.0), np.nan)
+            out = dict(out, forward=pr.t, sol_forward=sol, fpm_in_domain=pr.inside)
             if "stages" in out:
                 out["stages"] = np.asarray(out["stages"]) * ratio[:, None]
         return out

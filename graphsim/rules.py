@@ -82,6 +82,11 @@ ACTIVATIONS = {"silu": (3, 1.0), "gelu": (3, 1.0), "gelu_pytorch_tanh": (3, 1.0)
                "relu2": (2, 0.0)}
 
 
+#: the typed role of a gated MLP's activation, act(gate) * up (OpInfo.role): what measured views time as one
+#: elementwise kernel
+GATED = "gated"
+
+
 def activation(act: str) -> tuple[int, float]:
     if act not in ACTIVATIONS:
         raise GraphsimError("config.hidden_act", f"unknown activation {act!r}; known: {', '.join(ACTIVATIONS)}")
@@ -97,7 +102,8 @@ def mlp(b: GraphBuilder, prefix: str, ts: str, hidden: int, inter: int, *, weigh
     n_up = (mats - 1) * inter
     linear(b, f"{prefix}gate_up" if mats == 3 else f"{prefix}up", ts, hidden, n_up, up, split=("tp", "dp"))
     b.elementwise(f"{prefix}{'swiglu' if mats == 3 else act}", ts, inter, bytes_in=2.0 * (mats - 1), bytes_out=2.0,
-                  flops_per_elem=4.0, kind="activation", split=("tp", "dp"), exps=exps * inter)
+                  flops_per_elem=4.0, kind="activation", split=("tp", "dp"), exps=exps * inter,
+                  params={"role": GATED} if mats == 3 else {})
     return linear(b, f"{prefix}down", ts, inter, hidden, down, split=("tp", "dp"),
                   comm=(all_reduce_tp(ts, hidden, note="row-parallel down", merge=merge),))
 
@@ -375,5 +381,5 @@ def mla_kv_up(b: GraphBuilder, name: str, ts: str, *, rank: int, up: int, weight
 
 __all__ = ["RULES", "Rule", "rule", "linear", "rmsnorm", "mlp", "gqa_attention", "recurrent_mixer", "moe",
            "dsa_indexer", "embedding", "gathered_logits", "lm_head", "restore_copy", "mla_kv_up", "RESTORE_LINKS",
-           "AttentionShape", "RecurrentShape", "MoEShape", "all_reduce_tp", "MOE_OUT", "act_for", "tokens",
+           "AttentionShape", "RecurrentShape", "MoEShape", "all_reduce_tp", "MOE_OUT", "GATED", "act_for", "tokens",
            "activation"]

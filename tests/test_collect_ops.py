@@ -132,10 +132,17 @@ def test_a_backend_without_the_local_families_prices_those_ops_at_sol(local, tmp
 
 
 def test_windowed_kernels_match_the_masked_reference():
+    """The collector times the executor's attention (graphsim.collect.kernels): banded prompt, full, decode."""
     import jax
     import jax.numpy as jnp
 
-    from graphsim.collect.ops import _decode, _prefill
+    from graphsim.collect.ops import _attend
+
+    def _prefill(q, k, v, w):
+        return _attend(q, k, v, w)
+
+    def _decode(q1, k, v, w):  # one query (the last position) over the cache
+        return _attend(q1[:, None], k, v, w)[:, 0]
 
     rng = np.random.default_rng(0)
     b, s, H, hk, d, W = 2, 37, 4, 2, 16, 8

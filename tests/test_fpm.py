@@ -10,7 +10,8 @@ import pytest
 
 import graphsim as gs
 from graphsim.cli import main
-from graphsim.collect.execute import Unsupported, gqa_attention, grouped_experts, lower_to_jax
+from graphsim.collect.execute import Unsupported, lower_to_jax
+from graphsim.collect.kernels import gqa_attention, grouped_experts
 from graphsim.collect.forward import collect_forward, parse_grid
 from graphsim.errors import GraphsimError
 from graphsim.fpm.fit import fit, predict
@@ -60,31 +61,30 @@ def test_unsupported_plans_name_the_reason(micro):
         lower_to_jax(c)
 
 
-def test_attention_kernel_matches_a_reference():
+@pytest.mark.parametrize("past,new,window", [(5, 3, 0), (5, 3, 4), (9, 1, 4), (0, 11, 4), (0, 11, 0)])
+def test_attention_kernel_matches_a_reference(past, new, window):
+    """Full, windowed (the cache read from past + 1 - W on), decode and banded prompt (past 0, new > 2W) paths."""
     rng = np.random.default_rng(0)
-    b, past, new, H, Hkv, d = 2, 5, 3, 4, 2, 8
+    b, H, Hkv, d = 2, 4, 2, 8
     q = rng.normal(size=(b, new, H, d)).astype(np.float32)
     k = rng.normal(size=(b, past + new, Hkv, d)).astype(np.float32)
     v = rng.normal(size=(b, past + new, Hkv, d)).astype(np.float32)
-    for window in (0, 4):
-        got = np.asarray(gqa_attention(q, k, v, past, new, window))
-        ref = np.zeros_like(got)
-        for r in range(b):
-            for i in range(new):
-                for h in range(H):
-                    kv = h // (H // Hkv)
-                    pos = past + i
-                    keys = [j for j in range(past + new) if j <= pos and (not window or j > pos - window)]
-                    s = np.array([q[r, i, h] @ k[r, j, kv] for j in keys]) / np.sqrt(d)
-                    p = np.exp(s - s.max())
-                    p /= p.sum()
-                    ref[r, i, h] = sum(pj * v[r, j, kv] for pj, j in zip(p, keys))
-        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    got = np.asarray(gqa_attention(q, k, v, past, new, window))
+    ref = np.zeros_like(got)
+    for r in range(b):
+        for i in range(new):
+            for h in range(H):
+                kv = h // (H // Hkv)
+                pos = past + i
+                keys = [j for j in range(past + new) if j <= pos and (not window or j > pos - window)]
+                s = np.array([q[r, i, h] @ k[r, j, kv] for j in keys]) / np.sqrt(d)
+                p = np.exp(s - s.max())
+                p /= p.sum()
+                ref[r, i, h] = sum(pj * v[r, j, kv] for pj, j in zip(p, keys))
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
 
 
 def test_grouped_experts_match_a_per_token_loop():
-    import jax
-
     rng = np.random.default_rng(1)
     T, k, E, h, i = 7, 3, 5, 8, 6
     x = rng.normal(size=(T, h)).astype(np.float32)
@@ -92,7 +92,7 @@ def test_grouped_experts_match_a_per_token_loop():
     w = rng.random((T, k)).astype(np.float32)
     wu = rng.normal(size=(E, h, 2 * i)).astype(np.float32)
     wd = rng.normal(size=(E, i, h)).astype(np.float32)
-    got = np.asarray(grouped_experts(x, w, ids, wu, wd, jax.nn.silu, "float32"))
+    got = np.asarray(grouped_experts(x, w, ids, wu, wd, "silu", "float32"))
     ref = np.zeros((T, h))
     for t in range(T):
         for j in range(k):
@@ -159,7 +159,7 @@ def _synthetic(model_arg, versions=("0.1",), ratio_of=None, hw="gb200", grid=Non
                "instrumentation": "test", "device_name": "test cpu", "devices": 1}
         for b, ctx in grid:
             plan = gs.Plan([f"decode:{ctx}x{b}"])
-            ident = sample_identity(m, model_arg, plan, spec, env, 1)
+            ident = sample_identity(m, plan.mapping, plan.policies, spec, env, 1)
             sol = 1e-3 * b + 1e-6 * ctx
             r = ratio_of(ver, b, ctx) if ratio_of else 2.0
             rows.append({**ident, "requests": f"decode:{ctx}x{b}", "prefill_requests": 0, "prefill_tokens": 0,
@@ -177,10 +177,10 @@ def test_fit_never_mixes_backends(micro):
     for part in model.partitions:
         want = 1.5 if part.identity["version"] == "0.1" else 4.0
         sub = df[df["version"] == part.identity["version"]]
-        t, inside, _, _ = predict(part, {c: sub[c].to_numpy() for c in COORDS}, sub["sol_s"].to_numpy())
-        np.testing.assert_allclose(t / sub["sol_s"].to_numpy(), want, rtol=1e-6)
-        assert inside.all()
-    ident = plan_identity(gs.load_model(micro), gs.Plan(["decode:100x2"]), gs.load_hw("gb200"))
+        pr = predict(part, {c: sub[c].to_numpy() for c in COORDS}, sub["sol_s"].to_numpy())
+        np.testing.assert_allclose(pr.t / sub["sol_s"].to_numpy(), want, rtol=1e-6)
+        assert pr.inside.all()
+    ident = plan_identity(gs.load_model(micro), gs.ParallelMapping(), gs.Policies(), gs.load_hw("gb200"))
     with pytest.raises(GraphsimError, match="2 FPM partitions match.*version"):
         model.find(ident)
     assert model.find(ident, "jax@0.2").identity["version"] == "0.2"
@@ -199,15 +199,15 @@ def test_fit_interpolates_inside_and_marks_extrapolation(micro):
     cols["decode_tokens"] = cols["decode_requests"]
     cols["decode_past"] = cols["decode_requests"] * np.array([200, 100, 100])
     sol = np.ones(3)
-    t, inside, outside, _ = predict(part, cols, sol)
-    np.testing.assert_allclose(t[:2], [ratio(0, 3, 0), ratio(0, 6, 0)], rtol=1e-3)
-    assert list(inside) == [True, True, False] and outside[2] == ["decode_requests"]
+    pr = predict(part, cols, sol)
+    np.testing.assert_allclose(pr.t[:2], [ratio(0, 3, 0), ratio(0, 6, 0)], rtol=1e-3)
+    assert list(pr.inside) == [True, True, False] and pr.outside_names(2) == ["decode_requests"]
     # flat beyond the data: the ratio at the edge (8 requests), the forward scaling like SOL
-    np.testing.assert_allclose(t[2], ratio(0, 8, 0), rtol=1e-3)
+    np.testing.assert_allclose(pr.t[2], ratio(0, 8, 0), rtol=1e-3)
     # a request mix never sampled has no curve
     cols["prefill_requests"] = np.array([1, 0, 0])
-    t, *_ = predict(part, cols, sol)
-    assert np.isnan(t[0])
+    pr = predict(part, cols, sol)
+    assert np.isnan(pr.t[0]) and not pr.inside[0]
 
 
 # ---- the fpm view on estimate and sweep; eval ---------------------------------------------------------

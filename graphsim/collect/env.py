@@ -21,27 +21,21 @@ COLLECTOR_REVISION = "1"
 BOUNDARY_NOTE = "jitted call from the host to block_until_ready (launch + sync included), inputs resident"
 
 
-def cpu_model() -> str:
-    """The CPU's model name (Linux /proc/cpuinfo; ``platform.processor()`` elsewhere)."""
+def _cpuinfo(field: str) -> str:
+    """The first ``field`` line of Linux's /proc/cpuinfo ("" elsewhere)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown cpu"
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.lower().startswith("flags"):
+                if line.lower().startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return ""
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo; ``platform.processor()`` elsewhere)."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine() or "unknown cpu"
 
 
 def device_info() -> dict:
@@ -80,7 +74,7 @@ def environment(device: str) -> dict:
     info = device_info()
     env = {"python": sys.version.split()[0], "jax": jax.__version__, "jaxlib": jaxlib.__version__,
            "numpy": np.__version__, "platform": info["platform"], "driver": info["driver"],
-           "device_name": info["device_name"], "cpu_flags": _cpu_flags(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+           "device_name": info["device_name"], "cpu_flags": _cpuinfo("flags"), "xla_flags": os.environ.get("XLA_FLAGS", ""),
            "threads": os.environ.get("OMP_NUM_THREADS", "")}
     digest = "env:sha256:" + hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
     version = jax.__version__ if jaxlib.__version__ == jax.__version__ else f"{jax.__version__}-jaxlib{jaxlib.__version__}"

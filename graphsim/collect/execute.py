@@ -8,7 +8,8 @@ last position of each prompt, as the priced op does). Weights are random (one ar
 the graph, shared by every op that reads it), KV caches hold random (initialised, never all-zero) history
 for the cached positions, token ids are uniform random.
 
-What each kernel does (and where it differs from a production kernel):
+What each kernel does (the numerics live in :mod:`graphsim.collect.kernels`, shared with the op collector;
+where they differ from a production kernel is said there and here):
 
 * ``embedding`` gathers rows of the table; ``norm`` of the model width is a fused residual add + RMSNorm
   (the residual stream is carried between layers, vLLM's ``fused_add_rms_norm``); a narrower ``norm`` after
@@ -34,6 +35,8 @@ import numpy as np
 
 from graphsim.errors import GraphsimError
 from graphsim.ir import Op
+
+from .kernels import DTYPES, activation_fn, gated, gqa_attention, grouped_experts, matmul, rmsnorm
 
 
 class Unsupported(GraphsimError):
@@ -109,9 +112,6 @@ class Act:
     ts: str
 
 
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32", "fp8": "float8_e4m3fn"}
-
-
 class _Ctx:
     """Static facts the kernels read while the program is traced."""
 
@@ -142,9 +142,14 @@ class _Ctx:
         return jnp.take(a.x, jnp.asarray(pos), axis=0)
 
     def layer(self, op: Op):
-        if op.layer is None or not hasattr(self.cfg, "layers"):
-            raise Unsupported(op, "no layer spec to read its shape from")
-        return self.cfg.layers[op.layer]
+        return _layer(op, self.cfg)
+
+
+def _layer(op: Op, cfg):
+    """The layer spec an op belongs to (its shapes: attention heads, MoE, activation)."""
+    if op.layer is None or not hasattr(cfg, "layers"):
+        raise Unsupported(op, "no layer spec to read its shape from")
+    return cfg.layers[op.layer]
 
 
 # ---- kernels -----------------------------------------------------------------------------------------
@@ -159,13 +164,6 @@ def kernel(*kinds: str):
             KERNELS[k] = fn
         return fn
     return deco
-
-
-def _rmsnorm(x, eps=1e-6):
-    import jax.numpy as jnp
-
-    xf = x.astype(jnp.float32)
-    return xf * jnp.reciprocal(jnp.sqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps))
 
 
 @kernel("embedding")
@@ -190,20 +188,20 @@ def _norm(op, ctx, inputs, state, params):
             for a in inputs:
                 resid = resid + ctx.select(a, op.token_set).astype(jnp.float32)
         state["resid"] = Act(resid, op.token_set)
-        return Act((_rmsnorm(resid) * params[f"{op.name}.gamma"]).astype(jnp.bfloat16), op.token_set)
+        return Act(rmsnorm(resid, params[f"{op.name}.gamma"]).astype(jnp.bfloat16), op.token_set)
     # per-head Q/K norm on a fused QKV output: the first ``elems`` columns, head by head
-    a = _attn_shape(op, ctx)
+    a = _attn_shape(op, ctx.cfg)
     (x,) = [ctx.select(i, op.token_set) for i in inputs]
     n = op.info.elems
     if n % a.head_dim:
         raise Unsupported(op, f"a {n}-wide norm is neither the model width nor whole heads of {a.head_dim}")
     qk = x[:, :n].reshape(x.shape[0], n // a.head_dim, a.head_dim)
-    qk = (_rmsnorm(qk) * params[f"{op.name}.gamma"]).astype(x.dtype).reshape(x.shape[0], n)
+    qk = rmsnorm(qk, params[f"{op.name}.gamma"]).astype(x.dtype).reshape(x.shape[0], n)
     return Act(jnp.concatenate([qk, x[:, n:]], axis=1), op.token_set)
 
 
-def _gamma_width(op, ctx) -> int:
-    return op.info.elems if op.info.elems == ctx.cfg.hidden else _attn_shape(op, ctx).head_dim
+def _gamma_width(op, cfg) -> int:
+    return op.info.elems if op.info.elems == cfg.hidden else _attn_shape(op, cfg).head_dim
 
 
 @kernel("gemm")
@@ -219,7 +217,7 @@ def _gemm(op, ctx, inputs, state, params):
     x = sum(ctx.select(a, op.token_set).astype(jnp.float32) for a in inputs) if len(inputs) > 1 else \
         ctx.select(inputs[0], op.token_set)
     w = _weight(op, params, i.k, i.n)
-    y = jnp.dot(x.astype(dt), w.astype(dt), preferred_element_type=jnp.float32)
+    y = matmul(x, w, dt)
     wide = any(ctx.g.op(s).kind == "router" for s in ctx.succs[op.name]) or not ctx.succs[op.name]
     return Act(y if wide else y.astype(jnp.bfloat16), op.token_set)
 
@@ -241,23 +239,19 @@ def _activation(op, ctx, inputs, state, params):
     (x,) = [ctx.select(a, op.token_set) for a in inputs]
     e = op.info.elems
     act = ctx.layer(op).act
-    xf = x.astype(jnp.float32)
     if x.shape[1] == 2 * e:  # gated: act(gate) * up
-        g, u = xf[:, :e], xf[:, e:]
-        fn = {"silu": jax.nn.silu, "gelu": lambda v: jax.nn.gelu(v, approximate=False),
-              "gelu_pytorch_tanh": lambda v: jax.nn.gelu(v, approximate=True)}.get(act)
-        if fn is None:
+        if activation_fn(act) is None:
             raise Unsupported(op, f"gated activation {act!r}")
-        return Act((fn(g) * u).astype(jnp.bfloat16), op.token_set)
+        return Act(gated(x, act).astype(jnp.bfloat16), op.token_set)
     if x.shape[1] == e and act == "relu2":
-        return Act(jnp.square(jax.nn.relu(xf)).astype(jnp.bfloat16), op.token_set)
+        return Act(jnp.square(jax.nn.relu(x.astype(jnp.float32))).astype(jnp.bfloat16), op.token_set)
     raise Unsupported(op, f"activation {act!r} on a {x.shape[1]}-wide input of {e} elements")
 
 
-def _attn_shape(op, ctx):
+def _attn_shape(op, cfg):
     from graphsim.rules import AttentionShape
 
-    m = ctx.layer(op).mixer
+    m = _layer(op, cfg).mixer
     if not isinstance(m, AttentionShape):
         raise Unsupported(op, "a non-softmax-attention mixer")
     if m.sinks or m.out_gate or m.chunk:
@@ -267,7 +261,7 @@ def _attn_shape(op, ctx):
 
 @kernel("cache_write")
 def _cache_write(op, ctx, inputs, state, params):
-    a = _attn_shape(op, ctx)
+    a = _attn_shape(op, ctx.cfg)
     (x,) = [ctx.select(i, op.token_set) for i in inputs]
     q_w, k_w = a.heads * a.head_dim, a.kv_heads * a.head_dim
     if x.shape[1] != q_w + k_w + a.kv_heads * a.vd:
@@ -289,32 +283,11 @@ def _cache_write(op, ctx, inputs, state, params):
     return Act(x[:, :q_w], op.token_set)
 
 
-def gqa_attention(q, kc, vc, past: int, new: int, window: int = 0):
-    """Causal (optionally sliding-window) GQA of one request group: ``q`` [count, new, H, d] over the cache
-    ``kc``/``vc`` [count, past + new, Hkv, d] whose last ``new`` positions are this forward's keys; query i
-    sits at position past + i. Softmax in fp32. Returns [count, new, H, dv] in fp32."""
-    import jax
-    import jax.numpy as jnp
-
-    b, _, H, d = q.shape
-    Hkv = kc.shape[2]
-    qg = q.reshape(b, new, Hkv, H // Hkv, d)
-    s = jnp.einsum("bqhgd,bkhd->bhgqk", qg, kc, preferred_element_type=jnp.float32) / np.sqrt(d)
-    qpos = past + np.arange(new)[:, None]
-    kpos = np.arange(past + new)[None, :]
-    mask = kpos <= qpos
-    if window:
-        mask &= kpos > qpos - window
-    p = jax.nn.softmax(jnp.where(jnp.asarray(mask), s, -jnp.inf), axis=-1)
-    o = jnp.einsum("bhgqk,bkhd->bqhgd", p.astype(vc.dtype), vc, preferred_element_type=jnp.float32)
-    return o.reshape(b, new, H, vc.shape[-1])
-
-
 @kernel("attention")
 def _attention(op, ctx, inputs, state, params):
     import jax.numpy as jnp
 
-    a = _attn_shape(op, ctx)
+    a = _attn_shape(op, ctx.cfg)
     if op.info.attn not in ("gqa", ""):
         raise Unsupported(op, f"{op.info.attn} attention")
     (q,) = [ctx.select(i, op.token_set) for i in inputs]
@@ -350,46 +323,8 @@ def _router(op, ctx, inputs, state, params):
     return Act((w, ids), op.token_set)
 
 
-def _block_rows(slots: int, experts: int) -> int:
-    """Rows per block of the grouped GEMM: about the mean slots per expert, a power of two in [1, 64]."""
-    mean = max(1, -(-slots // experts))
-    return int(min(64, 1 << (mean - 1).bit_length()))
-
-
-def grouped_experts(x, w, ids, wu, wd, act, dtype="bfloat16"):
-    """Routed experts as a block-grouped GEMM: ``x`` [T, h], routing weights ``w`` and expert ids ``ids``
-    [T, k], stacked weights ``wu`` [E, h, 2i] (gate | up) and ``wd`` [E, i, h]. The T·k slots are sorted
-    by expert, each expert's slots padded to whole blocks of B rows, every block multiplied by its expert's
-    weights; outputs are weighted and summed per token. Returns [T, h] in fp32."""
-    import jax.numpy as jnp
-
-    T, k = ids.shape
-    E, inter = wu.shape[0], wd.shape[1]
-    S = T * k
-    B = _block_rows(S, E)
-    nb = -(-S // B) + E  # an upper bound on blocks once each expert's slots are padded to whole blocks
-    flat = ids.reshape(-1)
-    order = jnp.argsort(flat)
-    sorted_e = flat[order]
-    counts = jnp.bincount(flat, length=E)
-    padded = (counts + B - 1) // B * B
-    start = jnp.cumsum(padded) - padded
-    rank = jnp.arange(S) - (jnp.cumsum(counts) - counts)[sorted_e]
-    dest = start[sorted_e] + rank  # row of each sorted slot in the padded layout
-    token = order // k
-    xb = jnp.zeros((nb * B, x.shape[1]), x.dtype).at[dest].set(jnp.take(x, token, axis=0))
-    block_e = jnp.clip(jnp.searchsorted(jnp.cumsum(padded), jnp.arange(nb) * B, side="right"), 0, E - 1)
-    h = jnp.einsum("nbk,nkf->nbf", xb.reshape(nb, B, -1).astype(dtype), jnp.take(wu, block_e, axis=0).astype(dtype),
-                   preferred_element_type=jnp.float32)
-    h = (act(h[..., :inter]) * h[..., inter:]).astype(dtype)
-    y = jnp.einsum("nbf,nfk->nbk", h, jnp.take(wd, block_e, axis=0).astype(dtype), preferred_element_type=jnp.float32)
-    y = y.reshape(nb * B, -1)[dest] * w.reshape(-1)[order][:, None]
-    return jnp.zeros((T, x.shape[1]), jnp.float32).at[token].add(y)
-
-
 @kernel("moe_experts")
 def _moe_experts(op, ctx, inputs, state, params):
-    import jax
     import jax.numpy as jnp
 
     f = _moe_shape(op, ctx)
@@ -399,8 +334,9 @@ def _moe_experts(op, ctx, inputs, state, params):
     topk_op = ctx.g.op(ctx.preds[op.name][0])
     router = ctx.g.op(ctx.preds[topk_op.name][0])
     x = ctx.select(state["out"][ctx.preds[router.name][0]], op.token_set)
-    act = jax.nn.silu if f.act in ("silu", "swigluoai") else (lambda v: jax.nn.gelu(v, approximate=True))
-    out = grouped_experts(x, w, ids, params[f"{op.reads[0]}.gate_up"], params[f"{op.reads[0]}.down"], act,
+    if activation_fn(f.act) is None:
+        raise Unsupported(op, f"gated expert activation {f.act!r}")
+    out = grouped_experts(x, w, ids, params[f"{op.reads[0]}.gate_up"], params[f"{op.reads[0]}.down"], f.act,
                           DTYPES.get(op.precision, "bfloat16"))
     return Act(out.astype(jnp.bfloat16), op.token_set)
 
@@ -486,7 +422,7 @@ def init_params(compiled, seed: int = 0) -> dict:
     for n_op, op in enumerate(g.ops):
         sub = jax.random.fold_in(key, n_op)
         if op.kind == "norm":
-            params[f"{op.name}.gamma"] = 1.0 + 0.01 * jax.random.normal(sub, (_gamma_width(op, _LiteCtx(compiled)),),
+            params[f"{op.name}.gamma"] = 1.0 + 0.01 * jax.random.normal(sub, (_gamma_width(op, compiled.model.cfg),),
                                                                          jnp.float32)
         if not op.reads or g.tensor_map[op.reads[0]].role != "weight":
             continue
@@ -506,14 +442,6 @@ def init_params(compiled, seed: int = 0) -> dict:
         elif op.kind == "gemm" and t.name not in params:
             params[t.name] = (jax.random.normal(sub, (i.k, i.n), jnp.float32) / np.sqrt(i.k)).astype(dt)
     return params
-
-
-class _LiteCtx:
-    def __init__(self, compiled):
-        self.cfg = compiled.model.cfg
-
-    def layer(self, op):
-        return self.cfg.layers[op.layer]
 
 
 def _storage_dtype(op, t):
@@ -538,7 +466,7 @@ def init_caches(ex: Executable, seed: int = 1) -> dict:
     for n_op, op in enumerate(g.ops):
         if op.kind != "cache_write":
             continue
-        a = _attn_shape(op, _LiteCtx(ex.compiled))
+        a = _attn_shape(op, ex.compiled.model.cfg)
         fmt = g.tensor_map[op.writes[0]].format.name
         dt = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp8": jnp.float8_e4m3fn, "fp32": jnp.float32}.get(fmt)
         if dt is None:

@@ -88,20 +88,19 @@ def collect_forward(model, mixes, hw, output, *, warmup: int = 2, reps: int = 5,
     require(out_path.suffix == ".parquet", "output", f"samples are written as .parquet, got {output!r}")
     spec = load_hw(hw)
     m = load_model(model, weights=weights)
-    tp, dp, ep, pp, cp = mapping
-    env = environment(spec.name)
+    mapping = ParallelMapping(*mapping)
     policies = policies or Policies()
+    # every row of one run has one identity (the model, runtime, device, mapping and policies)
+    ident = sample_identity(m, mapping, policies, spec, environment(spec.name), warmup)
     t_start = time.perf_counter()
     rows = []
     params = None
     for n, reqs in enumerate(mixes):
-        plan = None
         try:
-            plan = Plan(reqs, ParallelMapping(tp, dp, ep, pp, cp), policies)
+            plan = Plan(reqs, mapping, policies)
         except GraphsimError as e:
-            rows.append(_row(None, reqs, "unsupported", str(e)))
+            rows.append(_row(ident, reqs, "unsupported", str(e)))
             continue
-        ident = sample_identity(m, model, plan, spec, env, warmup)
         if budget_s is not None and time.perf_counter() - t_start > budget_s:
             rows.append(_row(ident, reqs, "missing_sample", f"collection budget of {budget_s:g} s spent", plan=plan))
             continue
@@ -114,7 +113,6 @@ def collect_forward(model, mixes, hw, output, *, warmup: int = 2, reps: int = 5,
                 f"{row['status']}: {row['error'][:100]}"
             log(f"[{n + 1}/{len(mixes)}] {'+'.join(reqs):<34} {what}")
     df = pd.DataFrame(rows)
-    df = _fill_identity(df, m, model, spec, env, warmup, policies, (tp, dp, ep, pp, cp))
     check_samples(df, str(out_path))
     out_path.parent.mkdir(parents=True, exist_ok=True)
     df.to_parquet(out_path, index=False)
@@ -136,11 +134,13 @@ def _coords(plan) -> dict:
 
 
 def _row(ident, reqs, status, error="", plan=None, **res) -> dict:
-    from graphsim.fpm.schema import RESULTS
+    """One sample: the run's identity, the mix, its coordinates (zeros for a mix no plan could be made of),
+    the results (NaN where nothing was timed) and the status."""
+    from graphsim.fpm.schema import COORDS, RESULTS
 
-    row = dict(ident or {})
+    row = dict(ident)
     row["requests"] = "+".join(reqs)
-    row.update(_coords(plan) if plan is not None else {})
+    row.update(_coords(plan) if plan is not None else dict.fromkeys(COORDS, 0))
     row.update({k: res.get(k, np.nan) for k in RESULTS})
     row["status"], row["error"] = status, " ".join(str(error).split())[:500]
     return row
@@ -197,22 +197,3 @@ def _same_params(params: dict, compiled) -> bool:
     names = {op.reads[0] for op in g.ops if op.reads and g.tensor_map[op.reads[0]].role == "weight"}
     have = {k.rsplit(".", 1)[0] if k.endswith((".gate_up", ".down", ".gamma")) else k for k in params}
     return names <= have
-
-
-def _fill_identity(df, m, model, spec, env, warmup, policies, mapping):
-    """Rows refused before a plan existed still carry the run's identity (the plan-independent part)."""
-    from graphsim.fpm.schema import COORDS, IDENTITY, RESULTS, sample_identity
-    from graphsim import ParallelMapping, Plan
-
-    base = sample_identity(m, model, Plan(["decode:1x1"], ParallelMapping(*mapping), policies), spec, env, warmup)
-    for k in IDENTITY:
-        if k not in df.columns:
-            df[k] = base[k]
-        else:
-            df[k] = df[k].where(df[k].notna(), base[k])
-    for k in COORDS:
-        df[k] = df[k].fillna(0).astype("int64") if k in df.columns else 0
-    for k in RESULTS:
-        if k not in df.columns:
-            df[k] = np.nan
-    return df

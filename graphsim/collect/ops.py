@@ -3,9 +3,10 @@ write them as measured tables (docs/measured.md), so ``--view op|hybrid --measur
 prices a compiled plan from them.
 
 Families and what one row times (one jitted JAX function per shape, inputs random normal, resident on the
-device before timing):
+device before timing). The kernels are the forward executor's own (:mod:`graphsim.collect.kernels`): an op
+timed here and the same op inside ``graphsim collect forward`` run the same code.
 
-``gemm``                  ``jnp.dot`` of A[m, k] and W[k, n] with ``preferred_element_type`` the inputs' dtype
+``gemm``                  A[m, k] @ W[k, n] in the inputs' dtype with fp32 accumulation, the result cast back
                           (bf16 out for bf16, as the models' linear layers produce), dtypes bfloat16 and float32
                           (and float16 on accelerators);
 ``attention_context``     causal GQA prefill, q [b, s, H, d], k/v [b, s, Hkv, d], scores and softmax in fp32,
@@ -38,7 +39,6 @@ from __future__ import annotations
 import datetime
 import itertools
 import json
-import math
 import statistics
 import time
 from pathlib import Path
@@ -48,6 +48,7 @@ import numpy as np
 from graphsim.errors import require
 
 from .env import BOUNDARY_NOTE, COLLECTOR_REVISION, environment
+from .kernels import gated, gqa_attention, matmul, rmsnorm
 
 #: the families this collector times, in collection order
 FAMILIES = ("gemm", "attention_context", "attention_generation", "elementwise", "copy")
@@ -249,91 +250,25 @@ def _trim() -> None:
 # ---- kernels ---------------------------------------------------------------------------------------------
 
 def _gemm_fn():
+    """The executor's GEMM: both operands in the inputs' dtype, fp32 accumulation, the result cast back."""
     import jax
-    import jax.numpy as jnp
 
-    return jax.jit(lambda a, w: jnp.dot(a, w, preferred_element_type=a.dtype))
-
-
-def _softmax_f32(s):
-    import jax.numpy as jnp
-
-    m = jnp.max(s, axis=-1, keepdims=True)
-    e = jnp.exp(s - m)
-    return e / jnp.sum(e, axis=-1, keepdims=True)
+    return jax.jit(lambda a, w: matmul(a, w, a.dtype).astype(a.dtype))
 
 
-def _prefill(q, k, v, window: int):
-    """Causal GQA prefill, q [b, s, H, d], k/v [b, s, Hkv, d]: fp32 scores and softmax; a sliding window (i - j <
-    window) is computed over query blocks of ``window`` rows against their own and the previous key block."""
-    import jax.numpy as jnp
-
-    b, s, H, d = q.shape
-    hk = k.shape[2]
-    g = H // hk
-    scale = 1.0 / math.sqrt(d)
-    neg = jnp.float32(-1e30)
-    if not window or window >= s:
-        qg = q.reshape(b, s, hk, g, d)
-        sc = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32) * scale
-        i, j = jnp.arange(s)[:, None], jnp.arange(s)[None, :]
-        mask = j <= i
-        if window:
-            mask = mask & (i - j < window)
-        p = _softmax_f32(jnp.where(mask, sc, neg))
-        o = jnp.einsum("bhgqk,bkhd->bqhgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-        return o.astype(q.dtype).reshape(b, s, H, d)
-    W = window
-    nb = -(-s // W)
-    pad = nb * W - s
-    qp = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, nb, W, hk, g, d)
-
-    def blocks(x):  # [b, s, hk, d] -> [b, nb, 2W, hk, d]: the previous and the own key block per query block
-        xp = jnp.pad(x, ((0, 0), (W, pad), (0, 0), (0, 0))).reshape(b, nb + 1, W, hk, d)
-        return jnp.concatenate([xp[:, :-1], xp[:, 1:]], axis=2)
-
-    kb, vb = blocks(k), blocks(v)
-    sc = jnp.einsum("bnqhgd,bnkhd->bnhgqk", qp, kb, preferred_element_type=jnp.float32) * scale
-    blk = jnp.arange(nb)[:, None, None]
-    qi = blk * W + jnp.arange(W)[None, :, None]
-    kj = (blk - 1) * W + jnp.arange(2 * W)[None, None, :]
-    mask = (kj <= qi) & (qi - kj < W) & (kj >= 0)  # [nb, W, 2W]
-    p = _softmax_f32(jnp.where(mask[None, :, None, None], sc, neg))
-    o = jnp.einsum("bnhgqk,bnkhd->bnqhgd", p.astype(v.dtype), vb, preferred_element_type=jnp.float32)
-    return o.astype(q.dtype).reshape(b, nb * W, H, d)[:, :s]
-
-
-def _decode(q, kc, vc, window: int):
-    """One query per request, q [b, H, d], over caches [b, ctx, Hkv, d] (a sliding window reads its last
-    ``window`` positions only); fp32 scores and softmax."""
-    import jax.numpy as jnp
-
-    b, H, d = q.shape
-    ctx, hk = kc.shape[1], kc.shape[2]
-    if window and window < ctx:
-        kc, vc = kc[:, ctx - window:], vc[:, ctx - window:]
-    qg = q.reshape(b, hk, H // hk, d)
-    sc = jnp.einsum("bhgd,bkhd->bhgk", qg, kc, preferred_element_type=jnp.float32) * (1.0 / math.sqrt(d))
-    p = _softmax_f32(sc)
-    o = jnp.einsum("bhgk,bkhd->bhgd", p.astype(vc.dtype), vc, preferred_element_type=jnp.float32)
-    return o.astype(q.dtype).reshape(b, H, d)
+def _attend(q, k, v, window: int):
+    """The executor's attention for a request group whose queries are the last ``q.shape[1]`` of the
+    ``k.shape[1]`` cached positions (a prompt: all of them; a decode step: the last one)."""
+    new = q.shape[1]
+    return gqa_attention(q, k, v, k.shape[1] - new, new, window).astype(q.dtype)
 
 
 def _rmsnorm(x, w):
-    import jax.numpy as jnp
-
-    xf = x.astype(jnp.float32)
-    r = jnp.reciprocal(jnp.sqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + EPS))
-    return (xf * r * w.astype(jnp.float32)).astype(x.dtype)
+    return rmsnorm(x, w, EPS).astype(x.dtype)
 
 
 def _silu_mul(gu):
-    import jax
-    import jax.numpy as jnp
-
-    e = gu.shape[-1] // 2
-    g, u = gu[:, :e].astype(jnp.float32), gu[:, e:].astype(jnp.float32)
-    return (jax.nn.silu(g) * u).astype(gu.dtype)
+    return gated(gu, "silu").astype(gu.dtype)
 
 
 def _add(a, b):
@@ -358,46 +293,34 @@ def _run_gemm(points, inp, warmup, reps, tick):
                "m": p["m"], "n": p["n"], "k": p["k"]}, med, lo
 
 
-def _run_context(points, inp, warmup, reps, tick):
-    import jax
-    import jax.numpy as jnp
+def _attention_runner(phase: str):
+    """The runner of ``attention_<phase>``: a prompt of ``seq`` positions (context) or one query over ``ctx``
+    cached positions (generation), per head layout and window, through the executor's kernel."""
+    length = "seq" if phase == "context" else "ctx"
 
-    bf = jnp.bfloat16
-    fns = {}
-    for p in sorted(points, key=lambda p: (p["heads"], p["kv_heads"], p["head_dim"], p["window"], p["batch"], p["seq"])):
-        b, s, h, hk, d, w = (p[c] for c in ("batch", "seq", "heads", "kv_heads", "head_dim", "window"))
-        require(h % hk == 0 and hk > 0, "grid.attention_context", f"heads {h} not a multiple of kv_heads {hk}")
-        if w not in fns:
-            fns[w] = jax.jit(lambda q, k, v, w=w: _prefill(q, k, v, w))
-        q = inp.get(("q", b, s, h, d), (b, s, h, d), bf)
-        k = inp.get(("k", b, s, hk, d), (b, s, hk, d), bf)
-        v = inp.get(("v", b, s, hk, d), (b, s, hk, d), bf)
-        med, lo = time_call(lambda: fns[w](q, k, v), warmup, reps)
-        inp.keep()
-        tick()
-        yield {"op": "context", "dtype": "bfloat16", "kv_dtype": "bfloat16", "kernel": "reference attention",
-               **p}, med, lo
+    def run(points, inp, warmup, reps, tick):
+        import jax
+        import jax.numpy as jnp
 
+        bf = jnp.bfloat16
+        fns = {}
+        order = ("heads", "kv_heads", "head_dim", "window", "batch", length)
+        for p in sorted(points, key=lambda p: tuple(p[c] for c in order)):
+            b, n, h, hk, d, w = (p[c] for c in ("batch", length, "heads", "kv_heads", "head_dim", "window"))
+            require(h % hk == 0 and hk > 0, f"grid.attention_{phase}", f"heads {h} not a multiple of kv_heads {hk}")
+            if w not in fns:
+                fns[w] = jax.jit(lambda q, k, v, w=w: _attend(q, k, v, w))
+            nq = n if phase == "context" else 1
+            q = inp.get(("q", b, nq, h, d), (b, nq, h, d), bf)
+            k = inp.get(("k", b, n, hk, d), (b, n, hk, d), bf)
+            v = inp.get(("v", b, n, hk, d), (b, n, hk, d), bf)
+            med, lo = time_call(lambda: fns[w](q, k, v), warmup, reps)
+            inp.keep()
+            tick()
+            yield {"op": phase, "dtype": "bfloat16", "kv_dtype": "bfloat16", "kernel": "graphsim gqa_attention",
+                   **p}, med, lo
 
-def _run_generation(points, inp, warmup, reps, tick):
-    import jax
-    import jax.numpy as jnp
-
-    bf = jnp.bfloat16
-    fns = {}
-    for p in sorted(points, key=lambda p: (p["heads"], p["kv_heads"], p["head_dim"], p["window"], p["batch"], p["ctx"])):
-        b, c, h, hk, d, w = (p[x] for x in ("batch", "ctx", "heads", "kv_heads", "head_dim", "window"))
-        require(h % hk == 0 and hk > 0, "grid.attention_generation", f"heads {h} not a multiple of kv_heads {hk}")
-        if w not in fns:
-            fns[w] = jax.jit(lambda q, k, v, w=w: _decode(q, k, v, w))
-        q = inp.get(("q", b, h, d), (b, h, d), bf)
-        kc = inp.get(("k", b, c, hk, d), (b, c, hk, d), bf)
-        vc = inp.get(("v", b, c, hk, d), (b, c, hk, d), bf)
-        med, lo = time_call(lambda: fns[w](q, kc, vc), warmup, reps)
-        inp.keep()
-        tick()
-        yield {"op": "generation", "dtype": "bfloat16", "kv_dtype": "bfloat16", "kernel": "reference attention",
-               **p}, med, lo
+    return run
 
 
 def _run_elementwise(points, inp, warmup, reps, tick):
@@ -449,7 +372,8 @@ def _run_copy(points, inp, warmup, reps, tick):
                "bytes": n}, med, lo
 
 
-RUNNERS = {"gemm": _run_gemm, "attention_context": _run_context, "attention_generation": _run_generation,
+RUNNERS = {"gemm": _run_gemm, "attention_context": _attention_runner("context"),
+           "attention_generation": _attention_runner("generation"),
            "elementwise": _run_elementwise, "copy": _run_copy}
 
 

@@ -273,10 +273,12 @@ def last_level_cache() -> Optional[int]:
 
 
 def _sig(x: float, digits: int = 4) -> float:
-    """``x`` rounded to ``digits`` significant figures (a readable number that still round-trips)."""
+    """A rate ``x`` rounded *up* to ``digits`` significant figures: readable, round-trips, and — every figure
+    being a speed-of-light rate — never below what was measured."""
     if x == 0 or not math.isfinite(x):
         return x
-    return round(x, digits - 1 - int(math.floor(math.log10(abs(x)))))
+    scale = 10.0 ** (digits - 1 - int(math.floor(math.log10(abs(x)))))
+    return math.ceil(x * scale) / scale
 
 
 def _si(x: float, unit: str) -> str:

@@ -13,7 +13,7 @@ import numpy as np
 
 from graphsim.errors import GraphsimError
 
-from .fit import FPMModel, mix_of, predict
+from .fit import FPMModel, predict
 from .schema import COORDS, IDENTITY
 
 
@@ -46,14 +46,15 @@ def evaluate(model: FPMModel, holdout, *, op_view=None, log=None) -> dict:
         cols = {c: sub[c].to_numpy() for c in COORDS}
         sol = sub["sol_s"].to_numpy(np.float64)
         meas = sub["latency_s"].to_numpy(np.float64)
-        t, inside, outside, mixes = predict(part, cols, sol)
+        pr = predict(part, cols, sol)
+        inside = pr.inside
         for j in range(len(sub)):
-            if not np.isfinite(t[j]):
+            if not np.isfinite(pr.t[j]):
                 failures["no_curve"] = failures.get("no_curve", 0) + 1
                 continue
-            rows.append({"partition": key, "requests": str(sub["requests"].iloc[j]), "mix": str(mixes[j]),
-                         "domain": "in" if inside[j] else "out", "outside": list(outside[j]),
-                         "measured_s": float(meas[j]), "sol_s": float(sol[j]), "fpm_s": float(t[j]), "op_s": None})
+            rows.append({"partition": key, "requests": str(sub["requests"].iloc[j]), "mix": str(pr.mixes[j]),
+                         "domain": "in" if inside[j] else "out", "outside": pr.outside_names(j),
+                         "measured_s": float(meas[j]), "sol_s": float(sol[j]), "fpm_s": float(pr.t[j]), "op_s": None})
     if op_view is not None and rows:
         _op_times(rows, ok, op_view, log)
     out = {"views": [], "partitions": [], "failures": failures, "sol_bound": {}, "rows": rows}
@@ -122,4 +123,4 @@ def to_text(rep: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["evaluate", "to_text", "mix_of"]
+__all__ = ["evaluate", "to_text"]

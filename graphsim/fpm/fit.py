@@ -39,6 +39,8 @@ MIX_COORDS = {
     "prefill": ("prefill_requests", "prefill_len", "prefill_cached"),
     "mixed": ("prefill_requests", "prefill_len", "prefill_cached", "decode_requests", "decode_new", "decode_ctx"),
 }
+#: every per-request coordinate, in the order of an ``outside`` mask's columns
+COORD_NAMES = ("prefill_requests", "prefill_len", "prefill_cached", "decode_requests", "decode_new", "decode_ctx")
 MAX_KNOTS = 4
 RIDGE = 1e-6  # conditioning only: collinear knots stay solvable without biasing the fit
 
@@ -86,25 +88,19 @@ class Curve:
             cols.extend(np.maximum(0.0, z[:, j] - k) for k in ks)
         return np.stack(cols, axis=1)
 
-    def log_ratio(self, x: dict) -> tuple[np.ndarray, np.ndarray, list]:
-        """(log(measured/SOL), in-domain flags, per point the coordinates outside the training range)."""
+    def log_ratio(self, x: dict) -> tuple[np.ndarray, np.ndarray]:
+        """(log(measured/SOL), outside) for P points: ``outside`` [P, len(COORD_NAMES)] flags the coordinates
+        outside the training range (varying ones beyond [lo, hi], fixed ones at another value)."""
         P = len(next(iter(x.values())))
         z = np.zeros((P, len(self.coords)))
-        inside = np.ones(P, bool)
-        outside = [[] for _ in range(P)]
+        out = np.zeros((P, len(COORD_NAMES)), bool)
         for j, c in enumerate(self.coords):
             raw = np.log1p(np.asarray(x[c], np.float64))
-            out = (raw < self.lo[j] - 1e-9) | (raw > self.hi[j] + 1e-9)
-            inside &= ~out
-            for p in np.flatnonzero(out):
-                outside[p].append(c)
+            out[:, COORD_NAMES.index(c)] = (raw < self.lo[j] - 1e-9) | (raw > self.hi[j] + 1e-9)
             z[:, j] = np.clip(raw, self.lo[j], self.hi[j])
         for c, v in self.fixed:
-            out = np.abs(np.asarray(x[c], np.float64) - v) > 1e-9 * max(1.0, abs(v))
-            inside &= ~out
-            for p in np.flatnonzero(out):
-                outside[p].append(c)
-        return self._basis(z) @ np.asarray(self.coef), inside, outside
+            out[:, COORD_NAMES.index(c)] = np.abs(np.asarray(x[c], np.float64) - v) > 1e-9 * max(1.0, abs(v))
+        return self._basis(z) @ np.asarray(self.coef), out
 
     def describe(self) -> str:
         parts = [f"log(t/SOL) = {self.coef[0]:+.3f}"]
@@ -289,22 +285,35 @@ def fit_files(paths, output=None, log=None) -> FPMModel:
     return model
 
 
-def predict(part: Partition, cols: dict, sol: np.ndarray):
-    """Forward times for points of one partition: (time, in-domain flags, outside-coordinates, mixes).
-    ``cols``: the sample-sum coordinates (arrays). A point whose mix the partition never sampled is NaN."""
+@attrs.frozen(eq=False)
+class Prediction:
+    """FPM forwards of P points: ``t`` (NaN where the partition has no curve for the point's request mix),
+    ``outside`` [P, len(COORD_NAMES)] (coordinates beyond the samples), ``mixes``."""
+
+    t: np.ndarray
+    outside: np.ndarray
+    mixes: np.ndarray
+
+    @property
+    def inside(self) -> np.ndarray:
+        return np.isfinite(self.t) & ~self.outside.any(axis=1)
+
+    def outside_names(self, i: int) -> list:
+        return [c for c, o in zip(COORD_NAMES, self.outside[i]) if o]
+
+
+def predict(part: Partition, cols: dict, sol) -> Prediction:
+    """Forward times for points of one partition from their sample-sum coordinates ``cols`` (arrays) and
+    their SOL forwards: vectorized per request mix."""
     sol = np.asarray(sol, np.float64)
     x = derived(cols)
     mixes = mix_of(cols)
     t = np.full(sol.shape, np.nan)
-    inside = np.zeros(sol.shape, bool)
-    outside: list = [[] for _ in range(len(sol))]
+    outside = np.zeros((len(sol), len(COORD_NAMES)), bool)
     for mix, cur in part.curves.items():
         sel = mixes == mix
-        if not sel.any():
-            continue
-        lr, ins, out = cur.log_ratio({c: v[sel] for c, v in x.items()})
-        t[sel] = sol[sel] * np.exp(lr)
-        inside[sel] = ins
-        for i, o in zip(np.flatnonzero(sel), out):
-            outside[i] = o
-    return t, inside, outside, mixes
+        if sel.any():
+            lr, out = cur.log_ratio({c: v[sel] for c, v in x.items()})
+            t[sel] = sol[sel] * np.exp(lr)
+            outside[sel] = out
+    return Prediction(t, outside, mixes)

@@ -58,10 +58,11 @@ def hw_digest(spec) -> str:
     return digest(repr(sorted(d.items())))
 
 
-def plan_identity(model, plan, spec) -> dict:
-    """The identity fields a plan determines (what an estimate's query must match)."""
+def plan_identity(model, mapping, policies, spec) -> dict:
+    """The identity fields a plan determines — its model, mapping, policies and descriptor (what an estimate's
+    query must match); its requests are coordinates, not identity."""
     name, mdig, formats = model_identity(model)
-    p, m = plan.policies, plan.mapping
+    p, m = policies, mapping
     kv = ""
     if hasattr(model, "kv_cache_format"):
         try:
@@ -78,9 +79,9 @@ def plan_identity(model, plan, spec) -> dict:
     }
 
 
-def sample_identity(model, model_arg, plan, spec, env: dict, warmup: int) -> dict:
+def sample_identity(model, mapping, policies, spec, env: dict, warmup: int) -> dict:
     """Every identity field of a local sample: the plan's, the run environment's and the workload's."""
-    ident = plan_identity(model, plan, spec)
+    ident = plan_identity(model, mapping, policies, spec)
     ident.update({
         "framework": env["framework"], "version": env["version"], "image_digest": env["image_digest"],
         "kernel_source": env["kernel_source"] + " graphsim executor", "instrumentation": env["instrumentation"],

@@ -40,12 +40,12 @@ class FPMView:
         return out
 
     def scale(self, workload, forward_sol):
-        """(FPM forward, in-domain flags, per point the coordinates outside the sampled range, mixes)."""
+        """The FPM forwards of every point (a :class:`graphsim.fpm.fit.Prediction`)."""
         return predict(self.partition, self.coords(workload), np.asarray(forward_sol, np.float64))
 
     def describe(self, workload, forward_sol) -> dict:
-        t, inside, outside, mixes = self.scale(workload, forward_sol)
-        mix = str(mixes[0])
+        pr = self.scale(workload, forward_sol)
+        t, mix = pr.t, str(pr.mixes[0])
         if not np.isfinite(t[0]):
             have = ", ".join(self.partition.curves) or "none"
             raise GraphsimError("fpm", f"partition {self.partition.key} has no {mix or 'empty'} forwards (sampled mixes: "
@@ -55,7 +55,7 @@ class FPMView:
                 "partition": self.partition.key, "model_file": self.path, "mix": mix,
                 "sol_forward_s": float(forward_sol[0]), "fpm_forward_s": float(t[0]),
                 "ratio": float(t[0] / forward_sol[0]) if forward_sol[0] > 0 else None,
-                "domain": "in" if inside[0] else "extrapolated", "outside": list(outside[0]),
+                "domain": "in" if pr.inside[0] else "extrapolated", "outside": pr.outside_names(0),
                 "curve": cur.describe(), "samples": cur.n,
                 "train_error": {"median": cur.train_err[0], "p90": cur.train_err[1], "worst": cur.train_err[2]}}
 
@@ -64,6 +64,6 @@ def bind_fpm(spec, model, plan, hw) -> FPMView:
     """The FPM partition of ``plan`` (``spec.measured``: the .fpm file; ``spec.backend``: optional
     FRAMEWORK[@VERSION] when the file holds several runtimes)."""
     fpm = _load(str(spec.measured))
-    part = fpm.find(plan_identity(model, plan, hw), spec.backend)
+    part = fpm.find(plan_identity(model, plan.mapping, plan.policies, hw), spec.backend)
     i = part.identity
     return FPMView(str(spec.measured), part, f"{i['framework']}@{i['version']}")

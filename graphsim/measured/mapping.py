@@ -9,7 +9,7 @@ are divided by TP. A varying coordinate is a ratio of two linear forms over work
 Norms, gated activations and plain cache writes are timed by the ``elementwise`` (rmsnorm, silu_mul) and
 ``copy`` families that a local collector writes (``graphsim collect ops``); runtime tables imported from
 aiconfigurator have neither, so with a backend that has no partition of such a family on the device at all
-these ops stay at SOL, labelled ``sol``, in every view (see :func:`_collected`). Op kinds with no table
+these ops stay at SOL, labelled ``sol``, in every view (see :func:`_not_collected`). Op kinds with no table
 family (other elementwise ops, quantize, embedding lookups, host copies, Engram, the V4 compressor/indexer
 parts, ...) are not "missing data": no collector times them at graphsim's op boundary, so every view prices
 them at SOL and labels them ``sol``. Where a table times a fused module (the mHC pre/post modules,
@@ -99,7 +99,6 @@ class MapContext:
     model: object = None
     #: the backend's admitted partitions (a measured.store.Selection), when the caller has one
     selection: object = None
-    _memo: dict = attrs.field(factory=dict, eq=False, repr=False)  # family -> collected at all
 
 
 RULES: dict[str, Callable] = {}
@@ -165,18 +164,6 @@ def _dp_div(op: Op, ctx: MapContext) -> float:
     return float(ctx.mapping.dp) if "dp" in effective_split(op) else 1.0
 
 
-def _collected(ctx: MapContext, family: str) -> bool:
-    """Whether the selected backend has any partition of ``family`` on the device (the named version, or an
-    older one the fill rule admits); True without a selection."""
-    sel = ctx.selection
-    if sel is None:
-        return True
-    if family not in ctx._memo:
-        ops = {p.identity["op"] for p in sel._family(family)}
-        ctx._memo[family] = any(sel.candidates(family, o, {}) for o in ops)
-    return ctx._memo[family]
-
-
 def _not_collected(ctx: MapContext, family: str, what: str) -> Miss | None:
     """The families only a local collector writes (elementwise, copy) time ops that every runtime also runs
     but no imported table times (norms, activations, cache writes). Where the backend has no partition of
@@ -184,7 +171,7 @@ def _not_collected(ctx: MapContext, family: str, what: str) -> Miss | None:
     labelled — rather than as uncovered (``Miss(family)``: an error in the strict op view, a fallback fitted
     on the GEMMs in hybrid), so the op view of imported runtime tables keeps working and prices these ops as
     before. Once the backend has the family, an op it does not cover is uncovered as usual."""
-    if _collected(ctx, family):
+    if ctx.selection is None or ctx.selection.has(family):
         return None
     sel = ctx.selection
     return Miss("", f"{what}: no {family} tables for {sel.backend} on {sel.device} (runtime tables do not time "
@@ -397,8 +384,10 @@ def _activation(op: Op, ctx: MapContext):
     miss = _not_collected(ctx, "elementwise", "an activation")
     if miss:
         return miss
+    from graphsim.rules import GATED
+
     i = op.info
-    if op.name.rsplit(".", 1)[-1] != "swiglu" or i.bytes_in <= 0:
+    if i.role != GATED or i.bytes_in <= 0:
         return Miss("", f"{op.name.rsplit('.', 1)[-1]}: not a gated MLP activation (the elementwise tables time "
                     "silu_mul): priced at SOL")
     act = _act(op, ctx)

@@ -172,6 +172,14 @@ class Selection:
     def __init__(self, device: str, backend: Backend, store: Store, fill: str):
         self.device, self.backend, self.fill = device, backend, fill
         self._store = store
+        self._has: dict = {}
+
+    def has(self, family: str) -> bool:
+        """Whether the rules admit any partition of ``family`` at all (the named version, a backfill, NCCL)."""
+        if family not in self._has:
+            ops = {p.identity["op"] for p in self._family(family)}
+            self._has[family] = any(self.candidates(family, o, {}) for o in ops)
+        return self._has[family]
 
     def _family(self, family: str) -> list[Partition]:
         fws = (self.backend.framework, "nccl") if family == "collective" else (self.backend.framework,)

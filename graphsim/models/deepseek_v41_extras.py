@@ -48,7 +48,7 @@ import attrs
 
 from ..errors import require
 from ..ir import Feature
-from ..rules import embedding, gathered_logits
+from ..rules import GATED, embedding, gathered_logits
 from ..rules_v4 import dspark_commit_caches
 from . import deepseek_v41 as sem
 from .base import all_reduce_tp, rmsnorm
@@ -93,7 +93,7 @@ def vision_stage(model, b, kinds, policies, requests) -> None:
                 b.gemm("mlp.w1", P, h, f, weight=f"{p}.mlp.w1", split=tp)
                 b.gemm("mlp.w3", P, h, f, weight=f"{p}.mlp.w3", split=tp)
                 b.elementwise("mlp.swiglu", P, f, bytes_in=2 * BF16, bytes_out=BF16, flops_per_elem=4,
-                              kind="activation", split=tp, exps=f)
+                              kind="activation", split=tp, exps=f, params={"role": GATED})
                 b.gemm("mlp.w2", P, f, h, weight=f"{p}.mlp.w2", split=tp, comm=(all_reduce_tp(P, h, note="ViT w2"),))
                 _residual(b, "mlp.residual", P, h)
         rmsnorm(b, "vision.norm", P, h, reads=("vision.norm",))

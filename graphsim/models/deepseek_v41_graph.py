@@ -19,7 +19,7 @@ from ..errors import GraphsimError
 from ..ir import Feature, Tensor
 from ..plan import ParallelMapping
 from . import deepseek_v41 as sem
-from ..rules import embedding, gathered_logits
+from ..rules import GATED, embedding, gathered_logits
 from ..rules_v4 import (
     compressor_pool,
     engram_gather,
@@ -403,7 +403,7 @@ class DeepSeekV41(Model):
         b.gemm("ffn.shared.w1", ts, d, fs, weight=f"{s}.w1", act_in="fp8", split=("tp", "dp"))
         b.gemm("ffn.shared.w3", ts, d, fs, weight=f"{s}.w3", act_in="fp8", split=("tp", "dp"))
         b.elementwise("ffn.shared.swiglu", ts, fs, bytes_in=2 * BF16, bytes_out=1.0 + 1 / 32, flops_per_elem=4,
-                      kind="activation", split=("tp", "dp"), exps=fs)
+                      kind="activation", split=("tp", "dp"), exps=fs, params={"role": GATED})
         b.gemm("ffn.shared.w2", ts, fs, d, weight=f"{s}.w2", act_in="fp8", split=("tp", "dp"),
                comm=(all_reduce_tp(ts, d, note="row-parallel shared expert", merge=MOE_OUT),))
 
