@@ -22,6 +22,7 @@ from .ir import (
     Tensor,
     TokenSet,
     fmt,
+    intern_cost,
     split_params,
     wider,
 )
@@ -42,6 +43,7 @@ class GraphBuilder:
         self._layer: int | None = None
         self._prefix = ""
         self._last: dict[str, str] = {}
+        self._costs: dict[Cost, Cost] = {}
 
     # ---- context ---------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -95,6 +97,13 @@ class GraphBuilder:
         self._tensors[name] = t
         return name
 
+    def declare(self, t: Tensor) -> str:
+        """Declare a prepared tensor (what :meth:`tensor` would make of its fields)."""
+        old = self._tensors.get(t.name)
+        require(old is None or old == t, f"tensor[{t.name}]", "declared twice with different shapes or formats")
+        self._tensors[t.name] = t
+        return t.name
+
     def weight(self, name: str, elems: int, format: str | StorageFormat, *, group: str = "trunk",
                module: str = "") -> str:
         """A resident weight (counted once in the inventory however many ops read it)."""
@@ -115,6 +124,7 @@ class GraphBuilder:
             self._stages.append(st)
         full = self._prefix + name
         info, notes = split_params(params)
+        cost = intern_cost(cost, self._costs)  # repeated layers share their cost objects
         o = Op(full, kind, st, cost, self._layer, stream, token_set, precision, frozenset(split),
                tuple(reads), tuple(writes), tuple(comm), notes, formula, info=info)
         if deps is None:

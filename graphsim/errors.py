@@ -37,6 +37,7 @@ def one_of(scope: str, allowed):
             ok = value in allowed
         except TypeError:
             ok = False
-        require(ok, f"{scope}.{attr.name}", f"must be one of {', '.join(map(str, allowed))}, got {value!r}")
+        if not ok:  # (the message is built only when it is needed: this check runs per IR object)
+            raise GraphsimError(f"{scope}.{attr.name}", f"must be one of {', '.join(map(str, allowed))}, got {value!r}")
 
     return check

@@ -12,10 +12,12 @@ import math
 from typing import Iterable, Mapping
 
 import attrs
-import networkx as nx
 
+from ._lazy import lazy_module
 from .features import FEATURE_KINDS, FEATURES
 from .errors import GraphsimError, one_of, require
+
+nx = lazy_module("networkx")  # only Graph.nx() needs it (~0.15 s to import)
 
 # --------------------------------------------------------------------------------------------------
 # Precisions and storage formats
@@ -126,8 +128,13 @@ def fmt(name: str | StorageFormat) -> StorageFormat:
 # --------------------------------------------------------------------------------------------------
 
 def _count(field: str, v) -> None:
-    require(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 53, field,
-            f"must be a whole number in [0, 2^53), got {v!r}")
+    if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 53):
+        raise GraphsimError(field, f"must be a whole number in [0, 2^53), got {v!r}")
+
+
+def _nonneg_count(_inst, attr, v) -> None:
+    if not (type(v) is int and 0 <= v < 1 << 53):  # (the field's name is spelled only for an error)
+        _count(f"tensor.{attr.name}", v)
 
 
 ROLES = ("weight", "activation", "kv_cache", "index_cache", "swa_cache", "table", "workspace", "state")
@@ -145,8 +152,8 @@ class Tensor:
     name: str
     role: str = attrs.field(validator=one_of("tensor", ROLES))
     format: StorageFormat = attrs.field(converter=fmt)
-    elems: int = attrs.field(default=0, validator=lambda _i, a, v: _count(f"tensor.{a.name}", v))
-    elems_per_token: int = attrs.field(default=0, validator=lambda _i, a, v: _count(f"tensor.{a.name}", v))
+    elems: int = attrs.field(default=0, validator=_nonneg_count)
+    elems_per_token: int = attrs.field(default=0, validator=_nonneg_count)
     module: str = ""
     group: str = "trunk"
 
@@ -214,7 +221,7 @@ class TokenSet:
 #: registry in graphsim.features.
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Feature:
     """A workload feature: ``kind`` over ``token_set`` with ``params``; ``frac`` scales request counts
     (micro-batch splitting by requests) before any nonlinearity; ``chunk`` = (j, m) evaluates it on causal
@@ -242,35 +249,131 @@ class Feature:
 ONE = Feature("one")
 
 
+#: Feature -> its repr: terms sort by it. Only features whose numbers have one type each (float frac,
+#: int params, no chunk) are kept, so equal features here always print alike (1 == 1.0, not in repr).
+_FEATURE_KEYS: dict = {}
+
+
+def feature_key(f: Feature) -> str:
+    """The canonical order of features inside a cost: ``repr(f)``, cached (sorting terms is hot)."""
+    if _canonical_feature(f):
+        k = _FEATURE_KEYS.get(f)
+        if k is None:
+            if len(_FEATURE_KEYS) > 1 << 16:  # bounded: a long-lived process sweeping many fractions
+                _FEATURE_KEYS.clear()
+            k = _FEATURE_KEYS[f] = repr(f)
+        return k
+    return repr(f)
+
+
+def _canonical_feature(f: Feature) -> bool:
+    fr = f.frac
+    return (type(fr) is float and fr > 0.0 and not f.chunk
+            and (not f.params or all(type(x) is int for x in f.params)))
+
+
+def intern_cost(cost: "Cost", table: dict) -> "Cost":
+    """``cost``, or the equal Cost already in ``table`` (hash-consing: repeated layers then share one
+    object, so every later lookup by cost is an identity hit). Only costs whose features print alike
+    whenever they are equal (float frac, int params, no chunk; coefficients are floats) are shared."""
+    if type(cost) is not Cost:
+        return cost
+    hit = table.get(cost)
+    if hit is not None and hit is not cost:
+        if all(_canonical_feature(f) for _, f, _ in cost.terms):
+            return hit
+        return cost
+    if hit is None and all(_canonical_feature(f) for _, f, _ in cost.terms):
+        table[cost] = cost
+    return cost
+
+
+def _term_key(t: tuple) -> tuple:
+    return t[0], feature_key(t[1])
+
+
+def _component(t: tuple) -> str:
+    return t[0]
+
+
+def _bad_term(term) -> None:
+    """Raise the error naming what is wrong with ``term`` (the checks of :func:`_norm_terms`, spelled out)."""
+    require(isinstance(term, tuple) and len(term) == 3, "cost.terms", f"each term is (component, Feature, "
+            f"coefficient), got {term!r}")
+    comp, feat, coef = term
+    if comp not in COMPONENT_INDEX:
+        raise GraphsimError("cost.component", f"unknown component {comp!r}; allowed: {COMPONENTS}")
+    require(isinstance(feat, Feature), "cost.feature", f"must be a Feature, got {feat!r}")
+    ok = isinstance(coef, (int, float)) and not isinstance(coef, bool) and math.isfinite(coef)
+    require(ok, "cost.coefficient", f"must be a finite number, got {coef!r}")
+
+
 def _norm_terms(terms: Iterable[tuple[str, Feature, float]]) -> tuple:
     acc: dict[tuple[str, Feature], float] = {}
+    index, isfinite = COMPONENT_INDEX, math.isfinite
     for term in terms:
-        require(isinstance(term, tuple) and len(term) == 3, "cost.terms", f"each term is (component, Feature, "
-                f"coefficient), got {term!r}")
+        if type(term) is not tuple or len(term) != 3:
+            _bad_term(term)
         comp, feat, coef = term
-        if comp not in COMPONENT_INDEX:
-            raise GraphsimError("cost.component", f"unknown component {comp!r}; allowed: {COMPONENTS}")
-        require(isinstance(feat, Feature), "cost.feature", f"must be a Feature, got {feat!r}")
-        ok = isinstance(coef, (int, float)) and not isinstance(coef, bool) and math.isfinite(coef)
-        require(ok, "cost.coefficient", f"must be a finite number, got {coef!r}")
+        tc = type(coef)
+        if (comp not in index or not isinstance(feat, Feature)
+                or not ((tc is float or tc is int or (isinstance(coef, (int, float)) and tc is not bool))
+                        and isfinite(coef))):
+            _bad_term(term)
         if coef:
-            acc[(comp, feat)] = acc.get((comp, feat), 0.0) + float(coef)
-    return tuple(sorted(((c, f, v) for (c, f), v in acc.items() if v), key=lambda t: (t[0], repr(t[1]))))
+            key = (comp, feat)
+            acc[key] = acc.get(key, 0.0) + float(coef)
+    out = [(c, f, v) for (c, f), v in acc.items() if v]
+    if len(out) > 1:
+        f0 = out[0][1]
+        if all(t[1] is f0 or t[1] == f0 for t in out):  # one feature: its components are distinct, order by them
+            out.sort(key=_component)
+        else:
+            out.sort(key=_term_key)
+    return tuple(out)
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Cost:
     """Σ coef · feature per cost component; the linear form that lowering turns into matrices."""
 
     terms: tuple = attrs.field(default=(), converter=_norm_terms)
 
+    @classmethod
+    def _normalized(cls, terms: tuple) -> "Cost":
+        """A Cost from terms already in normal form (merged, nonzero, finite, sorted): no re-checking. Only
+        for terms taken from existing Costs with their (component, feature) pairs and order unchanged."""
+        c = object.__new__(cls)
+        object.__setattr__(c, "terms", terms)
+        object.__setattr__(c, "_attrs_cached_hash", None)  # attrs' hash cache (cache_hash=True), unset
+        return c
+
     @staticmethod
     def of(feature: Feature, **components: float) -> "Cost":
         """``Cost.of(tokens, flops_fp8=2*k*n, bytes_act=...)``: several components over one feature."""
+        if isinstance(feature, Feature) and all(c in COMPONENT_INDEX and (type(v) is float or type(v) is int)
+                                                and math.isfinite(v) for c, v in components.items()):
+            # already checked, one feature, distinct components: the normal form is the nonzero terms by
+            # component (what _norm_terms would make of them)
+            return Cost._normalized(tuple(sorted(((c, feature, float(v)) for c, v in components.items() if v),
+                                                 key=_component)))
         return Cost(tuple((c, feature, v) for c, v in components.items()))
 
     def __add__(self, other: "Cost") -> "Cost":
-        return Cost(self.terms + other.terms)
+        a, b = self.terms, other.terms
+        if type(self) is Cost and type(other) is Cost:  # both in normal form already
+            if not (a and b):
+                return other if not a else self
+            if len(b) == 1 or len(a) == 1:
+                seen = {(c, f) for c, f, _ in (a if len(b) == 1 else b)}
+                t = b[0] if len(b) == 1 else a[0]
+                disjoint = (t[0], t[1]) not in seen
+            else:
+                seen = {(c, f) for c, f, _ in a}
+                disjoint = not any((c, f) in seen for c, f, _ in b)
+            if disjoint:  # nothing to merge: the normal form is the terms in canonical order
+                return Cost._normalized(tuple(sorted(a + b, key=_term_key)))
+        return Cost(a + b)
 
     def __mul__(self, k: float) -> "Cost":
         return Cost(tuple((c, f, v * k) for c, f, v in self.terms))
@@ -310,6 +413,7 @@ EDGE_KINDS = ("data", "cache_read", "topk_reuse", "candidates", "order")
 #: (work and weights, the hottest rank carrying any EP imbalance); world: any other table or work spread
 #: evenly over every rank of the stage (work and weights, e.g. Engram rows sharded TP x EP)
 SPLIT_AXES = ("tp", "dp", "ep", "world")
+_SPLIT_AXES = frozenset(SPLIT_AXES)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
 
@@ -336,6 +440,8 @@ class CommSpec:
 
 
 def _frozen_params(p) -> tuple:
+    if type(p) is tuple:  # (the common case, without the ABC check below)
+        return p
     if isinstance(p, Mapping):
         return tuple(p.items())
     return tuple(p)
@@ -343,15 +449,16 @@ def _frozen_params(p) -> tuple:
 
 def _nonneg_int(field: str):
     def check(_inst, attr, v):
-        require(isinstance(v, int) and not isinstance(v, bool) and v >= 0, f"{field}.{attr.name}",
-                f"must be a whole number >= 0, got {v!r}")
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):  # (message only when needed)
+            raise GraphsimError(f"{field}.{attr.name}", f"must be a whole number >= 0, got {v!r}")
     return check
 
 
 def _nonneg_num(field: str):
     def check(_inst, attr, v):
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-        require(ok, f"{field}.{attr.name}", f"must be a finite number >= 0, got {v!r}")
+        if not ok:
+            raise GraphsimError(f"{field}.{attr.name}", f"must be a finite number >= 0, got {v!r}")
     return check
 
 
@@ -418,8 +525,22 @@ INFO_FIELDS = frozenset(a.name for a in attrs.fields(OpInfo))
 def split_params(params) -> tuple[OpInfo, tuple]:
     """(typed OpInfo, remaining display notes) from a params mapping or pairs."""
     d = dict(params or {})
-    info = OpInfo(**{k: d.pop(k) for k in list(d) if k in INFO_FIELDS})
+    facts = {k: d.pop(k) for k in list(d) if k in INFO_FIELDS}
+    try:  # builders repeat the same facts layer after layer: one OpInfo per distinct set (types included)
+        key = tuple((k, type(v), repr(v) if type(v) is float else v) for k, v in facts.items())
+        info = _INFOS.get(key)
+    except TypeError:  # an unhashable value: let OpInfo name it
+        key = info = None
+    if info is None:
+        info = OpInfo(**facts)
+        if key is not None:
+            if len(_INFOS) > 1 << 14:
+                _INFOS.clear()
+            _INFOS[key] = info
     return info, tuple(d.items())
+
+
+_INFOS: dict = {}
 
 
 @attrs.frozen
@@ -452,15 +573,66 @@ class Op:
 
     def __attrs_post_init__(self):
         require(isinstance(self.name, str) and bool(self.name), "op.name", "must be a non-empty string")
-        bad = set(self.split) - set(SPLIT_AXES)
-        require(not bad, f"op[{self.name}].split", f"unknown axes {sorted(bad)}; allowed {SPLIT_AXES}")
-        clash = INFO_FIELDS & {k for k, _ in self.params}
-        require(not clash, f"op[{self.name}].params", f"{sorted(clash)} are typed facts: give them in info")
+        if self.split:  # (messages are spelled only for a failing op: every op of every graph runs this)
+            bad = set(self.split) - _SPLIT_AXES
+            if bad:
+                raise GraphsimError(f"op[{self.name}].split", f"unknown axes {sorted(bad)}; allowed {SPLIT_AXES}")
+        if self.params:
+            clash = INFO_FIELDS & {k for k, _ in self.params}
+            if clash:
+                raise GraphsimError(f"op[{self.name}].params", f"{sorted(clash)} are typed facts: give them in info")
 
     @property
     def param_dict(self) -> dict:
         """Typed facts and display notes together (for reports and exports)."""
         return {**self.info.items(), **dict(self.params)}
+
+
+_OP_FIELDS = tuple(a.name for a in attrs.fields(Op))
+#: Fields :func:`replace_op` sets without attrs' converters, checked here as ``Op`` checks them.
+_OP_FAST = {"name", "kind", "stage", "cost", "layer", "token_set", "precision", "reads", "writes", "comm", "params",
+            "formula", "device", "origin", "info"}
+
+
+def replace_op(op: Op, **changes) -> Op:
+    """``attrs.evolve(op, **changes)`` for the passes' hot loops: the same result and the same checks on
+    the changed fields, without re-running the unchanged fields' converters and validators. Changes to
+    ``stream`` or ``split`` (validated) go through ``attrs.evolve``."""
+    if not changes.keys() <= _OP_FAST:
+        return attrs.evolve(op, **changes)
+    if "name" in changes:
+        name = changes["name"]
+        require(isinstance(name, str) and bool(name), "op.name", "must be a non-empty string")
+    if "params" in changes:
+        params = changes["params"]
+        if type(params) is not tuple:
+            changes["params"] = params = _frozen_params(params)
+        old = op.params
+        if old and params[:len(old)] == old:  # the op's own (checked) notes and more: check the more
+            clash = INFO_FIELDS.intersection([k for k, _ in params[len(old):]])
+        else:
+            clash = INFO_FIELDS.intersection([k for k, _ in params])
+        require(not clash, f"op[{changes.get('name', op.name)}].params",
+                f"{sorted(clash)} are typed facts: give them in info")
+    for f in ("reads", "writes", "comm"):
+        if f in changes and type(changes[f]) is not tuple:
+            changes[f] = tuple(changes[f])
+    return _copy_op(op, changes)
+
+
+def _op_copier():
+    """``copy(op, changes)``: a new Op with ``changes`` over ``op``'s fields, unrolled (as attrs writes
+    its own __init__) — the loop over fields is what a pass rewriting thousands of ops pays for."""
+    lines = ["def copy(op, c):", "    new = _new(Op)"]
+    lines += [f"    _set_{f}(new, c[{f!r}] if {f!r} in c else op.{f})" for f in _OP_FIELDS]
+    lines.append("    return new")
+    scope = {"_new": object.__new__, "Op": Op}
+    scope.update({f"_set_{f}": Op.__dict__[f].__set__ for f in _OP_FIELDS})  # the slots' own setters
+    exec("\n".join(lines), scope)
+    return scope["copy"]
+
+
+_copy_op = _op_copier()
 
 
 @attrs.frozen
@@ -515,6 +687,11 @@ def _meta(v) -> GraphMeta:
     return GraphMeta(**d)
 
 
+#: Cached lookups of a Graph (and its passed structural check) -> the fields they are derived from.
+_DERIVED = {"op_index": ("ops",), "tensor_map": ("tensors",), "token_set_map": ("token_sets",),
+            "_valid": ("ops", "edges", "tensors", "token_sets", "stages")}
+
+
 @attrs.frozen(slots=False, eq=False)
 class Graph:
     """An immutable stage-and-dependency DAG. Op order is program order (ops on one stream issue in it).
@@ -531,7 +708,12 @@ class Graph:
     meta: GraphMeta = attrs.field(default=GraphMeta(), converter=_meta)
 
     def evolve(self, **changes) -> "Graph":
-        return attrs.evolve(self, **changes)
+        new = attrs.evolve(self, **changes)
+        # lookups and the structural check depend only on some fields: keep them where those are unchanged
+        for key, deps in _DERIVED.items():
+            if key in self.__dict__ and all(getattr(new, d) is getattr(self, d) for d in deps):
+                new.__dict__[key] = self.__dict__[key]
+        return new
 
     # ---- lookups ---------------------------------------------------------------------------------
     @functools.cached_property
@@ -593,7 +775,44 @@ class Graph:
 
     # ---- validation --------------------------------------------------------------------------------
     def validate(self) -> "Graph":
-        """Check structure; raise GraphsimError naming the offending op/edge/tensor."""
+        """Check structure; raise GraphsimError naming the offending op/edge/tensor. The checks run in bulk
+        (sets of what is used against what is declared); only a graph that fails them is walked op by op
+        to name the first offender. A graph passes once (the result is kept with it and its evolutions
+        that keep ops, edges, tensors, token sets and stages)."""
+        if self.__dict__.get("_valid"):
+            return self
+        try:
+            ok = self._valid_in_bulk()
+        except Exception:  # malformed parts: let the walk below name them
+            ok = False
+        if not ok:
+            self._validate_each()
+        self.__dict__["_valid"] = True
+        return self
+
+    def _valid_in_bulk(self) -> bool:
+        ops, names = self.ops, self.op_index
+        if len(names) != len(ops):
+            return False
+        ts, tensors = self.token_set_map, self.tensor_map
+        if not {op.stage for op in ops} <= set(self.stages):
+            return False
+        used_ts = {op.token_set for op in ops}
+        costs = {id(c): c for c in [op.cost for op in ops]}  # shared Cost objects checked once
+        used_ts.update(f.token_set for c in costs.values() for _, f, _ in c.terms)
+        used_ts.discard("")
+        if not used_ts <= ts.keys():
+            return False
+        if not set().union(*[op.reads for op in ops], *[op.writes for op in ops]) <= tensors.keys():
+            return False
+        get = names.get
+        for e in self.edges:
+            a, b = get(e.src), get(e.dst)
+            if a is None or b is None or a >= b:
+                return False
+        return True
+
+    def _validate_each(self) -> None:
         names = self.op_index
         require(len(names) == len(self.ops), "graph.ops", "op names must be unique")
         ts = self.token_set_map
@@ -612,4 +831,3 @@ class Graph:
             require(e.src in names, "edge.src", f"unknown op {e.src!r}")
             require(e.dst in names, "edge.dst", f"unknown op {e.dst!r}")
             require(names[e.src] < names[e.dst], "edge", f"{e.src} -> {e.dst} goes against program order")
-        return self

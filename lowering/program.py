@@ -61,30 +61,41 @@ def lower(graph: Graph, class_key=None) -> CostProgram:
     separates ops whose cost rows are equal but whose durations a measured view reads from different
     tables."""
     graph.validate()
+    # Repeated layers repeat their costs: build one row per distinct Cost (in order of first use, so
+    # features are numbered as a walk over every op's terms would number them).
+    cost_id: dict = {}
+    op_cost = [cost_id.setdefault(op.cost, len(cost_id)) for op in graph.ops]
+    costs = list(cost_id)
     feats: dict = {}
-    for op in graph.ops:
-        for f in op.cost.features():
+    for cost in costs:
+        for f in cost.features():
             feats.setdefault(f, len(feats))
     n_ops, nf, nk = len(graph.ops), max(len(feats), 1), len(COMPONENTS)
-    rows = np.zeros((n_ops, nf, nk))
-    for i, op in enumerate(graph.ops):
-        for c, f, v in op.cost.terms:
-            rows[i, feats[f], COMPONENT_INDEX[c]] += v
-    # Cost classes: ops with byte-identical rows share one.
-    keys: dict[bytes, int] = {}
+    rows = np.zeros((len(costs), nf, nk))
+    for r, cost in enumerate(costs):
+        for c, f, v in cost.terms:
+            rows[r, feats[f], COMPONENT_INDEX[c]] += v
+    # Cost classes: ops with byte-identical rows (and class keys) share one, numbered in op order.
+    row_id: dict[bytes, int] = {}
+    cost_row = [row_id.setdefault(rows[r].tobytes(), len(row_id)) for r in range(len(costs))]
+    keys: dict[tuple, int] = {}
     op_class = np.empty(n_ops, dtype=np.int64)
+    first: list[int] = []  # a distinct cost of each class
     for i in range(n_ops):
-        key = rows[i].tobytes() + (class_key(i).encode() if class_key else b"")
-        op_class[i] = keys.setdefault(key, len(keys))
+        key = (cost_row[op_cost[i]], class_key(i) if class_key else "")
+        k = keys.get(key)
+        if k is None:
+            k = keys[key] = len(keys)
+            first.append(op_cost[i])
+        op_class[i] = k
     n_classes = len(keys)
     coef = np.zeros((nf, n_classes, nk))
-    for i in range(n_ops):
-        coef[:, op_class[i], :] = rows[i]
+    if n_classes:
+        coef[:] = rows[first].transpose(1, 0, 2)
     preds = _preds(graph)
     segments, seg_preds = _segments(n_ops, _transitive_reduction(n_ops, preds))
     pairs: dict[tuple[int, int], int] = {}
-    for i in range(n_ops):
-        key = (int(op_class[i]), int(segments[i]))
+    for key in zip(op_class.tolist(), segments.tolist()):
         pairs[key] = pairs.get(key, 0) + 1
     seg_pairs = np.array([(c, s, n) for (c, s), n in sorted(pairs.items())], dtype=np.int64).reshape(-1, 3)
     stage_index = {s: j for j, s in enumerate(graph.stages)}
@@ -108,17 +119,22 @@ def _transitive_reduction(n: int, preds: tuple) -> list[list[int]]:
     for v, ps in enumerate(preds):
         for u in ps:
             succs[u].append(v)
+    # u -> v is implied when another successor w of u reaches v: v is in the union of the successors'
+    # descendant sets (v's own set never holds v: a DAG), so one union per op decides all its out-edges
     desc = [0] * n
+    reach = [0] * n
     for u in range(n - 1, -1, -1):
-        acc = 0
+        r = own = 0
         for v in succs[u]:
-            acc |= desc[v] | (1 << v)
-        desc[u] = acc
+            r |= desc[v]
+            own |= 1 << v
+        reach[u] = r
+        desc[u] = r | own
     reduced = [[] for _ in range(n)]
     for u in range(n):
+        r = reach[u]
         for v in succs[u]:
-            implied = any(w != v and (desc[w] >> v) & 1 for w in succs[u])
-            if not implied:
+            if not (r >> v) & 1:
                 reduced[v].append(u)
     return reduced
 
@@ -129,7 +145,7 @@ def _segments(n: int, preds: list[list[int]]):
     for ps in preds:
         for u in ps:
             outdeg[u] += 1
-    seg = np.empty(n, dtype=np.int64)
+    seg = [0] * n  # (Python ints while walking; one array at the end)
     seg_preds: list[tuple] = []
     for v in range(n):
         ps = preds[v]
@@ -137,5 +153,5 @@ def _segments(n: int, preds: list[list[int]]):
             seg[v] = seg[ps[0]]
         else:
             seg[v] = len(seg_preds)
-            seg_preds.append(tuple(sorted({int(seg[u]) for u in ps})))
-    return seg, tuple(seg_preds)
+            seg_preds.append(tuple(sorted({seg[u] for u in ps})))
+    return np.array(seg, dtype=np.int64).reshape(n), tuple(seg_preds)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import attrs
 
 from graphsim.errors import GraphsimError
-from graphsim.ir import Cost, Edge, Feature, Graph, Op, OpInfo
+from graphsim.ir import Cost, Edge, Feature, Graph, Op, OpInfo, replace_op
 
 from .pipeline import NO_CONTEXT, PassContext
 
@@ -21,6 +21,17 @@ ROLES_PRE = ("coeff", "sinkhorn", "premix", "prenorm")
 
 def _without_act(cost: Cost) -> Cost:
     return Cost(tuple(t for t in cost.terms if t[0] != "bytes_act"))
+
+
+def _fused_cost(costs: tuple, token_set: str, act_bytes: float, memo: dict) -> Cost:
+    """Members' costs without their activation traffic, plus the fused kernel's own per token; ``memo``
+    (one per pass run) computes it once per distinct group of costs (repeated layers repeat them)."""
+    key = (costs, token_set, act_bytes)
+    out = memo.get(key)
+    if out is None:
+        out = memo[key] = (Cost(tuple(t for c in costs for t in _without_act(c).terms))
+                           + Cost.of(Feature("tokens", token_set), bytes_act=act_bytes))
+    return out
 
 
 def _merge(graph: Graph, groups: list[list[int]], make) -> Graph:
@@ -41,7 +52,7 @@ def _merge(graph: Graph, groups: list[list[int]], make) -> Graph:
         if a == b or (a, b, e.kind) in seen:
             continue
         seen.add((a, b, e.kind))
-        edges.append(Edge(a, b, e.kind))
+        edges.append(e if a is e.src and b is e.dst else Edge(a, b, e.kind))
     return graph.evolve(ops=tuple(ops), edges=tuple(edges))
 
 
@@ -70,6 +81,8 @@ def fuse_mhc(profile: str, *, n: int, d: int, stream_bytes: float = 2.0, norm_ou
     pre = ((n + 1) * d, n * d * sb + d * nb)  # read n·d, write d normalized FP8
     whole = ((2 * n + 2) * d, (n + 1) * d * sb + n * d * sb + d * nb)  # both in one pass
 
+    memo: dict = {}  # fused costs of this run
+
     def mhc(op: Op) -> bool:
         return op.kind == "mhc" and op.info.role in (*ROLES_PRE, "residual")
 
@@ -78,7 +91,7 @@ def fuse_mhc(profile: str, *, n: int, d: int, stream_bytes: float = 2.0, norm_ou
         ts = ops[0].token_set
         has_res, has_pre = "residual" in roles, all(r in roles for r in ROLES_PRE)
         elems, nbytes = whole if (has_res and has_pre) else residual if has_res else pre
-        cost = Cost(tuple(t for o in ops for t in _without_act(o.cost).terms)) + Cost.of(Feature("tokens", ts), bytes_act=nbytes)
+        cost = _fused_cost(tuple(o.cost for o in ops), ts, nbytes, memo)
         head = ops[-1] if has_pre else ops[0]
         name = head.name.rsplit(".", 1)[0] + (".fused" if has_res and has_pre else ".pre" if has_pre else ".res")
         return Op(name, "mhc", ops[0].stage, cost, head.layer, ops[0].stream, ts, ops[0].precision,
@@ -102,7 +115,10 @@ def fuse_mhc(profile: str, *, n: int, d: int, stream_bytes: float = 2.0, norm_ou
         if profile == "unfused":
             return graph
         # a lone residual update (two-pass) keeps its op: its traffic, (2n+1)d, is already the kernel's
-        return _merge(graph, groups_for(graph), make)
+        try:
+            return _merge(graph, groups_for(graph), make)
+        finally:
+            memo.clear()
 
     run.__doc__ = f"Fuse mHC ({profile}): residual + next coefficients/pre-mix/pre-norm charged once."
     return run
@@ -110,15 +126,16 @@ def fuse_mhc(profile: str, *, n: int, d: int, stream_bytes: float = 2.0, norm_ou
 
 def fuse_norm_quant(graph: Graph, ctx: PassContext = NO_CONTEXT) -> Graph:
     """RMSNorm followed by FP8 quantization of its output: one kernel, read bf16 once, write FP8 once."""
+    memo: dict = {}
 
     def make(ops: list[Op]) -> Op:
         norm, quant = ops
         n, q = norm.info, quant.info
         fused_act = n.elems * n.bytes_in + q.elems * q.bytes_out  # read once, write FP8 once
-        cost = _without_act(norm.cost) + _without_act(quant.cost) + Cost.of(Feature("tokens", norm.token_set), bytes_act=fused_act)
-        return attrs.evolve(norm, name=norm.name + "+quant", kind="norm", cost=cost,
-                            info=attrs.evolve(n, bytes_out=q.bytes_out),
-                            writes=norm.writes + quant.writes, formula=f"{norm.formula}; FP8 output fused")
+        cost = _fused_cost((norm.cost, quant.cost), norm.token_set, fused_act, memo)
+        return replace_op(norm, name=norm.name + "+quant", kind="norm", cost=cost,
+                          info=attrs.evolve(n, bytes_out=q.bytes_out),
+                          writes=norm.writes + quant.writes, formula=f"{norm.formula}; FP8 output fused")
 
     groups = []
     for i in range(len(graph.ops) - 1):

@@ -22,6 +22,8 @@ Two rules share this:
 """
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 from graphsim.ir import Cost, CommSpec, Feature, Graph, Op
@@ -66,8 +68,14 @@ def _per_token(cost: Cost) -> float:
 
 def _link_time(spec: CommSpec, group: str, mapping, domain: int, weights: dict, top_k: int) -> float:
     """Link seconds (up to the NVLink rate) per token of one collective, for comparing layouts."""
+    return _link_time_of(spec, group, mapping, domain, tuple(sorted(weights.items())), top_k)
+
+
+@functools.lru_cache(maxsize=4096)  # a pure function of values; every MoE layer asks the same questions
+def _link_time_of(spec: CommSpec, group: str, mapping, domain: int, weights: tuple, top_k: int) -> float:
     from .sharding import _group_size, _payload_divisor, group_stride, link_cost, members_in_domain
 
+    weights = dict(weights)
     n = _group_size(group, mapping)
     if n <= 1:
         return 0.0

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import attrs
 
-from graphsim.ir import Cost, Edge, Graph, Op
+from graphsim.ir import Cost, Edge, Graph, Op, replace_op
 
 from .pipeline import NO_CONTEXT, PassContext
 
@@ -48,9 +48,14 @@ def two_batch_overlap(graph: Graph, ctx: PassContext = NO_CONTEXT) -> Graph:
     unit k run on the comm stream, half 1's compute of unit k runs on the compute stream; each copy
     keeps its own data dependencies. Weights are read once per half."""
     order = [(i, h) for unit in _units(graph.ops) for h in HALVES for i in unit]
-    ops = tuple(attrs.evolve(graph.ops[i], name=f"{graph.ops[i].name}.{h}", cost=scale_batch(graph.ops[i].cost, 0.5),
-                             params=graph.ops[i].params + (("half", h),), origin=graph.ops[i].origin or graph.ops[i].name)
-                for i, h in order)
+    half: dict[Cost, Cost] = {}  # each distinct cost halved once (repeated layers repeat their costs)
+    for op in graph.ops:
+        if op.cost not in half:
+            half[op.cost] = scale_batch(op.cost, 0.5)
+    src = graph.ops
+    ops = tuple(replace_op(op, name=f"{op.name}.{h}", cost=half[op.cost], params=op.params + (("half", h),),
+                           origin=op.origin or op.name)
+                for op, h in ((src[i], h) for i, h in order))
     edges = tuple(Edge(f"{e.src}.{h}", f"{e.dst}.{h}", e.kind) for h in HALVES for e in graph.edges)
     return graph.evolve(ops=ops, edges=edges)
 

@@ -48,24 +48,29 @@ def verify(graph: Graph, before: Graph | None = None, pass_name: str = "build") 
     except GraphsimError as e:
         raise GraphsimError(f"pass[{pass_name}]", str(e)) from None
     writers: dict[str, set] = {}
+    reads: set = set()
     for op in graph.ops:
-        for t in op.writes:
-            writers.setdefault(t, set()).add(op.origin or op.name)
+        if op.writes:
+            who = op.origin or op.name
+            for t in op.writes:
+                writers.setdefault(t, set()).add(who)
+        reads.update(op.reads)
     twice = [t for t, w in writers.items() if len(w) > 1]
     if twice:
         raise GraphsimError(f"pass[{pass_name}]", f"tensors written by two ops: {twice[:5]}")
     tensors = graph.tensor_map
-    for op in graph.ops:
-        for t in op.reads:
-            tt = tensors[t]
-            if not tt.resident and tt.role in ("activation", "workspace") and t not in writers:
-                raise GraphsimError(f"pass[{pass_name}]", f"op {op.name} reads {t} which nothing produces")
-    if before is not None:
+    if any(not tensors[t].resident and tensors[t].role in ("activation", "workspace") for t in reads - writers.keys()):
+        for op in graph.ops:  # name the first op (program order) reading what nothing produces
+            for t in op.reads:
+                tt = tensors[t]
+                if not tt.resident and tt.role in ("activation", "workspace") and t not in writers:
+                    raise GraphsimError(f"pass[{pass_name}]", f"op {op.name} reads {t} which nothing produces")
+    if before is not None and before.tensors is not graph.tensors:
         if tuple(before.weights()) != tuple(graph.weights()):
             raise GraphsimError(f"pass[{pass_name}]", "resident weights changed: a pass may change work, never weights")
-    names = Counter(op.name for op in graph.ops)
-    dup = [n for n, k in names.items() if k > 1]
-    if dup:
+    if len(graph.op_index) != len(graph.ops):  # (validate() already refuses duplicate names)
+        names = Counter(op.name for op in graph.ops)
+        dup = [n for n, k in names.items() if k > 1]
         raise GraphsimError(f"pass[{pass_name}]", f"ops charged twice: {dup[:5]}")
 
 

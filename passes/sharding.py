@@ -21,7 +21,7 @@ import attrs
 
 from graphsim.features import QUERY_FEATURES  # context parallelism divides these (the registry's flag)
 from graphsim.errors import GraphsimError, require
-from graphsim.ir import ONE, CommSpec, Cost, Edge, Graph, Op, OpInfo
+from graphsim.ir import ONE, CommSpec, Cost, Edge, Graph, Op, OpInfo, replace_op
 from graphsim.plan import ParallelMapping
 
 from .layout import OpLayout, plan_layout
@@ -257,13 +257,28 @@ def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *,
     layout = layout_of(graph, mapping, nvlink_domain, policies, hw)
     tensors = graph.tensor_map
     ops: list[Op] = []
-    edges = list(graph.edges)
+    heads: dict[str, str] = {}  # op -> the first collective before it (its producers' edges go there)
+    tails: dict[str, str] = {}  # op -> the last collective after it (its consumers' edges leave there)
+    chains: list[Edge] = []
     merged: dict[tuple, int] = {}  # (layer, merge key, collective, ranks, stride) -> index of the pending one
+    # Repeated layers repeat their costs: shard each distinct (cost, how it splits) and each distinct
+    # collective once (hash-consing; the results are equal values, so sharing them is safe).
+    shared: dict[tuple, tuple] = {}  # key -> (its share, whether that is the whole cost)
+    linked: dict[tuple, tuple] = {}
     for op in graph.ops:
         lay = layout.of(op.name)
-        base = attrs.evolve(op, cost=shard_cost(op, mapping, imb, lay), comm=())
+        key = (op.cost, effective_split(op), op.info.kv_heads if "tp" in op.split else 0, lay.replicate_weights,
+               lay.token_div)
+        hit = shared.get(key)
+        if hit is None:
+            cost = shard_cost(op, mapping, imb, lay)
+            hit = shared[key] = cost, cost == op.cost
+        cost, same = hit
+        # an op whose share is its whole cost (a 1-rank axis, a replicated op) and that needs no collective
+        # stays the same value: keep it (with its own cost, as sharding it would have produced)
+        base = op if same and not op.comm else replace_op(op, cost=op.cost if same else cost, comm=())
         if op.kind in TP_REPLICATED_KINDS and "tp" in op.split and mapping.tp > 1:
-            base = attrs.evolve(base, formula=f"{op.formula} [replicated across TP]".strip())
+            base = replace_op(base, formula=f"{op.formula} [replicated across TP]".strip())
         top_k = op.info.top_k
         hot = imb if "ep" in op.split else 1.0
         specs = (*(op.comm if lay.comm is None else lay.comm), *lay.before, *lay.after)
@@ -282,16 +297,20 @@ def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *,
             algo = algos.get(spec.collective, spec.algorithm)
             require(algo == "auto" or algo in ALGORITHMS[spec.collective], f"op[{op.name}].comm",
                     f"{spec.collective} has no algorithm {algo!r}; allowed: {ALGORITHMS[spec.collective]}")
-            payload = _imbalanced(spec.payload, hot) * (1.0 / _payload_divisor(group, mapping, top_k))
-            in_domain = members_in_domain(n, group_stride(group, mapping), nvlink_domain)
-            cost_c, how = link_cost(spec.collective, n, in_domain, payload, algo, top_k)
-            info = OpInfo(collective=spec.collective, ranks=n, link_factor=_link_factor(cost_c, payload))
+            lkey = (spec.collective, spec.payload, group, algo, hot, top_k)
+            if lkey not in linked:
+                payload = _imbalanced(spec.payload, hot) * (1.0 / _payload_divisor(group, mapping, top_k))
+                in_domain = members_in_domain(n, group_stride(group, mapping), nvlink_domain)
+                cost_c, how = link_cost(spec.collective, n, in_domain, payload, algo, top_k)
+                linked[lkey] = cost_c, how, _link_factor(cost_c, payload)
+            cost_c, how, factor = linked[lkey]
+            info = OpInfo(collective=spec.collective, ranks=n, link_factor=factor)
             if spec.phase:  # an MoE token exchange: its rows' shape, for measured dispatch / combine tables
                 info = attrs.evolve(info, role=spec.phase, payload_format=spec.payload_format, hidden=op.info.hidden,
                                     top_k=op.info.top_k, experts=op.info.experts)
             name = f"{op.name}.{spec.collective}" + (f".{i}" if len(needs) > 1 else "")
             if op.kind == "collective" and len(needs) == 1:
-                base = attrs.evolve(base, cost=cost_c, formula=how, info=attrs.evolve(base.info, **{
+                base = replace_op(base, cost=cost_c, formula=how, info=attrs.evolve(base.info, **{
                     k: getattr(info, k) for k in ("collective", "ranks", "link_factor", "role", "payload_format")}))
                 continue
             cop = Op(name, "collective", op.stage, cost_c, op.layer, "comm", op.token_set, "",
@@ -300,17 +319,23 @@ def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *,
                 key = (op.layer, spec.merge, spec.collective, n, group_stride(group, mapping))
                 if key in merged:  # the earlier one's data rides in this one: it costs nothing
                     j = merged[key]
-                    ops[j] = attrs.evolve(ops[j], cost=Cost(), formula=f"merged into {name}")
+                    ops[j] = replace_op(ops[j], cost=Cost(), formula=f"merged into {name}")
                 merged[key] = len(ops) + len(before) + 1 + len(after) if spec.where == "after" else len(ops) + len(before)
             (before if spec.where == "before" else after).append(cop)
         if op.kind == "collective" and not base.cost.terms and op.comm:
-            base = attrs.evolve(base, formula="single rank: no communication")
-        edges = _rewire(edges, op.name, before, after)
+            base = replace_op(base, formula="single rank: no communication")
+        if before or after:  # put the collectives between the op and its producers / consumers
+            if before:
+                heads[op.name] = before[0].name
+            if after:
+                tails[op.name] = after[-1].name
+            chain = [o.name for o in before] + [op.name] + [o.name for o in after]
+            chains.extend(Edge(a, b, "data") for a, b in zip(chain, chain[1:]))
         ops.extend(before)
         ops.append(base)
         ops.extend(after)
     meta = attrs.evolve(graph.meta, mapping=str(mapping), moe_layout=tuple(sorted(set(layout.moe.values()))))
-    return graph.evolve(ops=tuple(ops), edges=tuple(edges), meta=meta)
+    return graph.evolve(ops=tuple(ops), edges=(*_rewired(graph.edges, heads, tails), *chains), meta=meta)
 
 
 def _link_factor(cost: Cost, payload: Cost) -> float:
@@ -325,22 +350,16 @@ def _link_factor(cost: Cost, payload: Cost) -> float:
     return 0.0
 
 
-def _rewire(edges: list[Edge], name: str, before: list[Op], after: list[Op]) -> list[Edge]:
-    """Put collectives between an op and its data producers/consumers."""
-    if not before and not after:
-        return edges
+def _rewired(edges, heads: dict, tails: dict) -> list[Edge]:
+    """Put collectives between ops and their data producers/consumers: every edge of the graph, with
+    producers feeding an op's first collective before it (``heads``) and consumers fed by its last
+    collective after it (``tails``)."""
+    if not heads and not tails:
+        return list(edges)
     out = []
-    head = before[0].name if before else name
-    tail = after[-1].name if after else name
     for e in edges:
-        if before and e.dst == name:
-            out.append(Edge(e.src, head, e.kind))
-        elif after and e.src == name:
-            out.append(Edge(tail, e.dst, e.kind))
-        else:
-            out.append(e)
-    chain = [o.name for o in before] + [name] + [o.name for o in after]
-    out.extend(Edge(a, b, "data") for a, b in zip(chain, chain[1:]))
+        src, dst = tails.get(e.src, e.src), heads.get(e.dst, e.dst)
+        out.append(e if src is e.src and dst is e.dst else Edge(src, dst, e.kind))
     return out
 
 

@@ -201,18 +201,57 @@ class Model:
     def active_params_per_token(self) -> int:
         return self.param_counts()["active_params_per_token"]
 
+    #: distinct builds a model keeps (graphs are frozen values, so a sweep over mappings and policies
+    #: shares one build per (kinds, policies, requests) instead of rebuilding it per point)
+    BUILD_CACHE_SIZE = 16
+
+    def __getstate__(self) -> dict:
+        """Pickles and copies leave the per-object caches behind (a sweep's workers get the model, not its
+        graphs; a copy.copy variant builds its own)."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_build_cache", "_inventory_cache")}
+
     def build(self, kinds: Sequence[str], **options) -> Graph:
-        """The logical (unsharded) graph for a batch whose request groups have ``kinds``."""
+        """The logical (unsharded) graph for a batch whose request groups have ``kinds``. Builds are
+        memoized per (kinds, options) on the model (a small LRU; the graph is a frozen value)."""
         kinds = tuple(kinds)
         if not kinds:
             raise GraphsimError("requests", "give at least one request")
+        try:
+            key = (kinds, tuple(sorted(options.items())))
+            hash(key)
+        except TypeError:  # unhashable options: build without the cache
+            return self._build_graph(kinds, options)
+        owner, cache = self.__dict__.get("_build_cache", (None, None))
+        if owner is not self:  # none yet, or a copy.copy of another model (a variant with its own config)
+            cache = {}
+            self.__dict__["_build_cache"] = (self, cache)
+        graph = cache.pop(key, None)
+        if graph is None:
+            graph = self._build_graph(kinds, options)
+            while len(cache) >= self.BUILD_CACHE_SIZE:
+                cache.pop(next(iter(cache)))  # least recently used first
+        cache[key] = graph
+        return graph
+
+    def _build_graph(self, kinds: tuple, options: dict) -> Graph:
         b = GraphBuilder(self.name, meta={"model": self.name, "kinds": kinds,
                                           "attention_precision": self.attention_precision(options.get("policies")),
                                           "residual_bytes": self.residual_bytes_per_token()})
-        for t in self.weights():
-            b.tensor(t.name, t.role, t.format, elems=t.elems, module=t.module, group=t.group)
+        for t in self._inventory():
+            b.declare(t)
         self._build(b, kinds, **options)
         return b.build()
+
+    def _inventory(self) -> tuple[Tensor, ...]:
+        """The resident inventory as every build declares it (each weight as ``GraphBuilder.tensor`` makes it:
+        its module defaulting to its name, no per-token part), computed once per model object."""
+        owner, inv = self.__dict__.get("_inventory_cache", (None, None))
+        if owner is not self:
+            inv = tuple(t if (t.module and t.elems_per_token == 0 and type(t.elems) is int) else
+                        Tensor(t.name, t.role, t.format, int(t.elems), 0, t.module or t.name, t.group)
+                        for t in self.weights())
+            self.__dict__["_inventory_cache"] = (self, inv)
+        return inv
 
     def _build(self, b: GraphBuilder, kinds: tuple, **options) -> None:
         raise NotImplementedError

@@ -1,0 +1,194 @@
+"""The fast paths of structural compilation give what the plain paths give: the model's build cache, the
+hash-consed sharding / overlap / fusion rewrites, Cost's cached normal form, ``replace_op``, the bulk graph
+check and the cost-class grouping of the lowering (held to the row-by-row construction it replaced)."""
+from __future__ import annotations
+
+import copy
+
+import attrs
+import numpy as np
+import pytest
+
+import graphsim as gs
+from graphsim.errors import GraphsimError
+from graphsim.ir import Cost, Edge, Feature, Graph, Op, TokenSet, feature_key, replace_op
+from graphsim.lowering.program import lower
+from graphsim.passes.overlap import scale_batch, two_batch_overlap
+from graphsim.passes.sharding import apply_mapping, layout_of, shard_cost
+
+MODEL = gs.load_model("deepseek-v4.1-flash")
+HW = gs.pipeline.load_hw("gb300")
+
+
+def _same_graph(a: Graph, b: Graph) -> None:
+    assert a.ops == b.ops and a.edges == b.edges and a.tensors == b.tensors
+    assert a.token_sets == b.token_sets and a.stages == b.stages and a.meta == b.meta
+    assert [repr(o.cost) for o in a.ops] == [repr(o.cost) for o in b.ops]  # number types too
+
+
+# ---- build cache ------------------------------------------------------------------------------------------
+
+def test_build_cache_returns_the_build_it_would_make():
+    plan = gs.Plan(["decode:4096x8"], policies=gs.Policies(dspark="off"))
+    opts = {"policies": plan.policies, "requests": plan.requests}
+    g1 = MODEL.build(plan.kinds, **opts)
+    assert MODEL.build(plan.kinds, **opts) is g1  # a hit: the same frozen graph
+    _same_graph(g1, MODEL._build_graph(plan.kinds, opts))  # equal to an uncached build
+    other = MODEL.build(plan.kinds, policies=attrs.evolve(plan.policies, engram_proj="tp"), requests=plan.requests)
+    assert other is not g1
+
+
+def test_build_cache_is_per_model_object_and_bounded():
+    m = gs.load_model("llama-3.1-70b")
+    g = m.build(("decode",), policies=gs.Policies())
+    view = copy.copy(m)  # a variant (e.g. another config) must not read its original's builds
+    view.cfg = m.cfg
+    assert view.build(("decode",), policies=gs.Policies()) is not g
+    for w in range(1, m.BUILD_CACHE_SIZE + 3):
+        m.build(("decode",), policies=gs.Policies(replay_window=w))
+    assert len(m.__dict__["_build_cache"][1]) == m.BUILD_CACHE_SIZE
+
+
+def test_pickles_and_copies_leave_the_caches_behind():
+    import pickle
+
+    m = gs.load_model("llama-3.1-70b")
+    g = m.build(("decode",), policies=gs.Policies())
+    for other in (pickle.loads(pickle.dumps(m)), copy.copy(m)):  # a sweep worker's model, a variant
+        assert "_build_cache" not in other.__dict__ and "_inventory_cache" not in other.__dict__
+        _same_graph(other.build(("decode",), policies=gs.Policies()), g)
+
+
+def test_unhashable_options_build_without_the_cache():
+    m = gs.load_model("llama-3.1-70b")
+    g = m.build(("decode",), policies=gs.Policies(), requests=[gs.Request.parse("decode:64")])
+    assert isinstance(g, Graph) and "_build_cache" not in m.__dict__
+
+
+# ---- hash-consed passes -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mapping", [gs.ParallelMapping(tp=4, ep=4), gs.ParallelMapping(tp=2, ep=8, dp=4),
+                                     gs.ParallelMapping(tp=8, ep=8)])
+def test_memoized_sharding_equals_sharding_each_op(mapping):
+    pol = gs.Policies(ep_imbalance=1.25, sp="on")
+    g = MODEL.build(("decode",), policies=pol, requests=(gs.Request.parse("decode:4096x64"),))
+    out = apply_mapping(g, mapping, HW.nvlink_domain, policies=pol, hw=HW)
+    layout = layout_of(g, mapping, HW.nvlink_domain, pol, HW)
+    by_name = {o.name: o for o in out.ops}
+    for op in g.ops:  # every original op keeps its name; its cost is its own shard_cost
+        if by_name[op.name].formula.startswith("merged into") or op.kind == "collective":
+            continue
+        want = shard_cost(op, mapping, pol.ep_imbalance, layout.of(op.name))
+        assert by_name[op.name].cost == want and repr(by_name[op.name].cost) == repr(want), op.name
+
+
+def test_two_batch_overlap_halves_each_cost():
+    g = MODEL.build(("decode",), policies=gs.Policies(), requests=(gs.Request.parse("decode:4096x64"),))
+    out = two_batch_overlap(g)
+    ops = {o.name: o for o in g.ops}
+    for o in out.ops:
+        src = ops[o.origin]
+        assert o.cost == scale_batch(src.cost, 0.5)
+        assert attrs.evolve(src, name=o.name, cost=o.cost, params=src.params + (("half", o.name[-4:]),),
+                            origin=src.name) == o
+
+
+# ---- Cost normal form -------------------------------------------------------------------------------------
+
+def test_cost_of_and_sum_keep_the_normal_form():
+    t = Feature("tokens", "x")
+    w = Feature("window_pairs", "x", (128,))
+    generic = Cost(tuple((c, t, v) for c, v in {"flops_fp8": 2, "bytes_act": 3.0, "exps": 0.0}.items()))
+    fast = Cost.of(t, flops_fp8=2, bytes_act=3.0, exps=0.0)
+    assert fast == generic and repr(fast) == repr(generic) and hash(fast) == hash(generic)
+    assert Cost.of(t) + fast is fast and fast + Cost() is fast
+    s = Cost.of(w, exps=1.0) + fast + Cost.of(t, exps=2.0)
+    assert s.terms == Cost(tuple(Cost.of(w, exps=1.0).terms + fast.terms + Cost.of(t, exps=2.0).terms)).terms
+    for bad in ({"flops_fp9": 1.0}, {"exps": True}, {"exps": float("inf")}):
+        with pytest.raises(GraphsimError):
+            Cost.of(t, **bad)
+    with pytest.raises(GraphsimError, match="must be a Feature"):
+        Cost.of("tokens", exps=1.0)
+
+
+def test_feature_order_is_repr_order_with_any_number_types():
+    feats = [Feature("window_pairs", "x", (128,)), Feature("window_pairs", "x", (128.0,)), Feature("tokens", "x", (), 1),
+             Feature("tokens", "x"), Feature("tokens", "x", (), 0.5), Feature("tokens", "x", (), 1.0, (0, 2))]
+    for f in feats * 2:  # twice: the second round reads the cache
+        assert feature_key(f) == repr(f)
+    # distinct features (by value) in any order: sorted as (component, repr) sorts them
+    distinct = [feats[0], feats[2], feats[4], feats[5], Feature("kv_len", "x")]
+    terms = [(c, f, 1.0) for f in reversed(distinct) for c in ("exps", "bytes_act")]
+    want = sorted(terms, key=lambda x: (x[0], repr(x[1])))
+    assert [(c, repr(f)) for c, f, _ in Cost(tuple(terms)).terms] == [(c, repr(f)) for c, f, _ in want]
+
+
+# ---- replace_op -------------------------------------------------------------------------------------------
+
+def test_replace_op_is_evolve():
+    op = Op("a", "gemm", "s", Cost.of(Feature("tokens", "x"), exps=1.0), 3, split=("tp",), params=(("note", 1),),
+            reads=("w",))
+    for changes in ({"name": "b"}, {"cost": Cost()}, {"params": {"half": "tbo0"}}, {"reads": ["w", "v"]},
+                    {"kind": "norm", "writes": ("y",)}, {"stream": "comm"}, {"split": ["dp"]}, {"comm": []}):
+        assert replace_op(op, **changes) == attrs.evolve(op, **changes)
+    for bad in ({"name": ""}, {"params": (("k", 3),)}, {"stream": "nope"}, {"split": ("xx",)}):
+        with pytest.raises(GraphsimError) as fast:
+            replace_op(op, **bad)
+        with pytest.raises(GraphsimError) as slow:
+            attrs.evolve(op, **bad)
+        assert str(fast.value) == str(slow.value)
+
+
+# ---- graph check ------------------------------------------------------------------------------------------
+
+def _toy(ops, edges=()):
+    return Graph("toy", ops, edges, token_sets=(TokenSet("x"),), stages=("s",))
+
+
+def test_bulk_check_names_the_first_offender_as_before():
+    good = Op("a", "gemm", "s", Cost.of(Feature("tokens", "x"), exps=1.0), token_set="x")
+    bad_ts = Op("b", "gemm", "s", Cost.of(Feature("tokens", "nope"), exps=1.0))
+    bad_stage = Op("c", "gemm", "t")
+    with pytest.raises(GraphsimError, match=r"op\[b\]\.cost"):
+        _toy((good, bad_ts, bad_stage)).validate()
+    with pytest.raises(GraphsimError, match=r"op\[c\]\.stage"):
+        _toy((good, bad_stage, bad_ts)).validate()
+    with pytest.raises(GraphsimError, match="goes against program order"):
+        _toy((good, replace_op(good, name="d")), (Edge("d", "a"),)).validate()
+    with pytest.raises(GraphsimError, match="unique"):
+        _toy((good, good)).validate()
+    g = _toy((good,)).validate()
+    assert g.evolve(meta={"hw": "x"}).__dict__.get("_valid")  # a meta change keeps the passed check
+    assert not g.evolve(ops=(good, bad_stage)).__dict__.get("_valid")
+
+
+# ---- cost classes -----------------------------------------------------------------------------------------
+
+def _lower_row_by_row(graph: Graph):
+    """The lowering's cost classes as first written: one dense row per op, classes by row bytes."""
+    from graphsim.ir import COMPONENT_INDEX, COMPONENTS
+
+    feats: dict = {}
+    for op in graph.ops:
+        for f in op.cost.features():
+            feats.setdefault(f, len(feats))
+    rows = np.zeros((len(graph.ops), max(len(feats), 1), len(COMPONENTS)))
+    for i, op in enumerate(graph.ops):
+        for c, f, v in op.cost.terms:
+            rows[i, feats[f], COMPONENT_INDEX[c]] += v
+    keys: dict = {}
+    op_class = np.array([keys.setdefault(rows[i].tobytes(), len(keys)) for i in range(len(graph.ops))])
+    coef = np.zeros((rows.shape[1], len(keys), rows.shape[2]))
+    for i in range(len(graph.ops)):
+        coef[:, op_class[i], :] = rows[i]
+    return tuple(feats), coef, op_class
+
+
+@pytest.mark.parametrize("policies", [gs.Policies(overlap="two-batch"), gs.Policies(fusion="single-pass")])
+def test_cost_classes_equal_the_row_by_row_lowering(policies):
+    c = gs.compile_plan(MODEL, gs.Plan(["decode:4096x64"], gs.ParallelMapping(tp=4, ep=4), policies), HW)
+    feats, coef, op_class = _lower_row_by_row(c.graph)
+    assert [repr(f) for f in c.program.features] == [repr(f) for f in feats]
+    assert np.array_equal(c.program.op_class, op_class) and np.array_equal(c.program.coef, coef)
+    again = lower(c.graph)  # the lowering is a function of the graph
+    assert np.array_equal(again.coef, c.program.coef) and again.seg_preds == c.program.seg_preds
