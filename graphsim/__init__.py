@@ -15,16 +15,41 @@ The same graph from measured kernel tables (docs/measured.md)::
 """
 __version__ = "0.1.0"
 
-from .builder import GraphBuilder
-from .errors import GraphsimError
-from .hw import EfficiencyProfile, HardwareSpec, list_hw, load_hw, load_profile
-from .ir import ONE, CommSpec, Cost, Edge, Feature, Graph, Op, StorageFormat, Tensor, TokenSet
-from .measured.view import ViewSpec
-from .models import list_models, load_model
-from .pipeline import Compiled, Plan, Policies, compile_plan
-from .plan import ParallelMapping, Request
-from .report import Report
-from .workload import Workload
+# Public names resolve lazily (PEP 562): ``import graphsim`` loads nothing heavy (no JAX, networkx, pyarrow,
+# not even NumPy), so a command that only lists hardware answers in a blink. ``graphsim.X`` and
+# ``from graphsim import X`` work as before; each name's module is imported on first use
+# (tests/test_light_imports.py).
+_LAZY = {
+    "GraphBuilder": ".builder", "GraphsimError": ".errors",
+    "EfficiencyProfile": ".hw", "HardwareSpec": ".hw", "list_hw": ".hw", "load_hw": ".hw", "load_profile": ".hw",
+    "ONE": ".ir", "CommSpec": ".ir", "Cost": ".ir", "Edge": ".ir", "Feature": ".ir", "Graph": ".ir", "Op": ".ir",
+    "StorageFormat": ".ir", "Tensor": ".ir", "TokenSet": ".ir",
+    "ViewSpec": ".measured.view", "list_models": ".models", "load_model": ".models",
+    "Compiled": ".pipeline", "Plan": ".pipeline", "Policies": ".pipeline", "compile_plan": ".pipeline",
+    "ParallelMapping": ".plan", "Request": ".plan", "Report": ".report", "Workload": ".workload",
+}
+
+
+def __getattr__(name: str):
+    import importlib
+
+    mod = _LAZY.get(name)
+    if mod is not None:
+        value = getattr(importlib.import_module(mod, __name__), name)
+        globals()[name] = value  # once resolved, a plain attribute
+        return value
+    if not name.startswith("__"):  # a subpackage used as an attribute (``gs.sweep``) before anyone imported it
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "GraphBuilder", "GraphsimError", "EfficiencyProfile", "HardwareSpec", "list_hw", "load_hw", "load_profile",

@@ -12,11 +12,17 @@ import sys
 from typing import Sequence
 
 from .errors import GraphsimError
-from .ir import ATTENTION_PRECISIONS
+
+# Building the parser imports nothing heavy (no IR, numpy or JAX): `graphsim hw list` and `--help` answer in a
+# blink, and each command imports what it needs when it runs. tests/test_light_imports.py checks this copy
+# against graphsim.ir.ATTENTION_PRECISIONS.
+ATTENTION_PRECISIONS = ("auto", "bf16", "fp8", "fp4")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     """How a checkpoint is loaded: its weight format and redundant experts."""
+    if isinstance(p, _Unbuilt):  # a command not being run: skip importing the format table
+        return
     from .quant import SCHEMES
 
     p.add_argument("--weights", default=None, choices=tuple(SCHEMES),
@@ -285,13 +291,60 @@ def _argparse_field(message: str) -> tuple[str, str]:
     return "arguments", " ".join(message.split())
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Unbuilt:
+    """Stands in for the parser of a command that is not being run: every attribute, call or result of a call is
+    itself again, and it iterates as empty (``for act in p._actions``), so registrations run through it unchanged."""
+
+    def __getattr__(self, name: str):
+        return self
+
+    def __call__(self, *args, **kwargs):
+        return self
+
+    def __iter__(self):
+        return iter(())
+
+
+class _OneCommand:
+    """The subparsers action as command registrations see it, building only the parser of ``command``: argparse
+    spends ~0.1 ms per argument (a help formatter and gettext lookups each), ~25 ms for every command's flags,
+    which a run of one command does not need. ``names`` collects every command registered."""
+
+    def __init__(self, sub, command: str) -> None:
+        self.sub, self.command, self.names = sub, command, []
+
+    def add_parser(self, name: str, **kwargs):
+        self.names.append(name)
+        return self.sub.add_parser(name, **kwargs) if name == self.command else _Unbuilt()
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; given ``command`` (the first word of argv), only that command's subparser
+    when it is one (the full parser otherwise: top-level --help and an unknown command list them all)."""
     from . import __version__
 
     p = _Parser(prog="graphsim", description="Dataflow-graph compiler for LLM forward passes")
     p.add_argument("--version", action="version", version=f"graphsim {__version__}")
     p.add_argument("--debug", action="store_true", help="show the traceback of an internal error (or GRAPHSIM_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True, metavar="command")
+    from . import commands
+
+    if command is not None:
+        if command not in _CORE_COMMANDS:
+            commands.register(command)  # only the module that registers it, when its source says which
+        one = _OneCommand(sub, command)
+        _add_commands(one, extras=command not in _CORE_COMMANDS)
+        return p if command in one.names else build_parser()
+    commands.register()
+    _add_commands(sub)
+    return p
+
+
+#: The commands this module defines (the others come from graphsim/cmd_*.py, see graphsim.commands).
+_CORE_COMMANDS = ("estimate", "graph", "hw", "models")
+
+
+def _add_commands(sub, extras: bool = True) -> None:
     e = sub.add_parser("estimate", help="estimate one plan: times, throughput, memory, critical path")
     _plan_args(e)
     e.add_argument("--json", action="store_true")
@@ -312,9 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.set_defaults(fn=cmd_hw)
     m = sub.add_parser("models", help="list shipped models")
     m.set_defaults(fn=cmd_models)
-    for extra in _EXTRA_COMMANDS:
+    for extra in _EXTRA_COMMANDS if extras else ():
         extra(sub)
-    return p
 
 
 #: Other modules register subcommands here (layers, memory, ledger, fit, sweep, plot…).
@@ -325,13 +377,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (see the module docstring)."""
     import os
 
-    from . import commands  # noqa: F401  (registers the extra subcommands)
-
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("GRAPHSIM_DEBUG", "") not in ("", "0")
     args = [x for x in args if x != "--debug"]  # accepted before or after the command
     try:
-        a = build_parser().parse_args(args)
+        command = next((x for x in args if not x.startswith("-")), None)  # top-level flags take no values
+        a = build_parser(command).parse_args(args)
         a.fn(a)
     except GraphsimError as e:
         print("graphsim: error: " + " ".join(str(e).split()), file=sys.stderr)  # always one line

@@ -6,7 +6,6 @@ SOL uses a spec as it is; an :class:`EfficiencyProfile` derates it only when one
 from __future__ import annotations
 
 import math
-from importlib.resources import files
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -25,7 +24,9 @@ REQUIRED_PRECISIONS = ("bf16", "tf32", "fp32")
 #: Where an absent precision runs instead: weights are upcast to the next precision the tensor cores support.
 FALLBACK = {"fp4": "fp8", "int8": "fp8", "fp8": "bf16"}
 
-_DATA = files(__package__) / "data"
+#: The shipped descriptors (package data next to this module; a plain path: importlib.resources costs a few ms
+#: of imports that `graphsim hw list` does not need)
+_DATA = Path(__file__).parent / "data"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -308,7 +309,7 @@ def _resolve(name_or_path: str | Path, folder, kind: str, known: tuple[str, ...]
     key = text.lower()
     noun = "hardware" if kind == "hw" else "profile"
     require(key in known, kind, f"unknown {noun} {short!r}; known: {', '.join(known)}")
-    return (folder / f"{key}.toml").read_text(), f"{key}.toml"
+    return (folder / f"{key}.toml").read_text(encoding="utf-8"), f"{key}.toml"
 
 
 def _names(folder) -> tuple[str, ...]:
