@@ -1,6 +1,7 @@
 """Compile a plan: build the model graph, run passes (each verified), shard it, lower it, evaluate it."""
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import attrs
@@ -166,10 +167,12 @@ class Compiled:
         return evaluate_reference(self.program, workload or self.plan.workload(), self.unit_time(), self.overhead,
                                   self.view)
 
-    def evaluate(self, workload: Workload, ut=None, overhead=None, outputs=("forward", "stages")) -> dict:
-        """Vectorized evaluation (JAX) over every point of ``workload``."""
+    def evaluate(self, workload: Workload, ut=None, overhead=None, outputs=("forward", "stages"),
+                 precision: str | None = None) -> dict:
+        """Vectorized evaluation over every point of ``workload`` (NumPy for a few points, jitted JAX for
+        many); ``precision`` "exact" (float64, default) or "fast" (float32, relative error < 1e-5)."""
         ut = self.unit_time() if ut is None else ut
-        out = self.evaluator(workload, ut, self.overhead if overhead is None else overhead, outputs)
+        out = self.evaluator(workload, ut, self.overhead if overhead is None else overhead, outputs, precision)
         if self.fpm is not None and "forward" in out:  # FPM times whole forwards: scale SOL's, mark the domain
             sol = np.asarray(out["forward"], np.float64)
             pr = self.fpm.scale(workload, sol)
@@ -250,13 +253,19 @@ def default_passes(model, policies: Policies) -> list[tuple[str, Callable]]:
     return list(model.passes(policies))
 
 
+@functools.lru_cache(maxsize=16)
+def _shipped_hw(name: str) -> HardwareSpec:
+    """A shipped descriptor by name (package data, read once per process; descriptors are frozen)."""
+    return load_hw(name)
+
+
 def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyProfile | None = None,
                  *, extra_passes: Sequence[tuple[str, Callable]] = (), chunk: int = 65536, view=None) -> Compiled:
     """build -> passes (policy, ``extra_passes``, sharding, runtime; each ``(graph, ctx) -> graph`` and
     verified) -> lower. ``view``: a :class:`graphsim.measured.view.ViewSpec` (op / hybrid durations from
     measured tables on this same graph); None or "sol" = speed of light."""
     if isinstance(hw, str):
-        hw = load_hw(hw)
+        hw = _shipped_hw(hw) if hw.isidentifier() else load_hw(hw)
     if isinstance(model, str):
         from .models import load_model
 

@@ -1,7 +1,10 @@
 """Evaluate a CostProgram at many workload points.
 
-* :func:`evaluate` — jitted JAX over the reduced graph (cost classes, collapsed chains, unrolled max-plus),
-  points processed in fixed-size chunks so memory stays bounded and one compilation serves all chunks.
+* :class:`Evaluator` — the kernel of :mod:`graphsim.lowering.kernel` (sparse roofline over cost classes,
+  segment kinds, level-scheduled max-plus): in NumPy for a few points (no compilation) and jitted JAX for
+  many, in fixed-size chunks of blocks so memory stays bounded; one compilation serves every chunk and every
+  program of the same structure. ``precision="exact"`` (float64, the reference) or ``"fast"`` (float32).
+  JAX is imported on first use and float64 is enabled only inside graphsim's own calls.
 * :func:`evaluate_reference` — pure NumPy over the *full* graph, straight from each op's ``Cost`` terms;
   an independent path used by tests and for single-point reports (start/finish per op, critical path).
 
@@ -15,19 +18,14 @@ from typing import Mapping
 import attrs
 import numpy as np
 
+from graphsim.errors import GraphsimError
 from graphsim.ir import COMPONENT_INDEX, COMPONENTS, Graph
 from graphsim.workload import Workload
 
+from . import kernel as K
 from .features import feature_matrix
 from .program import COMPONENT_GROUP, GROUPS, LATENCY, CostProgram
 
-try:  # exactness first: costs are float64 end to end
-    import jax
-
-    jax.config.update("jax_enable_x64", True)
-    import jax.numpy as jnp
-except ImportError:  # pragma: no cover - jax is a declared dependency
-    jax = None
 
 
 def unit_time(rates: Mapping[str, float]) -> np.ndarray:
@@ -127,7 +125,7 @@ def evaluate_reference(program: CostProgram, workload: Workload, ut, overhead=0.
 
 
 # ---------------------------------------------------------------------------------------------------
-# JAX path
+# The fast kernel (lowering/kernel.py): NumPy for a few points, jitted JAX for many
 # ---------------------------------------------------------------------------------------------------
 
 def op_kinds(program: CostProgram) -> tuple:
@@ -135,84 +133,87 @@ def op_kinds(program: CostProgram) -> tuple:
     return tuple(dict.fromkeys(op.kind for op in program.graph.ops))
 
 
-def build_kernel(program: CostProgram, kinds: tuple, outputs=("forward", "stages", "classes"), view=None):
-    """A jitted function (arrays, ut (P,K), overhead (P,)) -> dict with ``forward`` (P,), ``stages``
-    (P, n_stages: busy seconds per stage) and ``classes`` (P, n_classes: seconds per class op).
-
-    Optional outputs: ``kinds`` (P, n_kinds: busy seconds per op kind, columns :func:`op_kinds`),
-    ``workspace`` (P,: the largest activation bytes of any one op, the report's workspace) and
-    ``components`` (P, K: component totals over all ops — FLOPs per precision, bytes per kind, hops)."""
-    # Per used component k: (P,F)@(F,C) class totals, scaled by its unit time and summed into its roofline
-    # group. Cheaper than gathering nonzero columns into (class, group) slots, and exact.
-    nf = len(program.features)
-    used = [k for k in range(program.coef.shape[2]) if np.any(program.coef[:nf, :, k] != 0.0)]
-    mats = [(k, int(COMPONENT_GROUP[k]), jnp.asarray(program.coef[:nf, :, k])) for k in used]
-    G = len(GROUPS)
-    C, S = program.n_classes, program.n_segments
-    pc, ps, pn = (jnp.asarray(program.seg_pairs[:, i]) for i in range(3))
-    seg_mat = None
-    if C * S <= 2_000_000:  # class -> segment counts as a dense matrix
-        m = np.zeros((C, S))
-        np.add.at(m, (program.seg_pairs[:, 0], program.seg_pairs[:, 1]), program.seg_pairs[:, 2])
-        seg_mat = m
-    # class -> stage busy counts
-    st_np = np.zeros((C, len(program.stages)))
-    np.add.at(st_np, (program.op_class, program.stage_of_op), 1.0)
-    kind_index = {k: j for j, k in enumerate(op_kinds(program))}
-    km_np = np.zeros((C, len(kind_index)))  # class -> op-kind busy counts
-    np.add.at(km_np, (program.op_class, [kind_index[op.kind] for op in program.graph.ops]), 1.0)
-    # One class row is one op's row, so the max over classes is the max over ops.
-    act = jnp.asarray(program.coef[:nf, :, COMPONENT_INDEX["bytes_act"]])
-    per_class = np.bincount(program.op_class, minlength=C).astype(np.float64)
-    totals = jnp.asarray(np.einsum("fck,c->fk", program.coef[:nf], per_class))
-    seg_preds = program.seg_preds
-    token_sets = program.graph.token_set_map
-    features = program.features
-
-    def kernel(arrays, ut, overhead):
-        P = ut.shape[0]
-        feats = feature_matrix(features, token_sets, kinds, arrays, jnp) if features else jnp.zeros((P, 0))
-        parts = [jnp.zeros((P, C)) for _ in range(G)]
-        for k, g, mat in mats:
-            parts[g] = parts[g] + (feats @ mat) * ut[:, k : k + 1]
-        roof = parts[0]
-        for g in range(1, LATENCY):
-            roof = jnp.maximum(roof, parts[g])
-        cls = roof + parts[LATENCY] + overhead[:, None]
-        V = None
-        if view is not None:  # a measured view: class durations from its tables, as base + Vᵀ·E
-            vf = feature_matrix(view.features, token_sets, kinds, arrays, jnp) if view.features else jnp.zeros((P, 0))
-            cls, V, E = view.split(cls, vf, jnp)
-
-        def prod(M):  # (class durations) @ M
-            return cls @ M if V is None else cls @ M + jnp.einsum("kp,km->pm", V, jnp.asarray(E @ np.asarray(M)))
-
-        if V is not None and (seg_mat is None or "classes" in outputs):
-            cls, V = cls + jnp.einsum("kp,kc->pc", V, jnp.asarray(E)), None
-        seg = prod(seg_mat) if seg_mat is not None else jnp.zeros((P, S)).at[:, ps].add(cls[:, pc] * pn)
-        finish = []
-        for s in range(S):  # unrolled max-plus over the reduced graph
-            p = seg_preds[s]
-            start = jnp.max(jnp.stack([finish[j] for j in p], axis=1), axis=1) if p else 0.0
-            finish.append(start + seg[:, s])
-        forward = jnp.max(jnp.stack(finish, axis=1), axis=1) if finish else jnp.zeros(P)
-        res = {"forward": forward, "classes": cls}
-        if "stages" in outputs:
-            res["stages"] = prod(st_np)
-        if "kinds" in outputs:
-            res["kinds"] = prod(km_np)
-        if "workspace" in outputs:
-            res["workspace"] = jnp.max(feats @ act, axis=1) if C else jnp.zeros(P)
-        if "components" in outputs:
-            res["components"] = feats @ totals
-        return {k: res[k] for k in outputs}
-
-    return jax.jit(kernel)
+#: float64 is the reference; "fast" evaluates in float32 (relative error below 1e-5 on the shipped models)
+PRECISIONS = {"exact": np.float64, "fast": np.float32}
 
 
-#: programs with more segments than this evaluate few points (points x ops <= NUMPY_WORK) with NumPy
-NUMPY_SEGMENTS = 256
-NUMPY_WORK = 2_000_000
+def _jax():
+    """JAX, imported on first use (``import graphsim`` and commands that do not evaluate never load it)."""
+    import jax
+
+    return jax
+
+
+#: jitted kernels by structure: programs with the same features, groups and level shape share one
+#: compilation (their coefficients, slots and schedules are arguments, not constants)
+_KERNELS: dict = {}
+
+
+#: (kernel key, points per call) pairs that have been compiled
+_COMPILED: set = set()
+
+
+def _kernel_key(lay, features, token_sets, kinds, outputs, varying, precision, view) -> tuple:
+    key = (features, tuple(sorted(token_sets.items())), kinds, outputs, varying, precision, lay.signature,
+           id(view) if view is not None else None)
+    try:
+        hash(key)
+    except TypeError:  # pragma: no cover - every structural field is a frozen value
+        key = (id(lay), outputs, varying, precision)
+    return key
+
+
+def _kernel(key, lay, features, token_sets, kinds, outputs, varying, precision, view):
+    jax = _jax()
+    fn = _KERNELS.get(key)
+    if fn is None:
+        import jax.numpy as jnp
+
+        dtype = PRECISIONS[precision]
+
+        def body(consts, arrays, ut, ut0, overhead):
+            return K.run(lay, consts, features, token_sets, kinds, arrays, ut, ut0, overhead, varying, outputs,
+                         jnp, scan=jax.lax.scan, view=view, dtype=dtype)
+
+        def kernel(consts, arrays, ut, ut0, overhead):
+            P = overhead.shape[0]
+            if P <= BLOCK or P % BLOCK:
+                return body(consts, arrays, ut, ut0, overhead)
+            # blocks of BLOCK points, one after another: every intermediate stays in cache
+            nb = P // BLOCK
+            xs = ({k: v.reshape(nb, BLOCK, *v.shape[1:]) for k, v in arrays.items()},
+                  ut.reshape(ut.shape[0], nb, -1).transpose(1, 0, 2) if ut.shape[1] == P else
+                  jnp.broadcast_to(ut[None], (nb, *ut.shape)), overhead.reshape(nb, BLOCK))
+            out = jax.lax.map(lambda x: body(consts, x[0], x[1], ut0, x[2]), xs)
+            return {k: v.reshape(P, *v.shape[2:]) for k, v in out.items()}
+
+        if len(_KERNELS) > 64:
+            _KERNELS.pop(next(iter(_KERNELS)))
+        fn = _KERNELS[key] = jax.jit(kernel)
+    return fn
+
+
+def build_kernel(program: CostProgram, kinds: tuple, outputs=("forward", "stages", "classes"), view=None,
+                 precision: str = "exact"):
+    """A function (arrays, ut (P, K), overhead (P,)) -> outputs dict through the jitted kernel (all points in
+    one call). Outputs: ``forward`` (P,), ``stages`` (P, n_stages: busy seconds per stage), ``classes``
+    (P, n_classes: seconds per class op), ``kinds`` (P, n_kinds: busy seconds per op kind, columns
+    :func:`op_kinds`), ``workspace`` (P,: the largest activation bytes of any one op) and ``components``
+    (P, K: component totals over all ops — FLOPs per precision, bytes per kind, hops)."""
+    ev = Evaluator(program, kinds, view=view, precision=precision, numpy_points=0)
+
+    def call(arrays, ut, overhead):
+        P = np.asarray(overhead).reshape(-1).shape[0]
+        return ev._jax_chunk(arrays, np.broadcast_to(ut, (P, len(COMPONENTS))), np.reshape(overhead, (P,)),
+                             tuple(outputs), _varying(ut))
+
+    return call
+
+
+def _varying(ut) -> tuple:
+    if ut.ndim < 2 or ut.shape[0] <= 1 or ut.strides[0] == 0:
+        return (False,) * ut.shape[-1]
+    return tuple(bool(v) for v in ~np.all(ut == ut[:1], axis=0))
 
 
 def reference_outputs(program: CostProgram, workload: Workload, ut, overhead=0.0, view=None,
@@ -239,31 +240,59 @@ def reference_outputs(program: CostProgram, workload: Workload, ut, overhead=0.0
     return {k: res[k] for k in outputs}
 
 
+#: points per block inside the jitted kernel (a chunk is processed block after block; 2,048 points keep a
+#: block's class durations and level window in cache)
+BLOCK = 2048
+
+#: below this many points the kernel runs in NumPy (no compilation); above it, jitted JAX in chunks
+NUMPY_POINTS = 4096
+
+
 @attrs.define
 class Evaluator:
-    """Compiled once per (program, group structure); call with a workload and unit times."""
+    """One program's evaluation: the kernel's layout is derived once; a call runs it in NumPy for a few
+    points (single-point reports, small structural sweeps: no JIT) or through the jitted JAX kernel in
+    fixed-size chunks (one compilation per program *shape* serves every chunk and every program of that
+    shape). ``precision``: "exact" (float64, the reference) or "fast" (float32)."""
 
     program: CostProgram
     kinds: tuple
     chunk: int = 65536
     view: object = None  # a bound measured view (graphsim.measured.view.BoundView) or None (SOL)
-    _kernels: dict = attrs.Factory(dict)
+    precision: str = attrs.field(default="exact")
+    numpy_points: int = NUMPY_POINTS
+    _layout: object = None
+    _consts: dict = attrs.Factory(dict)
+    _fns: dict = attrs.Factory(dict)
+    _keys: dict = attrs.Factory(dict)
+    _folds: dict = attrs.Factory(dict)
 
-    def __call__(self, workload: Workload, ut, overhead=0.0, outputs=("forward", "stages")) -> dict:
+    @precision.validator
+    def _check_precision(self, _, v):
+        if v not in PRECISIONS:
+            raise GraphsimError("precision", f"must be one of {tuple(PRECISIONS)}, got {v!r}")
+
+    @property
+    def layout(self):
+        if self._layout is None:
+            self._layout = K.layout(self.program, op_kinds(self.program))
+        return self._layout
+
+    def __call__(self, workload: Workload, ut, overhead=0.0, outputs=("forward", "stages"),
+                 precision: str | None = None) -> dict:
         outputs = tuple(outputs)
+        precision = precision or self.precision
+        if precision not in PRECISIONS:
+            raise GraphsimError("precision", f"must be one of {tuple(PRECISIONS)}, got {precision!r}")
         P = workload.points
-        if self.program.n_segments > NUMPY_SEGMENTS and P * self.program.n_ops <= NUMPY_WORK:
-            # a big DAG at a few points: NumPy over the full graph beats compiling the unrolled max-plus
-            # (10,595 ops / 2,405 segments, 3 points: 0.8 s instead of 40 s)
-            return reference_outputs(self.program, workload, ut, overhead, self.view, outputs)
-        if outputs not in self._kernels:
-            self._kernels[outputs] = build_kernel(self.program, self.kinds, outputs, self.view)
-        kernel = self._kernels[outputs]
+        varying = _varying(np.asarray(ut, dtype=np.float64))
         ut = np.broadcast_to(np.asarray(ut, dtype=np.float64), (P, len(COMPONENTS)))
         ov = np.broadcast_to(np.asarray(overhead, dtype=np.float64).reshape(-1), (P,))
         a = workload.arrays()
-        n_chunks = -(-P // self.chunk)
-        size = -(-P // n_chunks)  # equal chunks: at most n_chunks - 1 padded rows
+        size = self._size(P)
+        key = self._key(outputs, varying, precision)
+        if P <= self.numpy_points and not (P >= 64 and (key, size) in _COMPILED):
+            return self._numpy(a, ut, ov, outputs, varying, precision)  # no JIT for a few points
         out = {k: [] for k in outputs}
         for lo in range(0, P, size):
             hi = min(lo + size, P)
@@ -273,10 +302,68 @@ class Evaluator:
                 x = x[lo:hi]
                 return np.concatenate([x, np.repeat(x[-1:], pad, axis=0)]) if pad else x
 
-            res = kernel({k: cut(v) for k, v in a.items()}, cut(ut), cut(ov))
+            res = self._jax_chunk({k: cut(v) for k, v in a.items()}, cut(ut), cut(ov), outputs, varying, precision)
             for k in outputs:
-                out[k].append(np.asarray(res[k])[: hi - lo])
+                out[k].append(res[k][: hi - lo])
+        _COMPILED.add((key, size))
         return {k: np.concatenate(v) for k, v in out.items()}
+
+    def _size(self, P: int) -> int:
+        """Points per JAX call: equal chunks of whole blocks for many points; below one chunk the next power of
+        two (a few compiled shapes serve every size)."""
+        if P > self.chunk:
+            n_chunks = -(-P // self.chunk)
+            size = -(-P // n_chunks)
+            return -(-size // BLOCK) * BLOCK if size > BLOCK else size
+        return max(256, 1 << (max(P, 1) - 1).bit_length())
+
+    def _key(self, outputs, varying, precision) -> tuple:
+        k = (outputs, varying, precision)
+        if k not in self._keys:
+            self._keys[k] = _kernel_key(self.layout, self.program.features, self.program.graph.token_set_map,
+                                        self.kinds, outputs, varying, precision, self.view)
+        return self._keys[k]
+
+    def _fold(self, ut0: np.ndarray, precision: str) -> dict:
+        k = (ut0.tobytes(), precision)
+        if k not in self._folds:
+            if len(self._folds) > 256:
+                self._folds.clear()
+            self._folds[k] = K.fold(self.layout, ut0, PRECISIONS[precision])
+        return self._folds[k]
+
+    def _const(self, precision: str, xp_name: str):
+        key = (precision, xp_name)
+        if key not in self._consts:
+            c = self.layout.constants(PRECISIONS[precision])
+            if xp_name == "jax":
+                import jax.numpy as jnp
+
+                c = {k: jnp.asarray(v) for k, v in c.items()}
+            self._consts[key] = c
+        return self._consts[key]
+
+    def _numpy(self, a, ut, ov, outputs, varying, precision):
+        dtype = PRECISIONS[precision]
+        res = K.run(self.layout, self._const(precision, "numpy"), self.program.features,
+                    self.program.graph.token_set_map, self.kinds, a, ut.T.astype(dtype),
+                    self._fold(np.ascontiguousarray(ut[0]), precision), ov.astype(dtype), varying, outputs, np,
+                    view=self.view, dtype=dtype)
+        return {k: np.asarray(v, dtype=np.float64) for k, v in res.items()}
+
+    def _jax_chunk(self, a, ut, ov, outputs, varying, precision="exact"):
+        jax = _jax()
+        with jax.enable_x64(True):  # scoped: graphsim never flips the process's setting (features in float64)
+            k = (outputs, varying, precision)
+            fn = self._fns.get(k)
+            if fn is None:
+                fn = self._fns[k] = _kernel(self._key(outputs, varying, precision), self.layout,
+                                            self.program.features, self.program.graph.token_set_map, self.kinds,
+                                            outputs, varying, precision, self.view)
+            # unit times per point only when some vary (a hardware axis); otherwise the kernel folds ut[0]
+            per_point = np.ascontiguousarray(ut.T) if any(varying) else np.zeros((ut.shape[1], 1))
+            res = fn(self._const(precision, "jax"), a, per_point, self._fold(np.ascontiguousarray(ut[0]), precision), ov)
+            return {k: np.asarray(v, dtype=np.float64) for k, v in res.items()}
 
 
 def evaluate(program: CostProgram, workload: Workload, ut, overhead=0.0, *, chunk: int = 65536,

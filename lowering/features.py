@@ -81,41 +81,53 @@ def chunk_arrays(a: dict, kinds: Sequence[str], chunk: tuple, xp) -> dict:
     return out
 
 
-def feature_column(f: Feature, token_sets: dict, kinds: Sequence[str], a: dict, xp):
-    """One feature over all points: shape (P,)."""
+def feature_column(f: Feature, token_sets: dict, kinds: Sequence[str], a: dict, xp, memo: dict | None = None):
+    """One feature over all points: shape (P,). ``memo``: shared by the features of one call so that token-set
+    intervals (and chunked arrays) are computed once, not once per feature (a smaller traced program)."""
+    memo = {} if memo is None else memo
     if f.chunk:
-        a = chunk_arrays(a, kinds, f.chunk, xp)
+        key = ("chunk", f.chunk)
+        if key not in memo:
+            memo[key] = chunk_arrays(a, kinds, f.chunk, xp)
+        a = memo[key]
     count = a["count"]
     if f.kind == "one":
         return xp.ones(count.shape[0])
     ts: TokenSet = token_sets[f.token_set]
+
+    def span(g, rule):
+        key = (f.chunk, rule, g)
+        if key not in memo:
+            memo[key] = interval(rule, a, g, xp)
+        return memo[key]
+
+    def n_of(g):
+        rule = ts.rule(kinds[g])
+        if rule == "none":
+            return 0.0
+        lo, hi = span(g, rule)
+        return hi - lo
+
     if f.kind == "active":  # any position in the set at all (micro-batch fractions do not matter)
-        n = sum(count[:, g] * _n(ts, kinds[g], a, g, xp) for g in range(len(kinds)))
+        n = sum(count[:, g] * n_of(g) for g in range(len(kinds)))
         return xp.where(n > 0, 1.0, 0.0)
     if f.kind == "experts_touched":
         e, k = float(f.params[0]), float(f.params[1])
-        t = sum(f.frac * count[:, g] * _n(ts, kinds[g], a, g, xp) for g in range(len(kinds)))
+        t = sum(f.frac * count[:, g] * n_of(g) for g in range(len(kinds)))
         return e * (1.0 - (1.0 - k / e) ** t)
     total = 0.0 * count[:, 0]
     for g, kind in enumerate(kinds):
         rule = ts.rule(kind)
         if rule == "none":
             continue
-        lo, hi = interval(rule, a, g, xp)
+        lo, hi = span(g, rule)
         if f.kind in WINDOW_KINDS and rule.partition(":")[0].endswith("dtail"):
             lo, hi = 0.0 * lo, hi - lo  # decoder replay: the tail's SWA history starts at the tail
         total = total + f.frac * count[:, g] * per_request(f.kind, f.params, lo, hi, xp)
     return total
 
 
-def _n(ts: TokenSet, kind: str, a: dict, g: int, xp):
-    rule = ts.rule(kind)
-    if rule == "none":
-        return 0.0
-    lo, hi = interval(rule, a, g, xp)
-    return hi - lo
-
-
 def feature_matrix(features: Sequence[Feature], token_sets: dict, kinds: Sequence[str], a: dict, xp):
     """All features as a (P, F) array."""
-    return xp.stack([feature_column(f, token_sets, kinds, a, xp) for f in features], axis=1)
+    memo: dict = {}
+    return xp.stack([feature_column(f, token_sets, kinds, a, xp, memo) for f in features], axis=1)

@@ -89,7 +89,11 @@ def test_numpy_and_jax_agree():
     a = {"count": rng.integers(1, 5, (P, 2)).astype(float), "new": rng.integers(1, 5000, (P, 2)).astype(float),
          "past": past, "image": np.zeros((P, 2)), "patches": np.zeros((P, 2)), "replay": np.minimum(past, 128.0)}
     n = feature_matrix(feats, ts, ("prefill", "decode"), a, np)
-    j = np.asarray(feature_matrix(feats, ts, ("prefill", "decode"), {k: jnp.asarray(v) for k, v in a.items()}, jnp))
+    import jax
+
+    with jax.enable_x64(True):  # graphsim enables float64 only inside its own calls, as here
+        j = np.asarray(feature_matrix(feats, ts, ("prefill", "decode"), {k: jnp.asarray(v) for k, v in a.items()},
+                                      jnp))
     np.testing.assert_allclose(j, n, rtol=1e-12)
 
 

@@ -1,0 +1,448 @@
+"""The evaluation kernel: a sparse roofline over cost classes and a level-scheduled max-plus.
+
+A :class:`Layout` is derived once from a :class:`~graphsim.lowering.program.CostProgram`:
+
+* **Sparse roofline.** Each cost class depends on a handful of features. Per roofline group the nonzero
+  (class, feature[, component]) terms become padded slots ``(C, m)``, so a class's group time is a sum of
+  ``m`` gathered feature rows times a weight — not a dense ``(P × F)·(F × C)`` product per component. When a
+  group's unit times are the same at every point (no hardware axis varies them) its components fold into
+  one weight per (class, feature) slot: ``Σ_k coef[f, c, k] · unit_time[k]``.
+* **Signature blocks.** Classes are ordered so that runs of classes with the same slot pattern (the same
+  features in each group) are contiguous; JAX computes a run as one ``(n, P)`` block of broadcast products
+  (static slices, no gathers: XLA fuses the whole roofline into one loop over points).
+* **Segment kinds.** Segments (collapsed chains) with the same class counts are one *kind*; their
+  durations are computed once (the 43 layers of a two-batch overlap repeat a few kinds).
+* **Levels.** Segments are grouped by depth (longest path from a source); a level's starts are the max over
+  its predecessors' finishes, which sit in a window of the last ``R`` levels (``R`` = the longest edge in
+  levels). JAX runs the levels as one ``lax.scan`` (compile time flat in the DAG's size); NumPy loops over them.
+
+Arrays are point-minor (``(rows, P)``): gathers copy contiguous rows. Everything is written once for any array
+module; :func:`run` is traced by JAX (inside ``jit``) or run eagerly by NumPy with the same numbers.
+"""
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from graphsim.ir import COMPONENT_INDEX, COMPONENTS
+
+from .features import feature_column
+from .program import COMPONENT_GROUP, GROUPS, LATENCY, CostProgram
+
+
+@attrs.frozen(eq=False)
+class GroupSlots:
+    """The terms of one roofline group: per class, ``m`` slots of (feature, component, coefficient) and,
+    folded, ``m2`` slots of (feature, coefficients per component)."""
+
+    group: int
+    components: tuple  # component indices in this group
+    feat: np.ndarray  # (C, m) feature index per (class, slot)
+    comp: np.ndarray  # (C, m) component index
+    coef: np.ndarray  # (C, m)
+    ffeat: np.ndarray  # (C, m2) folded: feature index
+    fcoef: np.ndarray  # (C, m2, K) folded: coefficient per component (zero outside the group)
+    n: np.ndarray  # (C,) used slots per class
+    fn: np.ndarray  # (C,) used folded slots per class
+
+
+@attrs.frozen(eq=False)
+class Layout:
+    """A program's kernel data: group slots, segment kinds and the level schedule (NumPy arrays)."""
+
+    n_features: int
+    n_classes: int
+    groups: tuple
+    kind_counts: np.ndarray  # (U, C): ops of each class in a segment of each kind
+    level_kind: np.ndarray  # (L, W): segment kind at each level slot (U = an empty slot)
+    level_preds: np.ndarray  # (L, W, D): window rows of the predecessors (R·W = none)
+    reach: int  # R: how many levels back an edge reaches
+    width: int  # W
+    stage_counts: np.ndarray  # (n_stages, C)
+    kind_of_op_counts: np.ndarray  # (n_kinds, C)
+    act: np.ndarray  # (F, C) bytes_act coefficients (the workspace)
+    totals: np.ndarray  # (F, K) component totals over every op
+    order: np.ndarray  # (C,) the program's class id of each kernel class (kernel classes run block by block)
+    #: JAX blocks: (lo, hi, {group: features}, {group: ((feature, component), ...)}) over kernel classes
+    blocks: tuple = ()
+    coef: np.ndarray = None  # (F, C, K) the program's coefficients in kernel class order
+
+    #: what a traced kernel bakes in (slot patterns, blocks, sparsity of the count matrices, shapes): programs
+    #: with equal signatures and features share one compiled kernel (set by :func:`layout`)
+    signature: str = ""
+
+    def _signature(self) -> str:
+        import hashlib
+
+        h = hashlib.sha1()
+        for s in self.groups:
+            h.update(repr((s.group, s.components)).encode())
+            for a in (s.feat, s.comp, s.ffeat, s.n, s.fn):
+                h.update(a.tobytes() + repr(a.shape).encode())
+        for a in (self.kind_counts, self.stage_counts, self.kind_of_op_counts, self.act, self.totals):
+            h.update((a != 0).tobytes() + repr(a.shape).encode())
+        h.update(repr((self.level_kind.shape, self.level_preds.shape, self.reach, self.width)).encode())
+        h.update(self.order.tobytes())
+        h.update(repr([(lo, hi, sorted(fs.items()), sorted(ps.items())) for lo, hi, fs, ps in self.blocks]).encode())
+        return h.hexdigest()
+
+    @property
+    def n_levels(self) -> int:
+        return self.level_kind.shape[0]
+
+    @property
+    def chain(self) -> bool:
+        """One segment: the forward is the weighted sum of class durations."""
+        return self.level_kind.shape == (1, 1)
+
+    def constants(self, dtype) -> dict:
+        """The arrays the kernel reads, as arguments (a new program of the same shapes reuses the compiled
+        kernel)."""
+        d = {"kind_counts": self.kind_counts.astype(dtype), "stage_counts": self.stage_counts.astype(dtype),
+             "kind_of_op_counts": self.kind_of_op_counts.astype(dtype), "act": self.act.astype(dtype),
+             "totals": self.totals.astype(dtype), "level_kind": self.level_kind, "level_preds": self.level_preds}
+        for s in self.groups:
+            g = s.group
+            d[f"g{g}.feat"], d[f"g{g}.comp"], d[f"g{g}.coef"] = s.feat, s.comp, s.coef.astype(dtype)
+            d[f"g{g}.ffeat"], d[f"g{g}.fcoef"] = s.ffeat, s.fcoef.astype(dtype)
+        for b, (lo, hi, _, pairs) in enumerate(self.blocks):  # per-point unit times: one weight per (f, k)
+            for g, fk in pairs.items():
+                f, k = np.array(fk).T
+                d[f"b{b}.g{g}"] = self.coef[f[:, None], np.arange(lo, hi)[None, :], k[:, None]].T.astype(dtype)
+        return d
+
+
+#: JAX computes the classes in blocks; a block is one fused loop (XLA compile time grows with the number of
+#: blocks, run time with the slots a block carries for its classes). Blocks of equal slot patterns merge while
+#: the added slot work stays small, and further while there are more than MAX_BLOCKS.
+MAX_BLOCKS, SLOT_BUDGET = 6, 1.5
+
+
+def _blocks(coef: np.ndarray) -> list[list[int]]:
+    """Program classes grouped into blocks: classes with the same features per roofline group first, then
+    greedy merges of the pair that adds the fewest padded slots (a merged block carries the union of its
+    features per group; a class's missing ones weigh zero) while the total stays within SLOT_BUDGET of the
+    unpadded work, or while there are more than MAX_BLOCKS blocks."""
+    F, C, _ = coef.shape
+    if C == 0:
+        return []
+    nz = coef != 0.0
+    use = np.stack([nz[:, :, COMPONENT_GROUP == g].any(axis=2) for g in range(len(GROUPS))])  # (G, F, C)
+    pattern = use.transpose(2, 0, 1).reshape(C, -1)
+    masks, inverse = np.unique(pattern, axis=0, return_inverse=True)
+    inverse = np.asarray(inverse).reshape(-1)
+    members = [list(np.flatnonzero(inverse == u)) for u in range(len(masks))]
+    n = np.array([len(m) for m in members], dtype=np.int64)
+    cost = n * masks.sum(axis=1)
+    alive = np.ones(len(masks), dtype=bool)
+
+    def added(i):  # slots added by merging block i with each block
+        row = ((n[i] + n) * (masks[i] | masks).sum(axis=1) - cost[i] - cost).astype(np.float64)
+        row[~alive] = np.inf
+        row[i] = np.inf
+        return row
+
+    delta = np.stack([added(i) for i in range(len(masks))])
+    least = max(int(cost.sum()), 1)
+    total = least
+    while alive.sum() > 1:
+        i, j = np.unravel_index(np.argmin(delta), delta.shape)
+        d = delta[i, j]
+        if alive.sum() <= MAX_BLOCKS and total + d > SLOT_BUDGET * least:
+            break
+        total += d
+        masks[i] |= masks[j]
+        n[i] += n[j]
+        cost[i] = n[i] * masks[i].sum()
+        members[i] = members[i] + members[j]
+        alive[j] = False
+        delta[j, :] = delta[:, j] = np.inf
+        delta[i, :] = delta[:, i] = added(i)
+    return sorted(sorted(int(c) for c in members[b]) for b in np.flatnonzero(alive))
+
+
+def _slots(mask: np.ndarray):
+    """Nonzero (class, ...) entries of ``mask`` (C, ...) as per-class padded slot lists: (class, rank, rest...)
+    indices and the count per class."""
+    idx = np.nonzero(mask)
+    c = idx[0]
+    count = np.bincount(c, minlength=mask.shape[0])
+    start = np.concatenate([[0], np.cumsum(count)[:-1]])
+    rank = np.arange(len(c)) - start[c]
+    return idx, rank, count
+
+
+def op_class_of(program_classes, order):
+    """Kernel class ids of program class ids."""
+    return np.argsort(order)[program_classes]
+
+
+def _pad(rows: list, width: int, fill) -> np.ndarray:
+    return np.array([r + [fill] * (width - len(r)) for r in rows]).reshape(len(rows), width)
+
+
+def layout(program: CostProgram, kinds: tuple) -> Layout:
+    """Derive the kernel's arrays from a program (``kinds``: op kinds, the columns of the kinds output)."""
+    nf, C, K = len(program.features), program.n_classes, len(COMPONENTS)
+    # kernel classes run block by block (see blocks()): each block's classes are contiguous
+    members = _blocks(program.coef[:nf])
+    order = np.array([c for m in members for c in m], dtype=np.int64)
+    coef = program.coef[:nf][:, order]
+    op_class = np.argsort(order)[program.op_class]  # program class -> kernel class
+    groups = []
+    for g in range(len(GROUPS)):
+        comps = tuple(int(k) for k in np.flatnonzero(COMPONENT_GROUP == g))
+        sub = coef[:, :, list(comps)].transpose(1, 0, 2)  # (C, F, k)
+        if not np.any(sub):
+            continue
+        (c, f, j), rank, count = _slots(sub != 0.0)  # per class: (feature, component) pairs, feature-major
+        m = max(int(count.max()), 1)
+        feat, comp, cf = np.zeros((C, m), np.int32), np.zeros((C, m), np.int32), np.zeros((C, m))
+        feat[c, rank], comp[c, rank], cf[c, rank] = f, np.asarray(comps)[j], sub[c, f, j]
+        (c2, f2), rank2, count2 = _slots((sub != 0.0).any(axis=2))  # per class: features
+        m2 = max(int(count2.max()), 1)
+        ffeat, fcoef = np.zeros((C, m2), np.int32), np.zeros((C, m2, K))
+        ffeat[c2, rank2] = f2
+        fcoef[c2[:, None], rank2[:, None], np.asarray(comps)[None, :]] = sub[c2, f2]
+        groups.append(GroupSlots(g, comps, feat, comp, cf, ffeat, fcoef, count, count2))
+    # segment kinds: segments with equal class counts share one duration
+    S = program.n_segments
+    counts = np.zeros((S, C))
+    np.add.at(counts, (program.seg_pairs[:, 1], op_class_of(program.seg_pairs[:, 0], order)), program.seg_pairs[:, 2])
+    kind_index: dict = {}
+    seg_kind = np.array([kind_index.setdefault(counts[s].tobytes(), len(kind_index)) for s in range(S)], dtype=np.int64)
+    U = len(kind_index)
+    kind_counts = np.zeros((U, C))
+    kind_counts[seg_kind] = counts
+    # levels: depth = longest path from a source; an edge reaches depth[s] - depth[p] levels back
+    depth = np.zeros(S, dtype=np.int64)
+    for s, ps in enumerate(program.seg_preds):
+        depth[s] = max((depth[p] + 1 for p in ps), default=0)
+    L = int(depth.max()) + 1 if S else 1
+    by_level = [[] for _ in range(L)]
+    slot = np.zeros(S, dtype=np.int64)
+    for s in range(S):
+        slot[s] = len(by_level[depth[s]])
+        by_level[depth[s]].append(s)
+    W = max(len(b) for b in by_level) if S else 1
+    R = max((int(depth[s] - depth[p]) for s, ps in enumerate(program.seg_preds) for p in ps), default=1)
+    D = max((len(ps) for ps in program.seg_preds), default=1) or 1
+    level_kind = np.full((L, W), U, dtype=np.int32)
+    level_preds = np.full((L, W, D), R * W, dtype=np.int32)
+    for lvl, segs in enumerate(by_level):
+        for w, s in enumerate(segs):
+            level_kind[lvl, w] = seg_kind[s]
+            for j, p in enumerate(program.seg_preds[s]):
+                level_preds[lvl, w, j] = (R - (lvl - depth[p])) * W + slot[p]  # the window: oldest level first
+    stage_counts = np.zeros((len(program.stages), C))
+    np.add.at(stage_counts, (program.stage_of_op, op_class), 1.0)
+    kind_col = {k: j for j, k in enumerate(kinds)}
+    kind_of_op_counts = np.zeros((len(kinds), C))
+    np.add.at(kind_of_op_counts, ([kind_col[op.kind] for op in program.graph.ops], op_class), 1.0)
+    per_class = np.bincount(op_class, minlength=C).astype(np.float64)
+    blocks, lo = [], 0
+    for m in members:
+        hi = lo + len(m)
+        sub = coef[:, lo:hi] != 0.0  # (F, n, K)
+        feats, pairs = {}, {}
+        for g in range(len(GROUPS)):
+            comps = np.flatnonzero(COMPONENT_GROUP == g)
+            f_used = np.flatnonzero(sub[:, :, comps].any(axis=(1, 2)))
+            if len(f_used):
+                feats[g] = tuple(int(f) for f in f_used)
+                pairs[g] = tuple((int(f), int(k)) for f in f_used for k in comps if sub[f, :, k].any())
+        blocks.append((lo, hi, feats, pairs))
+        lo = hi
+    lay = Layout(nf, C, tuple(groups), kind_counts, level_kind, level_preds, R, W, stage_counts, kind_of_op_counts,
+                 coef[:, :, COMPONENT_INDEX["bytes_act"]].copy(), np.einsum("fck,c->fk", coef, per_class), order,
+                 tuple(blocks), coef)
+    return attrs.evolve(lay, signature=lay._signature())
+
+
+def feature_rows(features, token_sets, kinds, arrays, xp, P):
+    """All features as (F, P)."""
+    if not features:
+        return xp.zeros((0, P))
+    memo: dict = {}
+    return xp.stack([xp.broadcast_to(feature_column(f, token_sets, kinds, arrays, xp, memo), (P,)) for f in features],
+                    axis=0)
+
+
+def fold(lay: Layout, ut0: np.ndarray, dtype) -> dict:
+    """Per group whose unit times are the same at every point: its slot weights with them folded in,
+    ``Σ_k coef[f, c, k] · ut0[k]`` (C, m2) — computed on the host, an argument of the kernel."""
+    out = {}
+    with np.errstate(invalid="ignore"):  # a zero coefficient is no term, even where a rate is zero (ut = inf)
+        for s in lay.groups:
+            k = list(s.components)
+            sub = lay.coef[:, :, k]
+            w = np.where(sub != 0.0, sub * ut0[k], 0.0).sum(axis=2)  # (F, C)
+            used = np.arange(s.ffeat.shape[1])[None, :] < s.fn[:, None]
+            out[f"g{s.group}"] = np.where(used, w[s.ffeat, np.arange(lay.n_classes)[:, None]], 0.0).astype(dtype)
+            for b, (lo, hi, feats, _) in enumerate(lay.blocks):  # a block's union features (zero where unused)
+                if s.group in feats:
+                    out[f"b{b}.g{s.group}"] = w[list(feats[s.group]), lo:hi].T.astype(dtype)
+    return out
+
+
+def class_durations(lay: Layout, consts: dict, feats, ut, ut0, overhead, varying: tuple, xp):
+    """(C, P) SOL seconds per class op: per group Σ slots feature·coefficient·unit time, the max over the
+    concurrent groups, plus latency and overhead. ``ut`` (K, P) per point, ``ut0`` (K,) where constant;
+    ``varying[k]``: unit time k differs between points."""
+    P = feats.shape[1]
+    parts = {}
+    for s in lay.groups:
+        g = s.group
+        if any(varying[k] for k in s.components):
+            f, k, w = consts[f"g{g}.feat"], consts[f"g{g}.comp"], consts[f"g{g}.coef"]
+            terms = feats[f] * ut[k] * w[:, :, None]  # (C, m, P)
+        else:
+            terms = feats[consts[f"g{g}.ffeat"]] * ut0[f"g{g}"][:, :, None]  # weights with unit times folded
+        parts[g] = xp.sum(terms, axis=1)
+    roof = None
+    for g in range(LATENCY):
+        if g in parts:
+            roof = parts[g] if roof is None else xp.maximum(roof, parts[g])
+    cls = xp.zeros((lay.n_classes, P), dtype=feats.dtype) if roof is None else roof
+    if LATENCY in parts:
+        cls = cls + parts[LATENCY]
+    return cls + overhead[None, :]
+
+
+def class_blocks(lay: Layout, consts: dict, feats, ut, ut0, overhead, varying: tuple, xp):
+    """:func:`class_durations` for JAX, block by block (:data:`MAX_BLOCKS`): a block's classes share their
+    feature rows per group, so the block is a sum of static feature rows times per-class weights (broadcast)
+    — one fused loop over points, no gathers. Returns the blocks, ``(n_b, P)`` each, in kernel class order
+    (never concatenated in the kernel: a concatenation fuses into one loop that branches per element and
+    does not vectorize)."""
+    P = feats.shape[1]
+    out = []
+    for b, (lo, hi, fs, pairs) in enumerate(lay.blocks):
+        parts = {}
+        for g in fs:
+            if any(varying[k] for k in next(s for s in lay.groups if s.group == g).components):
+                w = consts[f"b{b}.g{g}"]
+                terms = [feats[f][None, :] * ut[k][None, :] * w[:, j][:, None] for j, (f, k) in enumerate(pairs[g])]
+            else:
+                w = ut0[f"b{b}.g{g}"]
+                terms = [feats[f][None, :] * w[:, j][:, None] for j, f in enumerate(fs[g])]
+            parts[g] = sum(terms[1:], terms[0])
+        roof = None
+        for g in range(LATENCY):
+            if g in parts:
+                roof = parts[g] if roof is None else xp.maximum(roof, parts[g])
+        d = xp.zeros((hi - lo, P), dtype=feats.dtype) if roof is None else roof
+        if LATENCY in parts:
+            d = d + parts[LATENCY]
+        out.append(d + overhead[None, :])
+    return out
+
+
+def schedule(lay: Layout, consts: dict, kd, xp, scan=None):
+    """Forward seconds (P,) from segment-kind durations ``kd`` (U, P): the max-plus over levels, a window of
+    the last R levels' finishes carried from level to level. ``scan``: ``lax.scan`` (JAX: predecessor rows
+    by dynamic slices, which are row copies) or None (NumPy: a Python loop with fancy indexing)."""
+    if lay.chain:
+        return kd[0]
+    P = kd.shape[1]
+    kd = xp.concatenate([kd, xp.zeros((1, P), dtype=kd.dtype)])  # row U: an empty level slot
+    W, D = lay.width, lay.level_preds.shape[2]
+    zero = xp.zeros((1, P), dtype=kd.dtype)
+    if scan is None:
+        def step(carry, x):
+            win, fmax = carry
+            kind, preds = x
+            fin = xp.max(xp.concatenate([win, zero])[preds], axis=1) + kd[kind]  # (W, P)
+            return (xp.concatenate([win[W:], fin]), xp.maximum(fmax, xp.max(fin, axis=0))), None
+    else:
+        from jax import lax
+
+        def step(carry, x):
+            win, fmax = carry
+            kind, preds = x
+            ext = xp.concatenate([win, zero])
+            fins = []
+            for w in range(W):
+                start = lax.dynamic_index_in_dim(ext, preds[w, 0], keepdims=False)
+                for d in range(1, D):
+                    start = xp.maximum(start, lax.dynamic_index_in_dim(ext, preds[w, d], keepdims=False))
+                fins.append(start + lax.dynamic_index_in_dim(kd, kind[w], keepdims=False))
+            fin = xp.stack(fins)
+            return (xp.concatenate([win[W:], fin]), xp.maximum(fmax, xp.max(fin, axis=0))), None
+
+    carry = (xp.zeros((lay.reach * W, P), dtype=kd.dtype), xp.zeros(P, dtype=kd.dtype))
+    if scan is not None:
+        carry, _ = scan(step, carry, (consts["level_kind"], consts["level_preds"]))
+    else:
+        for lvl in range(lay.n_levels):
+            carry, _ = step(carry, (consts["level_kind"][lvl], consts["level_preds"][lvl]))
+    return carry[1]
+
+
+def run(lay: Layout, consts: dict, features, token_sets, kinds, arrays, ut, ut0, overhead, varying, outputs,
+        xp, scan=None, view=None, dtype=np.float64):
+    """The kernel's outputs (point-major, like the reference): ``forward`` (P,), ``stages``, ``kinds``,
+    ``classes`` (P, n; program class order), ``workspace`` (P,), ``components`` (P, K). Features are computed
+    in the arrays' precision and then cast to ``dtype``. JAX (``scan``) keeps the SOL classes in blocks;
+    NumPy, and a measured view, use one (C, P) array."""
+    P = overhead.shape[0]
+    feats = feature_rows(features, token_sets, kinds, arrays, xp, P).astype(dtype)
+    overhead = overhead.astype(dtype)
+    # what the kernel reads from the class durations: products with count matrices (segment kinds, stages, op
+    # kinds), stacked so that JAX forms one matrix product per block (products compile fast; XLA's reductions
+    # over classes do not)
+    wanted = [("kind", consts["kind_counts"])] + [(n, consts[m]) for n, m in (("stages", "stage_counts"),
+                                                  ("kinds", "kind_of_op_counts")) if n in outputs]
+    M = xp.concatenate([m for _, m in wanted])
+    if scan is not None and view is None:
+        from jax import lax
+
+        # features once, as an array: without the barrier XLA recomputes them inside every block's loop
+        feats = lax.optimization_barrier(feats)
+        blocks = class_blocks(lay, consts, feats, ut, ut0, overhead, varying, xp)
+        cls = (xp.concatenate(blocks) if blocks else xp.zeros((0, P), dtype=dtype)) if "classes" in outputs else None
+        parts = [M[:, lo:hi] @ b for (lo, hi, _, _), b in zip(lay.blocks, blocks)]
+        prods = sum(parts[1:], parts[0]) if parts else xp.zeros((M.shape[0], P), dtype=dtype)
+    else:
+        cls = _class_array(lay, consts, feats, ut, ut0, overhead, varying, arrays, token_sets, kinds, view, xp,
+                           dtype)
+        prods = M @ cls
+    rows, at = {}, 0
+    for name, m in wanted:
+        rows[name], at = prods[at: at + m.shape[0]], at + m.shape[0]
+    res = {"forward": schedule(lay, consts, rows["kind"], xp, scan)}
+    if "stages" in outputs:
+        res["stages"] = rows["stages"].T
+    if "kinds" in outputs:
+        res["kinds"] = rows["kinds"].T
+    if "classes" in outputs:
+        res["classes"] = cls.T[:, np.argsort(lay.order)]
+    if "workspace" in outputs:
+        res["workspace"] = xp.max(consts["act"].T @ feats, axis=0) if lay.n_classes else xp.zeros(P, dtype=dtype)
+    if "components" in outputs:
+        res["components"] = (consts["totals"].T @ feats).T
+    return {k: res[k] for k in outputs}
+
+
+def _class_array(lay, consts, feats, ut, ut0, overhead, varying, arrays, token_sets, kinds, view, xp, dtype):
+    """(C, P) class durations as one array: the gathered SOL roofline, then a measured view's tables."""
+    cls = class_durations(lay, consts, feats, ut, ut0, overhead, varying, xp)
+    if view is None:
+        return cls
+    from .features import feature_matrix  # a measured view: class durations from its tables
+
+    P = feats.shape[1]
+    vf = feature_matrix(view.features, token_sets, kinds, arrays, xp).astype(dtype) if view.features \
+        else xp.zeros((P, 0), dtype=dtype)
+    base, V, E = view.split(cls.T[:, np.argsort(lay.order)], vf, xp)  # the view indexes program classes
+    cls = base.T[lay.order]
+    if V is not None:
+        rep = np.argsort(lay.order)[np.argmax(E, axis=1)]
+        cls = cls.at[rep].add(V) if hasattr(cls, "at") else _add_rows(cls, rep, V)
+    return cls
+
+
+def _add_rows(cls, rows, V):
+    out = cls.copy()
+    np.add.at(out, rows, V)
+    return out
