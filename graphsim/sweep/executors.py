@@ -1,6 +1,7 @@
-"""Running a whole spec: run(), the local and Ray executors, output parts and progress bars."""
+"""Running a whole spec: run(), the local, processes and Ray executors, output parts and progress bars."""
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import time
@@ -9,9 +10,12 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from ..errors import GraphsimError, require
-from .points import structural_tables
-from .results import SweepResult, _counts, _merge, unify
+from .points import _PROGRAMS, structural_tables
+from .results import SweepResult, _counts, _merge, _write_tables, unify
 from .spec import StructuralPoint, SweepSpec
+
+EXECUTORS = ("local", "processes", "ray")
+
 
 def _done_ids(parts: Path) -> set:
     return {p.name[: -len(".parquet")] for p in parts.glob("*.parquet")} if parts.is_dir() else set()
@@ -19,29 +23,68 @@ def _done_ids(parts: Path) -> set:
 
 def run(spec: SweepSpec | Mapping | str | Path, output: str | Path | None = None, *, executor: str = "local",
         address: str | None = None, progress: bool | Callable[[int, int], None] = False,
-        resume: bool = True) -> SweepResult:
+        resume: bool = True, jobs: int | None = None) -> SweepResult:
     """Run a sweep. Without ``output`` the rows come back in memory; with it (``.parquet`` or ``.csv``) each
     structural point is written to ``<output>.parts/<struct_id>.parquet`` once complete, and the parts of
     this spec are merged into ``output`` at the end. The parts stay: re-running skips every structural point
     whose part exists (an interrupted run resumes; a grown spec computes only what is new);
     ``resume=False`` deletes them and starts over. Writing to ``output`` holds an exclusive lock on it: a
-    second run on the same output fails with a one-line error; files are replaced atomically."""
+    second run on the same output fails with a one-line error; files are replaced atomically.
+
+    Executors give the same table (rows in spec order, same values): ``local`` runs in this process;
+    ``processes`` runs structural points on ``jobs`` local worker processes (default: one per CPU; points that
+    share a compiled program go to the same worker, which keeps it; a script using it needs the
+    ``if __name__ == "__main__":`` guard, as for any spawned process); ``ray`` runs one task per structural
+    point on a Ray cluster at ``address`` (default: a local one)."""
     if not isinstance(spec, SweepSpec):
         spec = SweepSpec.from_dict(spec) if isinstance(spec, Mapping) else SweepSpec.load(spec)
-    require(executor in ("local", "ray"), "executor", f"must be local or ray, got {executor!r}")
+    require(executor in EXECUTORS, "executor", f"must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    require(jobs is None or (isinstance(jobs, int) and not isinstance(jobs, bool) and jobs >= 1), "jobs",
+            f"must be an integer >= 1, got {jobs!r}")
     if output is None:
-        return _run(spec, None, executor, address, progress, resume)
+        return _run(spec, None, executor, address, progress, resume, jobs)
     from ..outputs import exclusive, output_path
 
     out = output_path(output, suffixes=(".parquet", ".csv"), regular=True)
     with exclusive(out):  # a second sweep on the same output fails at once instead of losing results
-        return _run(spec, out, executor, address, progress, resume)
+        return _run(spec, out, executor, address, progress, resume, jobs)
 
 
-def _run(spec: SweepSpec, out: Path | None, executor: str, address, progress, resume: bool) -> SweepResult:
+def _program_key(sp: StructuralPoint) -> tuple:
+    """Structural points with one key share a compiled program (they differ only in profile)."""
+    return (sp.model, sp.hw, sp.mapping, sp.policies, sp.kinds, sp.view)
+
+
+def _by_program(todo: list) -> list:
+    """``todo`` with points sharing a program next to each other (stable): each program is compiled once."""
+    groups: dict = {}
+    for sp, key in todo:
+        groups.setdefault(_program_key(sp), []).append((sp, key))
+    return [item for g in groups.values() for item in g]
+
+
+def _write_part(parts: Path, key: str, tables: Iterable) -> None:
+    """Stream ``tables`` into ``parts/<key>.parquet``, which exists only once complete."""
     import pyarrow.parquet as pq
 
+    tables = iter(tables)
+    first = next(tables, None)
+    if first is None:
+        return
+    tmp = parts / f"{key}.parquet.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with pq.ParquetWriter(tmp, first.schema) as writer:
+            _write_tables(writer, itertools.chain([first], (t.cast(first.schema) for t in tables)))
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, parts / f"{key}.parquet")
+
+
+def _run(spec: SweepSpec, out: Path | None, executor: str, address, progress, resume: bool,
+         jobs: int | None = None) -> SweepResult:
     t0 = time.perf_counter()
+    _PROGRAMS.failed.clear()  # a failed compilation is retried by the next run (files may have been fixed)
     points = spec.structural_points()
     keys = [sp.key(spec) for sp in points]
     if out is not None:
@@ -55,30 +98,27 @@ def _run(spec: SweepSpec, out: Path | None, executor: str, address, progress, re
     else:
         parts, done = None, set()
     todo = [(sp, k) for k, sp in dict(zip(keys, points)).items() if k not in done]  # identical points run once
+    todo = _by_program(todo)  # results are assembled in spec order whatever the order of execution
     skipped = len(points) - len(todo)
     total = sum(spec.grid(sp.kinds).size for sp, _ in todo)
     bar = _progress_bar(progress, total)
-    memory_tables: dict = {}  # key -> tables; assembled in spec order (executors may finish out of order)
+    # key -> tables; assembled in spec order (executors may finish out of order). With an output, only rows
+    # that are not a part (a worker process that died) are kept here: a later run retries them.
+    memory_tables: dict = {}
 
     def collect(key: str, tables: Iterable) -> None:
         if parts is None:
             memory_tables[key] = list(tables)
-            return
-        tmp = parts / f"{key}.parquet.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-        writer = None
-        try:
-            for t in tables:
-                if writer is None:
-                    writer = pq.ParquetWriter(tmp, t.schema)
-                writer.write_table(t.cast(writer.schema))
-        finally:
-            if writer is not None:
-                writer.close()
-        os.replace(tmp, parts / f"{key}.parquet")  # a part exists only once complete
+        else:
+            _write_part(parts, key, tables)
 
     try:
         if executor == "ray":
             _run_ray(spec, todo, address, collect, bar)
+        elif executor == "processes" and todo:
+            from .processes import run_processes
+
+            run_processes(spec, todo, jobs or os.cpu_count() or 1, parts, memory_tables, bar)
         else:
             for sp, key in todo:
                 collect(key, structural_tables(spec, sp, progress=bar))
@@ -93,7 +133,7 @@ def _run(spec: SweepSpec, out: Path | None, executor: str, address, progress, re
         table = pa.concat_tables(aligned) if aligned else pa.table({})
         counts = _counts([table]) if aligned else (0, 0, 0)
         return SweepResult(None, table, counts[0], len(points), skipped, counts[1], counts[2], time.perf_counter() - t0)
-    counts = _merge(out, parts, keys, axes)
+    counts = _merge(out, parts, keys, axes, memory_tables)
     return SweepResult(str(out), None, counts[0], len(points), skipped, counts[1], counts[2], time.perf_counter() - t0)
 
 

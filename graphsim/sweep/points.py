@@ -17,17 +17,41 @@ class _Programs:
     """Compiled programs and models kept between structural points (a program does not depend on the
     profile, so points that differ only in profile share one)."""
 
-    def __init__(self, keep: int = 2):
-        self.keep = keep
+    def __init__(self, keep: int = 8):
+        self.keep = keep  # a decode program is a few MiB; executors run points sharing a program consecutively
         self.compiled: dict = {}
+        self.failed: dict = {}  # key -> the GraphsimError its compilation raised (not compiled again)
+        self.weights: dict = {}  # key -> resident weight bytes per device (profile-independent, slow to derive)
         self.models: dict = {}
         self.kv: dict = {}
 
     def get(self, sp: StructuralPoint, requests: tuple):
+        key = (sp.model, sp.hw, sp.mapping, sp.policies, requests, sp.view)
+        if key in self.failed:
+            raise self.failed[key].with_traceback(None)
+        try:
+            return self._get(key, sp, requests)
+        except GraphsimError as e:
+            while len(self.failed) >= 256:
+                self.failed.pop(next(iter(self.failed)))
+            self.failed[key] = e
+            raise
+
+    def weight_bytes(self, compiled) -> float:
+        """:func:`graphsim.metrics.weight_bytes` of a kept program, memoized with it."""
+        from ..metrics import weight_bytes
+
+        for key, c in self.compiled.items():
+            if c is compiled:
+                if key not in self.weights:
+                    self.weights[key] = weight_bytes(compiled)
+                return self.weights[key]
+        return weight_bytes(compiled)
+
+    def _get(self, key: tuple, sp: StructuralPoint, requests: tuple):
         from .. import ParallelMapping, Plan, Policies, compile_plan
         from ..metrics import KVTable
 
-        key = (sp.model, sp.hw, sp.mapping, sp.policies, requests, sp.view)
         if key not in self.compiled:
             if sp.model not in self.models:
                 self.models[sp.model] = sp.model.load()
@@ -46,6 +70,7 @@ class _Programs:
                 view = ViewSpec(*sp.view)
             c = compile_plan(self.models[sp.model], Plan(requests, mapping, policies), sp.hw, view=view)
             while len(self.compiled) >= self.keep:
+                self.weights.pop(next(iter(self.compiled)), None)
                 self.compiled.pop(next(iter(self.compiled)))
             self.compiled[key] = c
         plan = self.compiled[key].plan
@@ -220,8 +245,6 @@ def _workload_arrays(kinds: tuple, groups: list[dict], policies: Mapping) -> dic
 def structural_tables(spec: SweepSpec, sp: StructuralPoint, programs: _Programs | None = None,
                       progress: Callable[[int], None] | None = None) -> Iterator:
     """pyarrow Tables (one per chunk) of every point of one structural point, in point order."""
-    import pyarrow as pa
-
     from ..hw import load_profile
 
     programs = programs or _PROGRAMS
@@ -236,28 +259,24 @@ def structural_tables(spec: SweepSpec, sp: StructuralPoint, programs: _Programs 
         compiled, kv = programs.get(sp, representative_requests(spec, sp.kinds))
         profile = None if sp.profile == "SOL" else load_profile(sp.profile)
     except GraphsimError as e:  # bad input for this program: its error row; anything else is a bug and raises
-        msg, field = _error_of(e)
-        cols = {k: _const(v, 1) for k, v in ident.items()}
-        cols.update(point=pa.nulls(1, pa.int64()), error=_const(msg, 1), error_field=_const(field, 1))
         if progress:
             progress(grid.size)
-        yield _table(cols)
+        yield error_table(spec, sp, *_error_of(e))
         return
-    yield from _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress)
+    yield from _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress, programs.weight_bytes(compiled))
 
 
-def _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress):
+def _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress, weights):
     import pyarrow as pa
 
     from ..lowering.evaluate import op_kinds
-    from ..metrics import kv_bytes_per_device, memory_metrics, token_metrics, weight_bytes
+    from ..metrics import kv_bytes_per_device, memory_metrics, token_metrics
     from ..workload import FIELDS, Workload
 
     mapping, kinds = compiled.plan.mapping, sp.kinds
     hw_axes = [a for a in grid.names if a.startswith("hw.")]
     prof_axes = [a for a in grid.names if a.startswith("profile.")]
     rates = _Rates(compiled.hw, profile, hw_axes, prof_axes)
-    weights = weight_bytes(compiled)
     split = 1  # the KV table already gives one request's bytes on one device
     want = ("forward", "stages", "workspace") + (("kinds",) if "kinds" in spec.outputs else ()) \
         + (("components",) if "traffic" in spec.outputs else ())
@@ -265,6 +284,7 @@ def _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress):
     combo_names = hw_axes + prof_axes
     axis_values = {a: grid_values(grid, a) for a in combo_names}
     size = min(spec.chunk, grid.size)  # every kernel call gets exactly `size` points: one compilation
+    axis_order = [a.name for a in spec.axes if a.name in grid.names]  # the output's order: a part can be it
     ident_cols = {k: _const(v, size) for k, v in ident.items()}  # built once, sliced per chunk
     for lo in range(0, grid.size, size):
         hi = min(lo + size, grid.size)
@@ -298,7 +318,7 @@ def _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress):
         if idx.size:
             sel = np.concatenate([idx, np.repeat(idx[-1:], size - idx.size)])  # pad: one compiled shape
             workload = Workload(kinds, **{f: wl[f][sel] for f in FIELDS})
-            out = compiled.evaluate(workload, ut[sel], overhead[sel], want)
+            out = compiled.evaluate(workload, ut[sel], overhead[sel], want, spec.precision)
             res = {k: np.asarray(v)[: idx.size] for k, v in out.items()}
             if "sol_forward" in res:  # FPM: a request mix the partition never sampled has no curve
                 bad = ~np.isfinite(res["forward"])
@@ -315,7 +335,7 @@ def _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress):
         forward = full(res.get("forward"))
         cols = {k: v.slice(0, n) for k, v in ident_cols.items()}
         cols["point"] = pa.array(np.arange(lo, hi, dtype=np.int64))
-        for name in grid.names:
+        for name in axis_order:
             cols[name] = pa.array(cols_in[name])
         cols["forward_s"] = pa.array(forward)
         if "sol_forward" in res:  # the FPM view: SOL beside it, and whether the point was inside the samples
@@ -351,6 +371,16 @@ def _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress):
         if progress:
             progress(n)
         yield _table(cols)
+
+
+def error_table(spec: SweepSpec, sp: StructuralPoint, msg: str, field: str):
+    """The one row of a structural point that could not be evaluated (no point index)."""
+    import pyarrow as pa
+
+    ident = {"struct_id": sp.key(spec), "sweep": spec.name, **sp.identity()}
+    cols = {k: _const(v, 1) for k, v in ident.items()}
+    cols.update(point=pa.nulls(1, pa.int64()), error=_const(msg, 1), error_field=_const(field, 1))
+    return _table(cols)
 
 
 def grid_values(grid: Grid, name: str) -> np.ndarray:

@@ -132,15 +132,43 @@ def _counts(tables: Iterable) -> tuple[int, int, int]:
     return rows, struct, errs - struct
 
 
-def _merge(out: Path, parts: Path, keys: list, axes: list) -> tuple[int, int, int]:
+def _merge(out: Path, parts: Path, keys: list, axes: list, extra: dict | None = None) -> tuple[int, int, int]:
     """Stream this spec's parts, in spec order, into ``out`` (one row group at a time: bounded memory);
-    returns the row counts (:func:`_counts`)."""
+    ``extra`` (key -> tables) gives the rows of keys that have no part. Returns the row counts
+    (:func:`_counts`)."""
     import pyarrow.parquet as pq
 
-    files = [parts / f"{k}.parquet" for k in dict.fromkeys(keys)]
-    files = [f for f in files if f.is_file()]
-    schema, _ = unify([pq.read_schema(f).empty_table() for f in files], axes)
+    extra = extra or {}
+    sources = []  # (part file, None) or (None, tables), in spec order
+    for k in dict.fromkeys(keys):
+        f = parts / f"{k}.parquet"
+        if f.is_file():
+            sources.append((f, None))
+        elif k in extra:
+            sources.append((None, extra[k]))
+    empty = []
+    for f, tables in sources:
+        empty += [pq.read_schema(f).empty_table()] if f is not None else [t.schema.empty_table() for t in tables]
+    schema, _ = unify(empty, axes)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    if out.suffix != ".csv" and len(sources) == 1 and sources[0][0] is not None \
+            and pq.read_schema(sources[0][0]).equals(schema):
+        # One part that already is the output (one structural point: the 10M-point case): link it instead of
+        # decoding and encoding every row group again (the part is never written to again; a new run
+        # replaces files, it does not write into them)
+        part = sources[0][0]
+        try:
+            os.link(part, tmp)
+        except OSError:  # a file system without hard links
+            import shutil
+
+            shutil.copyfile(part, tmp)
+        counts = [0, 0, 0]
+        f = pq.ParquetFile(tmp)
+        for i in range(f.num_row_groups):
+            counts = [a + b for a, b in zip(counts, _counts([f.read_row_group(i, columns=["point", "error"])]))]
+        os.replace(tmp, out)
+        return tuple(counts)
     if out.suffix == ".csv":
         import pyarrow.csv as pcsv
 
@@ -148,14 +176,59 @@ def _merge(out: Path, parts: Path, keys: list, axes: list) -> tuple[int, int, in
     else:
         writer = pq.ParquetWriter(tmp, schema)
     counts = [0, 0, 0]
-    try:
-        for p in files:
-            f = pq.ParquetFile(p)
-            for i in range(f.num_row_groups):
-                t = _align(f.read_row_group(i), schema)
-                writer.write_table(t)
+
+    def aligned():
+        nonlocal counts
+        for p, tables in sources:
+            for t in _row_groups(p) if p is not None else tables:
+                t = _align(t, schema)
                 counts = [a + b for a, b in zip(counts, _counts([t]))]
+                yield t
+
+    try:
+        _write_tables(writer, aligned())
     finally:
         writer.close()
     os.replace(tmp, out)
     return tuple(counts)
+
+
+def _write_tables(writer, tables: Iterable) -> None:
+    """``writer.write_table`` each of ``tables`` in a thread (Parquet/CSV encoding releases the GIL) while the
+    next table is computed or read; at most two tables wait, so memory stays bounded."""
+    import queue
+    import threading
+
+    pending: queue.Queue = queue.Queue(maxsize=2)
+    failed: list = []
+
+    def consume() -> None:
+        try:
+            while (t := pending.get()) is not None:
+                writer.write_table(t)
+        except BaseException as e:  # noqa: BLE001 - handed to the producing thread, which raises it
+            failed.append(e)
+            while pending.get() is not None:  # keep taking, so the producer never blocks
+                pass
+
+    thread = threading.Thread(target=consume, name="graphsim-writer", daemon=True)
+    thread.start()
+    try:
+        for t in tables:
+            if failed:
+                break
+            pending.put(t)
+    finally:
+        pending.put(None)
+        thread.join()
+    if failed:
+        raise failed[0]
+
+
+def _row_groups(path: Path):
+    """A Parquet file's row groups, one table at a time."""
+    import pyarrow.parquet as pq
+
+    f = pq.ParquetFile(path)
+    for i in range(f.num_row_groups):
+        yield f.read_row_group(i)

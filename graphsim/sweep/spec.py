@@ -28,7 +28,9 @@ HW_AXES = ("hbm_bw", "nvlink_bw", "scaleout_bw", "c2c_bw", "disk_bw", "exp_rate"
            "scaleout_latency_s", "hbm_capacity_bytes")
 PROFILE_AXES = ("compute", "sfu", "hbm", "nvlink", "scaleout", "c2c", "disk", "op_overhead_s")
 STRUCT_KEYS = ("model", "hw", "profile", "mapping", "requests", "policies", "view", "measured", "backend", "fpm")
-SPEC_KEYS = ("name", "structure", "axes", "zip", "outputs", "chunk")
+SPEC_KEYS = ("name", "structure", "axes", "zip", "outputs", "chunk", "precision")
+#: evaluation precision: float64 (the reference) or float32 (relative error below 1e-5, faster)
+PRECISIONS = ("exact", "fast")
 EXTRA_OUTPUTS = ("stages", "kinds", "traffic")
 IDENTITY_HEAD = ("struct_id", "sweep", "graphsim_version", "model", "hw", "profile", "view", "backend", "measured",
                  "mapping")
@@ -266,6 +268,8 @@ class SweepSpec:
     chunk: int = 16384
     #: (view, measured folder, backend) per view point: ("sol", "", "") or a measured view
     views: tuple = (("sol", "", ""),)
+    #: "exact" (float64) or "fast" (float32: relative error below 1e-5 against exact)
+    precision: str = "exact"
 
     @staticmethod
     def load(path: str | Path) -> "SweepSpec":
@@ -346,6 +350,8 @@ class SweepSpec:
         chunk = d.get("chunk", 16384)
         require(isinstance(chunk, int) and not isinstance(chunk, bool) and 1 <= chunk <= 1 << 22, "chunk",
                 f"must be an integer in [1, {1 << 22:,}], got {chunk!r}")
+        precision = d.get("precision", "exact")
+        require(precision in PRECISIONS, "precision", f"must be one of {PRECISIONS}, got {precision!r}")
         spec = SweepSpec(
             name=str(d.get("name", "sweep")),
             models=tuple(_parse_model(m) for m in _listify(s["model"])),
@@ -360,6 +366,7 @@ class SweepSpec:
             outputs=outputs,
             chunk=chunk,
             views=_parse_views(s),
+            precision=precision,
         )
         spec._check_axes()
         for kinds in spec.structures:
@@ -429,8 +436,10 @@ class SweepSpec:
 
     def signature(self) -> str:
         """What the continuous part of the spec asks for (part of every struct_id)."""
-        return json.dumps({"axes": [(a.name, a.values) for a in self.axes], "zip": self.zips,
-                           "outputs": self.outputs}, sort_keys=True)
+        sig = {"axes": [(a.name, a.values) for a in self.axes], "zip": self.zips, "outputs": self.outputs}
+        if self.precision != "exact":  # (exact keeps the struct_ids of specs written before precision existed)
+            sig["precision"] = self.precision
+        return json.dumps(sig, sort_keys=True)
 
     def size(self) -> int:
         return sum(self.grid(sp.kinds).size for sp in self.structural_points())
