@@ -19,7 +19,10 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/bench_core.py
+	$(BIN)/python benchmarks/bench_eval.py
+	$(BIN)/python benchmarks/bench_structural.py
+	$(BIN)/python benchmarks/bench_cli.py
+	$(BIN)/python benchmarks/bench_sweep_memory.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

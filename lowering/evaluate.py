@@ -79,13 +79,13 @@ class Schedule:
     def bound(self, point: int = 0) -> list[str]:
         """Per op, which roofline term bounds it: compute / sfu / hbm / nvlink / scaleout / c2c / disk / latency
         / idle."""
-        t = self.components[point] * self.unit_time[point]
-        out = []
-        for row in t:
-            parts = [row[COMPONENT_GROUP == g].sum() for g in range(len(GROUPS))]
-            roof = parts[:LATENCY]
-            out.append("idle" if max(parts) == 0 else GROUPS[int(np.argmax(roof))] if max(roof) > 0 else "latency")
-        return out
+        t = self.components[point] * self.unit_time[point]  # (ops, K)
+        parts = np.stack([t[:, COMPONENT_GROUP == g].sum(axis=1) for g in range(len(GROUPS))], axis=1)
+        roof = parts[:, :LATENCY]
+        names = np.array((*GROUPS, "idle"))  # GROUPS ends with "latency"
+        pick = np.where(parts.max(axis=1) == 0, len(GROUPS),
+                        np.where(roof.max(axis=1) > 0, roof.argmax(axis=1), LATENCY))
+        return names[pick].tolist()
 
 
 def evaluate_reference(program: CostProgram, workload: Workload, ut, overhead=0.0, view=None) -> Schedule:
