@@ -41,7 +41,7 @@ def main():
     print(f"build+lower: {t1 - t0:.2f} s; first vectorized call incl. JAX compile: {t2 - t1:.2f} s")
     print(f"vectorized: {P:,} points in {t3 - t2:.3f} s = {vec:,.0f} points/s")
     print(f"per-point loop, NumPy full graph: {ref:,.0f} points/s  -> vectorized is {vec / ref:,.0f}x faster")
-    print(f"per-point loop, jitted call each:  {jit1:,.0f} points/s  -> vectorized is {vec / jit1:,.0f}x faster")
+    print(f"per-point loop, one kernel call each: {jit1:,.0f} points/s  -> vectorized is {vec / jit1:,.0f}x faster")
 
 
 if __name__ == "__main__":

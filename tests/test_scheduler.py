@@ -112,10 +112,15 @@ def test_random_dags_jax_equals_numpy(data):
     ut = np.tile(unit_time({c: 1e3 if not c.startswith("hops") else 1e-3 for c in COMPONENTS}), (P, 1))
     ut[:, COMPONENTS.index("bytes_act")] *= rng.uniform(0.5, 2, P)
     ref = evaluate_reference(p, wl, ut, 1e-6)
-    jx = evaluate(p, wl, ut, 1e-6, chunk=16)  # several chunks incl. a padded one
-    np.testing.assert_allclose(jx["forward"], ref.forward, rtol=1e-9)
     stage_busy = ref.duration.sum(axis=1)
-    np.testing.assert_allclose(jx["stages"][:, 0], stage_busy, rtol=1e-9)
+    from graphsim.lowering.evaluate import Evaluator
+
+    # both kernel routes: NumPy (few points) and jitted JAX in several chunks incl. a padded one (the level
+    # schedule's window, reach and widths vary with the drawn DAG)
+    for numpy_points in (1 << 20, 0):
+        jx = Evaluator(p, wl.kinds, chunk=16, numpy_points=numpy_points)(wl, ut, 1e-6)
+        np.testing.assert_allclose(jx["forward"], ref.forward, rtol=1e-9)
+        np.testing.assert_allclose(jx["stages"][:, 0], stage_busy, rtol=1e-9)
 
 
 def test_reduction_collapses_single_stream_graph_to_one_segment():
