@@ -357,18 +357,26 @@ def schedule(lay: Layout, consts: dict, kd, xp, scan=None):
     else:
         from jax import lax
 
+        RW = lay.reach * W
+
+        def pred(win, j):  # the finish of window row j; row RW means "no predecessor" (0)
+            row = lax.dynamic_index_in_dim(win, xp.minimum(j, RW - 1), keepdims=False)
+            return xp.where(j < RW, row, 0.0)
+
         def step(carry, x):
             win, fmax = carry
             kind, preds = x
-            ext = xp.concatenate([win, zero])
             fins = []
             for w in range(W):
-                start = lax.dynamic_index_in_dim(ext, preds[w, 0], keepdims=False)
+                start = pred(win, preds[w, 0])
                 for d in range(1, D):
-                    start = xp.maximum(start, lax.dynamic_index_in_dim(ext, preds[w, d], keepdims=False))
+                    start = xp.maximum(start, pred(win, preds[w, d]))
                 fins.append(start + lax.dynamic_index_in_dim(kd, kind[w], keepdims=False))
             fin = xp.stack(fins)
-            return (xp.concatenate([win[W:], fin]), xp.maximum(fmax, xp.max(fin, axis=0))), None
+            top = fins[0]
+            for f in fins[1:]:
+                top = xp.maximum(top, f)
+            return (xp.concatenate([win[W:], fin]) if lay.reach > 1 else fin, xp.maximum(fmax, top)), None
 
     carry = (xp.zeros((lay.reach * W, P), dtype=kd.dtype), xp.zeros(P, dtype=kd.dtype))
     if scan is not None:
@@ -425,8 +433,11 @@ def run(lay: Layout, consts: dict, features, token_sets, kinds, arrays, ut, ut0,
 
 
 def _class_array(lay, consts, feats, ut, ut0, overhead, varying, arrays, token_sets, kinds, view, xp, dtype):
-    """(C, P) class durations as one array: the gathered SOL roofline, then a measured view's tables."""
-    cls = class_durations(lay, consts, feats, ut, ut0, overhead, varying, xp)
+    """(C, P) class durations as one array: the SOL roofline, then a measured view's tables."""
+    if xp is np:
+        cls = class_durations(lay, consts, feats, ut, ut0, overhead, varying, xp)
+    else:
+        cls = xp.concatenate(class_blocks(lay, consts, feats, ut, ut0, overhead, varying, xp))
     if view is None:
         return cls
     from .features import feature_matrix  # a measured view: class durations from its tables

@@ -142,3 +142,20 @@ def test_graphsim_never_flips_jax_x64_for_the_process():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
 
+
+
+@pytest.mark.parametrize("model,view", [("deepseek-v3", "op"), ("deepseek-v4.1-flash", "hybrid")])
+def test_measured_views_give_the_reference_numbers_on_both_routes(model, view):
+    # the OP / Hybrid views replace class durations by table lookups: both kernel routes equal the reference
+    from pathlib import Path
+
+    fixture = Path(__file__).resolve().parent / "data" / "measured"
+    c = gs.compile_plan(model, gs.Plan(["decode:1024x16"], gs.ParallelMapping(tp=4, ep=4)), "gb200",
+                        view=gs.ViewSpec(view, str(fixture), "trtllm@1.3.0rc20"))
+    wl = _random("decode", 40, seed=11)
+    outs = ("forward", "stages", "kinds", "classes")
+    ref = E.reference_outputs(c.program, wl, c.unit_time(), 0.0, c.view, outs)
+    for numpy_points in (0, 1 << 20):
+        got = E.Evaluator(c.program, c.plan.kinds, view=c.view, numpy_points=numpy_points)(wl, c.unit_time(), 0.0, outs)
+        for k in outs:
+            np.testing.assert_allclose(got[k], ref[k], rtol=1e-9, err_msg=f"{k} numpy_points={numpy_points}")
