@@ -187,8 +187,10 @@ def _kernel(key, lay, features, token_sets, kinds, outputs, varying, precision, 
             out = jax.lax.map(lambda x: body(consts, x[0], x[1], ut0, x[2]), xs)
             return {k: v.reshape(P, *v.shape[2:]) for k, v in out.items()}
 
-        if len(_KERNELS) > 64:
-            _KERNELS.pop(next(iter(_KERNELS)))
+        if len(_KERNELS) > 64:  # bounded: a kernel holds its layout (and a measured view's tables)
+            old = next(iter(_KERNELS))
+            _KERNELS.pop(old)
+            _COMPILED.difference_update({k for k in _COMPILED if k[0] == old})
         fn = _KERNELS[key] = jax.jit(kernel)
     return fn
 
@@ -203,6 +205,7 @@ def build_kernel(program: CostProgram, kinds: tuple, outputs=("forward", "stages
     ev = Evaluator(program, kinds, view=view, precision=precision, numpy_points=0)
 
     def call(arrays, ut, overhead):
+        ut = np.asarray(ut, dtype=np.float64)
         P = np.asarray(overhead).reshape(-1).shape[0]
         return ev._jax_chunk(arrays, np.broadcast_to(ut, (P, len(COMPONENTS))), np.reshape(overhead, (P,)),
                              tuple(outputs), _varying(ut))
@@ -270,7 +273,7 @@ class Evaluator:
     @precision.validator
     def _check_precision(self, _, v):
         if v not in PRECISIONS:
-            raise GraphsimError("precision", f"must be one of {tuple(PRECISIONS)}, got {v!r}")
+            raise GraphsimError("precision", f"must be {' or '.join(PRECISIONS)}, got {v!r}")
 
     @property
     def layout(self):
@@ -283,12 +286,18 @@ class Evaluator:
         outputs = tuple(outputs)
         precision = precision or self.precision
         if precision not in PRECISIONS:
-            raise GraphsimError("precision", f"must be one of {tuple(PRECISIONS)}, got {precision!r}")
+            raise GraphsimError("precision", f"must be {' or '.join(PRECISIONS)}, got {precision!r}")
         P = workload.points
-        varying = _varying(np.asarray(ut, dtype=np.float64))
+        ut_in = np.asarray(ut, dtype=np.float64)
+        if not np.all(np.isfinite(ut_in) & (ut_in >= 0)):
+            raise GraphsimError("unit_time", "seconds per unit must be finite and >= 0 for every component "
+                                "(a rate of zero has no finite time; leave the component out of the costs instead)")
+        varying = _varying(ut_in)
         ut = np.broadcast_to(np.asarray(ut, dtype=np.float64), (P, len(COMPONENTS)))
         ov = np.broadcast_to(np.asarray(overhead, dtype=np.float64).reshape(-1), (P,))
         a = workload.arrays()
+        if P == 0:  # nothing to evaluate: outputs with zero rows
+            return self._numpy(a, np.zeros((0, len(COMPONENTS))), ov, outputs, varying, precision)
         size = self._size(P)
         key = self._key(outputs, varying, precision)
         if P <= self.numpy_points and not (P >= 64 and (key, size) in _COMPILED):
@@ -347,7 +356,8 @@ class Evaluator:
         dtype = PRECISIONS[precision]
         res = K.run(self.layout, self._const(precision, "numpy"), self.program.features,
                     self.program.graph.token_set_map, self.kinds, a, ut.T.astype(dtype),
-                    self._fold(np.ascontiguousarray(ut[0]), precision), ov.astype(dtype), varying, outputs, np,
+                    self._fold(np.ascontiguousarray(ut[0]) if len(ut) else np.zeros(len(COMPONENTS)), precision),
+                    ov.astype(dtype), varying, outputs, np,
                     view=self.view, dtype=dtype)
         return {k: np.asarray(v, dtype=np.float64) for k, v in res.items()}
 

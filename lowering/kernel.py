@@ -13,7 +13,7 @@ A :class:`Layout` is derived once from a :class:`~graphsim.lowering.program.Cost
 * **Segment kinds.** Segments (collapsed chains) with the same class counts are one *kind*; their
   durations are computed once (the 43 layers of a two-batch overlap repeat a few kinds).
 * **Levels.** Segments are grouped by depth (longest path from a source); a level's starts are the max over
-  its predecessors' finishes, which sit in a window of the last ``R`` levels (``R`` = the longest edge in
+  its predecessors' finishes, which sit in a ring of the last ``R`` levels (``R`` = the longest edge in
   levels). JAX runs the levels as one ``lax.scan`` (compile time flat in the DAG's size); NumPy loops over them.
 
 Arrays are point-minor (``(rows, P)``): gathers copy contiguous rows. Everything is written once for any array
@@ -55,8 +55,10 @@ class Layout:
     groups: tuple
     kind_counts: np.ndarray  # (U, C): ops of each class in a segment of each kind
     level_kind: np.ndarray  # (L, W): segment kind at each level slot (U = an empty slot)
-    level_preds: np.ndarray  # (L, W, D): window rows of the predecessors (R·W = none)
-    reach: int  # R: how many levels back an edge reaches
+    level_preds: np.ndarray  # (L, W, D): rows of the predecessors: ring, then side rows, then none (0)
+    level_save: np.ndarray  # (L, W): the side row a slot's finish is also kept in (n_side: none)
+    n_side: int  # finishes read more than R levels later (kept in side rows)
+    reach: int  # R: the ring holds the last R levels (edges reaching further use side rows)
     width: int  # W
     stage_counts: np.ndarray  # (n_stages, C)
     kind_of_op_counts: np.ndarray  # (n_kinds, C)
@@ -81,7 +83,7 @@ class Layout:
                 h.update(a.tobytes() + repr(a.shape).encode())
         for a in (self.kind_counts, self.stage_counts, self.kind_of_op_counts, self.act, self.totals):
             h.update((a != 0).tobytes() + repr(a.shape).encode())
-        h.update(repr((self.level_kind.shape, self.level_preds.shape, self.reach, self.width)).encode())
+        h.update(repr((self.level_kind.shape, self.level_preds.shape, self.reach, self.width, self.n_side)).encode())
         h.update(self.order.tobytes())
         h.update(repr([(lo, hi, sorted(fs.items()), sorted(ps.items())) for lo, hi, fs, ps in self.blocks]).encode())
         return h.hexdigest()
@@ -100,7 +102,9 @@ class Layout:
         kernel)."""
         d = {"kind_counts": self.kind_counts.astype(dtype), "stage_counts": self.stage_counts.astype(dtype),
              "kind_of_op_counts": self.kind_of_op_counts.astype(dtype), "act": self.act.astype(dtype),
-             "totals": self.totals.astype(dtype), "level_kind": self.level_kind, "level_preds": self.level_preds}
+             "totals": self.totals.astype(dtype), "level_kind": self.level_kind, "level_preds": self.level_preds,
+             "level_row": (np.arange(self.n_levels, dtype=np.int32) % self.reach) * self.width,
+             "level_save": self.level_save}
         for s in self.groups:
             g = s.group
             d[f"g{g}.feat"], d[f"g{g}.comp"], d[f"g{g}.coef"] = s.feat, s.comp, s.coef.astype(dtype)
@@ -225,15 +229,24 @@ def layout(program: CostProgram, kinds: tuple) -> Layout:
         slot[s] = len(by_level[depth[s]])
         by_level[depth[s]].append(s)
     W = max(len(b) for b in by_level) if S else 1
-    R = max((int(depth[s] - depth[p]) for s, ps in enumerate(program.seg_preds) for p in ps), default=1)
+    reach = [int(depth[s] - depth[p]) for s, ps in enumerate(program.seg_preds) for p in ps]
+    R = max((r for r in reach if r <= RING), default=1)  # longer edges read side rows
+    # a finish read more than R levels later is also kept in a side row of its own until the end
+    far = sorted({p for s, ps in enumerate(program.seg_preds) for p in ps if depth[s] - depth[p] > R})
+    side = {p: i for i, p in enumerate(far)}
+    n_side = len(far)
+    none = R * W + n_side  # "no predecessor"
     D = max((len(ps) for ps in program.seg_preds), default=1) or 1
     level_kind = np.full((L, W), U, dtype=np.int32)
-    level_preds = np.full((L, W, D), R * W, dtype=np.int32)
+    level_preds = np.full((L, W, D), none, dtype=np.int32)
+    level_save = np.full((L, W), n_side, dtype=np.int32)  # side row a slot's finish is kept in (n_side: none)
     for lvl, segs in enumerate(by_level):
         for w, s in enumerate(segs):
             level_kind[lvl, w] = seg_kind[s]
+            level_save[lvl, w] = side.get(s, n_side)
             for j, p in enumerate(program.seg_preds[s]):
-                level_preds[lvl, w, j] = (R - (lvl - depth[p])) * W + slot[p]  # the window: oldest level first
+                near = depth[s] - depth[p] <= R
+                level_preds[lvl, w, j] = (depth[p] % R) * W + slot[p] if near else R * W + side[p]
     stage_counts = np.zeros((len(program.stages), C))
     np.add.at(stage_counts, (program.stage_of_op, op_class), 1.0)
     kind_col = {k: j for j, k in enumerate(kinds)}
@@ -253,7 +266,8 @@ def layout(program: CostProgram, kinds: tuple) -> Layout:
                 pairs[g] = tuple((int(f), int(k)) for f in f_used for k in comps if sub[f, :, k].any())
         blocks.append((lo, hi, feats, pairs))
         lo = hi
-    lay = Layout(nf, C, tuple(groups), kind_counts, level_kind, level_preds, R, W, stage_counts, kind_of_op_counts,
+    lay = Layout(nf, C, tuple(groups), kind_counts, level_kind, level_preds, level_save, n_side, R, W, stage_counts,
+                 kind_of_op_counts,
                  coef[:, :, COMPONENT_INDEX["bytes_act"]].copy(), np.einsum("fck,c->fk", coef, per_class), order,
                  tuple(blocks), coef)
     return attrs.evolve(lay, signature=lay._signature())
@@ -338,53 +352,63 @@ def class_blocks(lay: Layout, consts: dict, feats, ut, ut0, overhead, varying: t
     return out
 
 
+#: the ring holds at most this many levels; an edge reaching further back reads a side row
+RING = 4
+
+
 def schedule(lay: Layout, consts: dict, kd, xp, scan=None):
-    """Forward seconds (P,) from segment-kind durations ``kd`` (U, P): the max-plus over levels, a window of
-    the last R levels' finishes carried from level to level. ``scan``: ``lax.scan`` (JAX: predecessor rows
-    by dynamic slices, which are row copies) or None (NumPy: a Python loop with fancy indexing)."""
+    """Forward seconds (P,) from segment-kind durations ``kd`` (U, P): the max-plus over levels. The last R
+    levels' finishes live in a ring of R·W rows (level l writes rows (l mod R)·W …); a finish read further
+    back is also kept in a side row of its own. A level costs the same however far an edge reaches.
+    ``scan``: ``lax.scan`` (JAX: rows read by dynamic slices, written in place) or None (NumPy: a loop)."""
     if lay.chain:
         return kd[0]
     P = kd.shape[1]
+    W, D, RW, NS = lay.width, lay.level_preds.shape[2], lay.reach * lay.width, lay.n_side
+    xs = (consts["level_kind"], consts["level_preds"], consts["level_row"], consts["level_save"])
     kd = xp.concatenate([kd, xp.zeros((1, P), dtype=kd.dtype)])  # row U: an empty level slot
-    W, D = lay.width, lay.level_preds.shape[2]
-    zero = xp.zeros((1, P), dtype=kd.dtype)
     if scan is None:
-        def step(carry, x):
-            win, fmax = carry
-            kind, preds = x
-            fin = xp.max(xp.concatenate([win, zero])[preds], axis=1) + kd[kind]  # (W, P)
-            return (xp.concatenate([win[W:], fin]), xp.maximum(fmax, xp.max(fin, axis=0))), None
-    else:
-        from jax import lax
+        rows = xp.zeros((RW + NS + 2, P), dtype=kd.dtype)  # ring, side rows, a scratch row, "none" (0)
+        fmax = xp.zeros(P, dtype=kd.dtype)
+        none = RW + NS
+        for kind, preds, row, save in zip(*xs):
+            fin = xp.max(rows[xp.where(preds == none, RW + NS + 1, preds)], axis=1) + kd[kind]  # (W, P)
+            rows[row: row + W] = fin
+            rows[RW + save] = fin  # (a slot with no side row writes the scratch row)
+            fmax = xp.maximum(fmax, xp.max(fin, axis=0))
+        return fmax
+    from jax import lax
 
-        RW = lay.reach * W
+    def pred(ring, side, j):  # the finish in row j: ring, side, or none (0)
+        near = lax.dynamic_index_in_dim(ring, xp.minimum(j, RW - 1), keepdims=False)
+        if not NS:
+            return xp.where(j < RW, near, 0.0)
+        far = lax.dynamic_index_in_dim(side, xp.clip(j - RW, 0, NS - 1), keepdims=False)
+        return xp.where(j < RW, near, xp.where(j < RW + NS, far, 0.0))
 
-        def pred(win, j):  # the finish of window row j; row RW means "no predecessor" (0)
-            row = lax.dynamic_index_in_dim(win, xp.minimum(j, RW - 1), keepdims=False)
-            return xp.where(j < RW, row, 0.0)
+    def step(carry, x):
+        ring, side, fmax = carry
+        kind, preds, row, save = x
+        fins = []
+        for w in range(W):
+            start = pred(ring, side, preds[w, 0])
+            for d in range(1, D):
+                start = xp.maximum(start, pred(ring, side, preds[w, d]))
+            fins.append(start + lax.dynamic_index_in_dim(kd, kind[w], keepdims=False))
+        top = fins[0]
+        for f in fins[1:]:
+            top = xp.maximum(top, f)
+        fin = xp.stack(fins)
+        zero = xp.zeros((), row.dtype)
+        ring = fin if lay.reach == 1 else lax.dynamic_update_slice(ring, fin, (row, zero))
+        if NS:
+            for w in range(W):  # (side row NS is a scratch row for slots that keep nothing)
+                side = lax.dynamic_update_slice(side, fins[w][None, :], (save[w], zero))
+        return (ring, side, xp.maximum(fmax, top)), None
 
-        def step(carry, x):
-            win, fmax = carry
-            kind, preds = x
-            fins = []
-            for w in range(W):
-                start = pred(win, preds[w, 0])
-                for d in range(1, D):
-                    start = xp.maximum(start, pred(win, preds[w, d]))
-                fins.append(start + lax.dynamic_index_in_dim(kd, kind[w], keepdims=False))
-            fin = xp.stack(fins)
-            top = fins[0]
-            for f in fins[1:]:
-                top = xp.maximum(top, f)
-            return (xp.concatenate([win[W:], fin]) if lay.reach > 1 else fin, xp.maximum(fmax, top)), None
-
-    carry = (xp.zeros((lay.reach * W, P), dtype=kd.dtype), xp.zeros(P, dtype=kd.dtype))
-    if scan is not None:
-        carry, _ = scan(step, carry, (consts["level_kind"], consts["level_preds"]))
-    else:
-        for lvl in range(lay.n_levels):
-            carry, _ = step(carry, (consts["level_kind"][lvl], consts["level_preds"][lvl]))
-    return carry[1]
+    carry = (xp.zeros((RW, P), dtype=kd.dtype), xp.zeros((NS + 1, P), dtype=kd.dtype), xp.zeros(P, dtype=kd.dtype))
+    carry, _ = scan(step, carry, xs)
+    return carry[2]
 
 
 def run(lay: Layout, consts: dict, features, token_sets, kinds, arrays, ut, ut0, overhead, varying, outputs,

@@ -97,7 +97,7 @@ def test_level_schedule_with_long_edges_and_wide_levels_matches_the_reference():
              deps=[a, _timed_comm, far])  # far -> join skips every level
     p = lower(b.build())
     lay = K.layout(p, E.op_kinds(p))
-    assert lay.reach > 1 and lay.width > 1 and lay.level_preds.shape[2] > 1
+    assert lay.n_side >= 1 and lay.width > 1 and lay.level_preds.shape[2] > 1
     P = 5000  # several chunks of whole blocks, the last one padded
     rng = np.random.default_rng(1)
     wl = gs.Workload(("decode",), np.ones((P, 1)), np.ones((P, 1)), rng.integers(1, 9, (P, 1)))
@@ -159,3 +159,15 @@ def test_measured_views_give_the_reference_numbers_on_both_routes(model, view):
         got = E.Evaluator(c.program, c.plan.kinds, view=c.view, numpy_points=numpy_points)(wl, c.unit_time(), 0.0, outs)
         for k in outs:
             np.testing.assert_allclose(got[k], ref[k], rtol=1e-9, err_msg=f"{k} numpy_points={numpy_points}")
+
+
+def test_zero_points_and_bad_unit_times():
+    c = gs.compile_plan("deepseek-v4.1-flash", gs.Plan(["decode:4096x64"], gs.ParallelMapping(tp=4, ep=4),
+                                                        gs.Policies(overlap="two-batch")), "gb300")
+    empty = gs.Workload(("decode",), np.zeros((0, 1)), np.zeros((0, 1)), np.zeros((0, 1)))
+    out = c.evaluate(empty, outputs=("forward", "stages", "kinds"))
+    assert out["forward"].shape == (0,) and out["stages"].shape == (0, len(c.program.stages))
+    ut = c.unit_time().copy()
+    ut[0] = np.inf  # a rate of zero
+    with pytest.raises(gs.GraphsimError, match="unit_time"):
+        c.evaluate(_random("decode", 3), ut)

@@ -153,16 +153,12 @@ def _merge(out: Path, parts: Path, keys: list, axes: list, extra: dict | None = 
     tmp = out.with_name(f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     if out.suffix != ".csv" and len(sources) == 1 and sources[0][0] is not None \
             and pq.read_schema(sources[0][0]).equals(schema):
-        # One part that already is the output (one structural point: the 10M-point case): link it instead of
-        # decoding and encoding every row group again (the part is never written to again; a new run
-        # replaces files, it does not write into them)
-        part = sources[0][0]
-        try:
-            os.link(part, tmp)
-        except OSError:  # a file system without hard links
-            import shutil
+        # One part that already is the output (one structural point: the 10M-point case): copy its bytes
+        # instead of decoding and encoding every row group again (a copy, not a link: the output is the
+        # user's file, the part is the resume cache)
+        import shutil
 
-            shutil.copyfile(part, tmp)
+        shutil.copyfile(sources[0][0], tmp)
         counts = [0, 0, 0]
         f = pq.ParquetFile(tmp)
         for i in range(f.num_row_groups):
