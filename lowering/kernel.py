@@ -4,17 +4,19 @@ A :class:`Layout` is derived once from a :class:`~graphsim.lowering.program.Cost
 
 * **Sparse roofline.** Each cost class depends on a handful of features. Per roofline group the nonzero
   (class, feature[, component]) terms become padded slots ``(C, m)``, so a class's group time is a sum of
-  ``m`` gathered feature rows times a weight — not a dense ``(P × F)·(F × C)`` product per component. When a
-  group's unit times are the same at every point (no hardware axis varies them) its components fold into
-  one weight per (class, feature) slot: ``Σ_k coef[f, c, k] · unit_time[k]``.
-* **Signature blocks.** Classes are ordered so that runs of classes with the same slot pattern (the same
-  features in each group) are contiguous; JAX computes a run as one ``(n, P)`` block of broadcast products
-  (static slices, no gathers: XLA fuses the whole roofline into one loop over points).
+  ``m`` feature rows times a weight — not a dense ``(P × F)·(F × C)`` product per component. When a group's
+  unit times are the same at every point (no hardware axis varies them) its components fold into one weight
+  per (class, feature) slot on the host: ``Σ_k coef[f, c, k] · unit_time[k]`` (:func:`fold`).
+* **Blocks** (JAX). Classes with the same features per group form a block; blocks merge greedily while the
+  padding they add stays small (a merged block carries the union of its features; a class's missing ones
+  weigh zero). A block is broadcast products of static feature rows — no gathers, no concatenation — so XLA
+  fuses it into one vectorized loop over points. NumPy gathers the slots per class instead.
 * **Segment kinds.** Segments (collapsed chains) with the same class counts are one *kind*; their
   durations are computed once (the 43 layers of a two-batch overlap repeat a few kinds).
 * **Levels.** Segments are grouped by depth (longest path from a source); a level's starts are the max over
-  its predecessors' finishes, which sit in a ring of the last ``R`` levels (``R`` = the longest edge in
-  levels). JAX runs the levels as one ``lax.scan`` (compile time flat in the DAG's size); NumPy loops over them.
+  its predecessors' finishes, kept in a ring of the last R ≤ :data:`RING` levels, plus a side row for each
+  finish read further back. JAX runs the levels as one ``lax.scan`` (compile time flat in the DAG's size, a
+  level's cost independent of how far edges reach); NumPy loops over them.
 
 Arrays are point-minor (``(rows, P)``): gathers copy contiguous rows. Everything is written once for any array
 module; :func:`run` is traced by JAX (inside ``jit``) or run eagerly by NumPy with the same numbers.
@@ -181,14 +183,10 @@ def op_class_of(program_classes, order):
     return np.argsort(order)[program_classes]
 
 
-def _pad(rows: list, width: int, fill) -> np.ndarray:
-    return np.array([r + [fill] * (width - len(r)) for r in rows]).reshape(len(rows), width)
-
-
 def layout(program: CostProgram, kinds: tuple) -> Layout:
     """Derive the kernel's arrays from a program (``kinds``: op kinds, the columns of the kinds output)."""
     nf, C, K = len(program.features), program.n_classes, len(COMPONENTS)
-    # kernel classes run block by block (see blocks()): each block's classes are contiguous
+    # kernel classes run block by block (see _blocks): each block's classes are contiguous
     members = _blocks(program.coef[:nf])
     order = np.array([c for m in members for c in m], dtype=np.int64)
     coef = program.coef[:nf][:, order]
@@ -301,8 +299,9 @@ def fold(lay: Layout, ut0: np.ndarray, dtype) -> dict:
 
 def class_durations(lay: Layout, consts: dict, feats, ut, ut0, overhead, varying: tuple, xp):
     """(C, P) SOL seconds per class op: per group Σ slots feature·coefficient·unit time, the max over the
-    concurrent groups, plus latency and overhead. ``ut`` (K, P) per point, ``ut0`` (K,) where constant;
-    ``varying[k]``: unit time k differs between points."""
+    concurrent groups, plus latency and overhead. ``ut`` (K, P): unit times per point (read for the groups
+    whose unit times vary); ``ut0``: :func:`fold`'s weights for the others; ``varying[k]``: unit time k
+    differs between points."""
     P = feats.shape[1]
     parts = {}
     for s in lay.groups:
