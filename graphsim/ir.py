@@ -707,6 +707,10 @@ class Graph:
     stages: tuple = attrs.field(default=(), converter=tuple)
     meta: GraphMeta = attrs.field(default=GraphMeta(), converter=_meta)
 
+    def __repr__(self) -> str:  # a summary: the fields hold thousands of ops (str(graph.ops) shows them)
+        return (f"Graph({self.name!r}: {len(self.ops)} ops, {len(self.edges)} edges, {len(self.tensors)} tensors, "
+                f"stages {', '.join(self.stages) or '-'})")
+
     def evolve(self, **changes) -> "Graph":
         new = attrs.evolve(self, **changes)
         # lookups and the structural check depend only on some fields: keep them where those are unchanged

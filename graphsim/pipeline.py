@@ -149,6 +149,13 @@ class Compiled:
     #: the FPM view (graphsim.fpm.view.FPMView): whole forwards = SOL forward x the partition's fitted ratio
     fpm: object = None
 
+    def __repr__(self) -> str:  # a summary line (the fields hold the graphs: str(c.graph.ops) shows the ops)
+        p = self.program
+        return (f"Compiled({self.model.name} on {self.hw.name} {self.plan.mapping}, "
+                f"{', '.join(str(r) for r in self.plan.requests)}, view {self.view_name}"
+                f"{', profile ' + self.profile.name if self.profile else ''}: {p.n_ops} ops, "
+                f"{p.n_classes} classes, {p.n_segments} segments)")
+
     @property
     def view_name(self) -> str:
         if self.fpm is not None:

@@ -33,6 +33,16 @@ class Report:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=float)
 
+    def __repr__(self) -> str:  # a summary line; print(report) or to_text() gives the whole report
+        i, t = self.identity, self.tokens
+        lat = [f"TTFT {_ms(t['ttft_s']).strip()}"] if t["prefill_tokens"] else []
+        lat += [f"ITL {_ms(t['itl_s']).strip()}"] if t["decode_requests"] else []
+        return (f"Report({i['model']} on {i['hw']} x{i['gpus']} {i['mapping']}: forward {_ms(self.forward_s).strip()}"
+                f"{', ' if lat else ''}{', '.join(lat)}, {t['tokens_per_s_per_gpu']:,.0f} tok/s per GPU)")
+
+    def __str__(self) -> str:
+        return self.to_text()
+
     def _repr_html_(self) -> str:  # Jupyter
         return "<pre>" + self.to_text() + "</pre>"
 

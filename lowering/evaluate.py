@@ -67,6 +67,12 @@ class Schedule:
     def forward(self) -> np.ndarray:
         return self.finish.max(axis=1)
 
+    def __repr__(self) -> str:
+        P, n = self.duration.shape
+        fw = self.forward
+        head = f"forward {fw[0] * 1e3:.4g} ms" if P == 1 else f"forward {fw.min() * 1e3:.4g}-{fw.max() * 1e3:.4g} ms"
+        return f"Schedule({self.graph.name!r}: {n} ops x {P} point{'s' if P != 1 else ''}, {head})"
+
     def critical_path(self, point: int = 0) -> list[int]:
         """Op indices on the critical path of one point, first to last."""
         i = int(np.argmax(self.finish[point]))
@@ -280,6 +286,9 @@ class Evaluator:
         if self._layout is None:
             self._layout = K.layout(self.program, op_kinds(self.program))
         return self._layout
+
+    def __repr__(self) -> str:
+        return f"Evaluator({self.program!r}, precision={self.precision!r})"
 
     def __call__(self, workload: Workload, ut, overhead=0.0, outputs=("forward", "stages"),
                  precision: str | None = None) -> dict:

@@ -55,6 +55,10 @@ class CostProgram:
     def n_ops(self) -> int:
         return len(self.graph.ops)
 
+    def __repr__(self) -> str:
+        return (f"CostProgram({self.graph.name!r}: {self.n_ops} ops -> {self.n_classes} cost classes, "
+                f"{self.n_segments} segments, {len(self.features)} features)")
+
 
 def lower(graph: Graph, class_key=None) -> CostProgram:
     """Lower a graph (already sharded for its mapping) to a CostProgram. ``class_key(i)`` (a string) further
