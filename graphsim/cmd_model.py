@@ -1,5 +1,6 @@
-"""`graphsim layers MODEL` and `graphsim memory MODEL --context N`: a model's layer roles and its memory
-(resident weights, KV capacity and KV read traffic are three separate quantities)."""
+"""`graphsim layers --model MODEL` and `graphsim memory --model MODEL --context N` (a positional MODEL also
+works): a model's layer roles and its memory (resident weights, KV capacity and KV read traffic are three
+separate quantities)."""
 from __future__ import annotations
 
 import json
@@ -12,14 +13,29 @@ GiB = 2.0**30
 MiB = 2.0**20
 
 
+def _model_arg(p) -> None:
+    """``--model NAME`` as in every other command; a positional MODEL is kept as an alias."""
+    p.add_argument("model_pos", nargs="?", metavar="MODEL", help="same as --model (kept for older scripts)")
+    p.add_argument("--model", dest="model_opt", default=None,
+                   help="shipped model name, a config.json path or a checkpoint directory (HF layout)")
+
+
+def _resolve_model(a) -> None:
+    if a.model_opt and a.model_pos and a.model_opt != a.model_pos:
+        raise GraphsimError("model", f"given twice, as {a.model_pos!r} and --model {a.model_opt!r}: give one")
+    a.model = a.model_opt or a.model_pos
+    if not a.model:
+        raise GraphsimError("model", "required: --model NAME (a shipped name, a config.json or a checkpoint folder)")
+
+
 def register(sub) -> None:
     p = sub.add_parser("layers", help="per-layer roles: path, compress ratio, KV owner, Top-K producer, Engram")
-    p.add_argument("model")
+    _model_arg(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_layers)
     p = sub.add_parser("memory", help="resident weights by module/format, parameter counts, KV capacity and KV "
                        "read traffic")
-    p.add_argument("model")
+    _model_arg(p)
     p.add_argument("--context", type=int, required=True, help="tokens held per request")
     from .cli import _model_args
 
@@ -38,6 +54,7 @@ def _v41(name):
 
 
 def cmd_layers(a) -> None:
+    _resolve_model(a)
     m = _v41(a.model)
     rows = [attrs.asdict(li) for li in m.layers]
     for r, li in zip(rows, m.layers):
@@ -105,6 +122,7 @@ def kv_read_per_token(model, context: int) -> dict:
 def cmd_memory(a) -> None:
     from .cli import load_model_args
 
+    _resolve_model(a)
     m = load_model_args(a)
     d = memory_summary(m, a.context)
     if a.json:

@@ -151,3 +151,17 @@ def test_chunked_steps_are_one_program_that_matches_step_by_step_plans(capsys):
 def test_chunk_steps_are_bounded():
     rc = main(["estimate", "--model", "deepseek-v3", "--chunk", "1", "--request", "prefill:100000"])
     assert rc == 2
+
+
+def test_layers_and_memory_take_model_as_a_flag_like_every_command(capsys):
+    # issue 16: --model everywhere; the positional MODEL stays as an alias; both at once must agree
+    assert main(["layers", "--model", "deepseek-v4.1-flash", "--json"]) == 0
+    by_flag = capsys.readouterr().out
+    assert main(["layers", "deepseek-v4.1-flash", "--json"]) == 0
+    assert capsys.readouterr().out == by_flag
+    assert main(["memory", "--model", "deepseek-v3", "--context", "4096", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["memory", "deepseek-v3", "--model", "llama-3.1-70b", "--context", "4096"]) == 2
+    assert "model: given twice" in capsys.readouterr().err
+    assert main(["layers"]) == 2
+    assert "model: required" in capsys.readouterr().err
