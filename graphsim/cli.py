@@ -151,10 +151,12 @@ def view_spec(a):
 
 
 def cmd_estimate(a) -> None:
+    from .outputs import emit
+
     if a.chunk:
         return _estimate_chunked(a)
     r = _compile(a).report()
-    print(r.to_json() if a.json else r.to_text())
+    emit(a.output, (r.to_json() if a.json else r.to_text()) + "\n", "JSON" if a.json else "text")
 
 
 def _estimate_chunked(a) -> None:
@@ -186,12 +188,14 @@ def _estimate_chunked(a) -> None:
         steps.append({"step": i, "requests": names, "forward_s": float(out["forward"][i]),
                       "stages": {s: float(v) for s, v in zip(c.program.stages, out["stages"][i])}})
     ttft = sum(s["forward_s"] for s in steps)
+    from .outputs import emit
+
     if a.json:
-        print(json.dumps({"chunk": a.chunk, "steps": steps, "ttft_s": ttft}, indent=2))
+        emit(a.output, json.dumps({"chunk": a.chunk, "steps": steps, "ttft_s": ttft}, indent=2) + "\n", "JSON")
         return
-    for s in steps:
-        print(f"step {s['step']:>3}  {s['forward_s'] * 1e3:10.3f} ms  {', '.join(s['requests'])}")
-    print(f"TTFT (sum of {len(steps)} chunk steps): {ttft * 1e3:.3f} ms")
+    lines = [f"step {s['step']:>3}  {s['forward_s'] * 1e3:10.3f} ms  {', '.join(s['requests'])}" for s in steps]
+    lines.append(f"TTFT (sum of {len(steps)} chunk steps): {ttft * 1e3:.3f} ms")
+    emit(a.output, "\n".join(lines) + "\n", "text")
 
 
 #: SVG pictures of larger graphs collapse to one node per layer (the DOT text always has every op)
@@ -348,6 +352,7 @@ def _add_commands(sub, extras: bool = True) -> None:
     e = sub.add_parser("estimate", help="estimate one plan: times, throughput, memory, critical path")
     _plan_args(e)
     e.add_argument("--json", action="store_true")
+    e.add_argument("-o", "--output", default=None, help="write the report to this file (text, or JSON with --json)")
     e.add_argument("--chunk", type=int, default=None, help="chunked prefill: tokens per forward step")
     e.set_defaults(fn=cmd_estimate)
     g = sub.add_parser("graph", help="export the compiled graph as DOT (or SVG with -o x.svg)")

@@ -165,3 +165,14 @@ def test_layers_and_memory_take_model_as_a_flag_like_every_command(capsys):
     assert "model: given twice" in capsys.readouterr().err
     assert main(["layers"]) == 2
     assert "model: required" in capsys.readouterr().err
+
+
+def test_estimate_writes_its_report_to_a_file(tmp_path, capsys):
+    # issue 16: -o FILE on a command that prints a result; the file holds what stdout would have
+    args = ["estimate", "--model", "deepseek-v3", "--request", "decode:4096x8", "--json"]
+    assert main(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    out = tmp_path / "r.json"
+    assert main([*args, "-o", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {out} (JSON)"
+    assert json.loads(out.read_text()) == printed
