@@ -26,7 +26,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from graphsim.ir import COMPONENT_INDEX, COMPONENTS
+from graphsim.ir import COMPONENT_INDEX
 
 from .features import feature_column
 from .program import COMPONENT_GROUP, GROUPS, LATENCY, CostProgram
@@ -35,7 +35,7 @@ from .program import COMPONENT_GROUP, GROUPS, LATENCY, CostProgram
 @attrs.frozen(eq=False)
 class GroupSlots:
     """The terms of one roofline group: per class, ``m`` slots of (feature, component, coefficient) and,
-    folded, ``m2`` slots of (feature, coefficients per component)."""
+    folded over the group's components, ``m2`` feature slots (their weights come from :func:`fold`)."""
 
     group: int
     components: tuple  # component indices in this group
@@ -43,7 +43,6 @@ class GroupSlots:
     comp: np.ndarray  # (C, m) component index
     coef: np.ndarray  # (C, m)
     ffeat: np.ndarray  # (C, m2) folded: feature index
-    fcoef: np.ndarray  # (C, m2, K) folded: coefficient per component (zero outside the group)
     n: np.ndarray  # (C,) used slots per class
     fn: np.ndarray  # (C,) used folded slots per class
 
@@ -110,7 +109,7 @@ class Layout:
         for s in self.groups:
             g = s.group
             d[f"g{g}.feat"], d[f"g{g}.comp"], d[f"g{g}.coef"] = s.feat, s.comp, s.coef.astype(dtype)
-            d[f"g{g}.ffeat"], d[f"g{g}.fcoef"] = s.ffeat, s.fcoef.astype(dtype)
+            d[f"g{g}.ffeat"] = s.ffeat
         for b, (lo, hi, _, pairs) in enumerate(self.blocks):  # per-point unit times: one weight per (f, k)
             for g, fk in pairs.items():
                 f, k = np.array(fk).T
@@ -178,19 +177,15 @@ def _slots(mask: np.ndarray):
     return idx, rank, count
 
 
-def op_class_of(program_classes, order):
-    """Kernel class ids of program class ids."""
-    return np.argsort(order)[program_classes]
-
-
 def layout(program: CostProgram, kinds: tuple) -> Layout:
     """Derive the kernel's arrays from a program (``kinds``: op kinds, the columns of the kinds output)."""
-    nf, C, K = len(program.features), program.n_classes, len(COMPONENTS)
+    nf, C = len(program.features), program.n_classes
     # kernel classes run block by block (see _blocks): each block's classes are contiguous
     members = _blocks(program.coef[:nf])
     order = np.array([c for m in members for c in m], dtype=np.int64)
     coef = program.coef[:nf][:, order]
-    op_class = np.argsort(order)[program.op_class]  # program class -> kernel class
+    kernel_class = np.argsort(order)  # program class id -> kernel class id
+    op_class = kernel_class[program.op_class]
     groups = []
     for g in range(len(GROUPS)):
         comps = tuple(int(k) for k in np.flatnonzero(COMPONENT_GROUP == g))
@@ -203,14 +198,13 @@ def layout(program: CostProgram, kinds: tuple) -> Layout:
         feat[c, rank], comp[c, rank], cf[c, rank] = f, np.asarray(comps)[j], sub[c, f, j]
         (c2, f2), rank2, count2 = _slots((sub != 0.0).any(axis=2))  # per class: features
         m2 = max(int(count2.max()), 1)
-        ffeat, fcoef = np.zeros((C, m2), np.int32), np.zeros((C, m2, K))
+        ffeat = np.zeros((C, m2), np.int32)
         ffeat[c2, rank2] = f2
-        fcoef[c2[:, None], rank2[:, None], np.asarray(comps)[None, :]] = sub[c2, f2]
-        groups.append(GroupSlots(g, comps, feat, comp, cf, ffeat, fcoef, count, count2))
+        groups.append(GroupSlots(g, comps, feat, comp, cf, ffeat, count, count2))
     # segment kinds: segments with equal class counts share one duration
     S = program.n_segments
     counts = np.zeros((S, C))
-    np.add.at(counts, (program.seg_pairs[:, 1], op_class_of(program.seg_pairs[:, 0], order)), program.seg_pairs[:, 2])
+    np.add.at(counts, (program.seg_pairs[:, 1], kernel_class[program.seg_pairs[:, 0]]), program.seg_pairs[:, 2])
     kind_index: dict = {}
     seg_kind = np.array([kind_index.setdefault(counts[s].tobytes(), len(kind_index)) for s in range(S)], dtype=np.int64)
     U = len(kind_index)
