@@ -7,7 +7,6 @@ included; the usage block only with ``--help``); 3 an internal error (a bug: one
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Sequence
 
@@ -27,7 +26,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--weights", default=None, choices=tuple(SCHEMES),
                    help="override the checkpoint's weight quantization for every linear layer")
-    p.add_argument("--redundant-experts", type=int, default=0,
+    p.add_argument("--redundant-experts", type=int, default=0, metavar="N",
                    help="extra routed-expert copies for EP load balancing (memory; EP divides experts + N)")
 
 
@@ -39,8 +38,36 @@ def load_model_args(a):
                       redundant_experts=getattr(a, "redundant_experts", 0))
 
 
+def add_command(sub, name: str, *, help: str, description: str, examples: Sequence[str]):
+    """A subcommand's parser with the shared conventions (tests/test_cli_help.py holds every command to them):
+    a description kept as written, and an epilog of real ``graphsim <name> ...`` invocations."""
+    epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples)
+    return sub.add_parser(name, help=help, description=description, epilog=epilog,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def output_args(p, *, with_json: bool = True, output: str = "") -> None:
+    """The ``output`` group: ``--json`` (docs/json.md) and ``-o FILE`` (the printed result, written atomically)."""
+    g = p.add_argument_group("output")
+    if with_json:
+        g.add_argument("--json", action="store_true",
+                       help="print the result as one JSON document (keys: docs/json.md, schema_version 1)")
+    g.add_argument("-o", "--output", default=None, metavar="FILE",
+                   help=output or "write the result (text, or JSON with --json) to FILE instead of printing it; "
+                                  "one line says so")
+
+
+def mapping_args(p, what: str = "") -> None:
+    """The ``mapping`` group: the five parallelism degrees."""
+    g = p.add_argument_group("mapping", "parallelism degrees; GPUs = tp x dp x pp x cp (EP spans tp x dp)")
+    names = {"tp": "tensor", "dp": "attention data", "ep": "expert", "pp": "pipeline", "cp": "context"}
+    for ax in ("tp", "dp", "ep", "pp", "cp"):
+        g.add_argument(f"--{ax}", type=int, default=1, metavar="N", help=f"{what}{names[ax]} parallel degree (default 1)")
+
+
 def _view_args(p: argparse.ArgumentParser) -> None:
     """Which view prices the ops: SOL, or measured tables (docs/measured.md)."""
+    p = p.add_argument_group("view", "how ops are priced: speed of light or measured tables (docs/measured.md)")
     p.add_argument("--view", default="sol", choices=("sol", "op", "hybrid", "fpm"),
                    help="sol: speed of light; op: measured tables for every op a table family times (strict); "
                         "hybrid: measured where covered, else a + b x SOL fitted on the backend's covered ops; "
@@ -57,44 +84,70 @@ def _view_args(p: argparse.ArgumentParser) -> None:
 
 
 def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
-    p.add_argument("--model", required=True,
-                   help="shipped model name, a config.json path or a checkpoint directory (HF layout)")
-    _model_args(p)
-    p.add_argument("--hw", default="gb200", help="hardware descriptor name or TOML path (default gb200)")
-    for ax in ("tp", "dp", "ep", "pp", "cp"):
-        p.add_argument(f"--{ax}", type=int, default=1, help=f"{ax} degree (default 1)")
+    """One plan's flags, in groups: model & hardware, mapping, requests, policies, view."""
+    g = p.add_argument_group("model & hardware")
+    g.add_argument("--model", required=True,
+                   help="shipped model name (graphsim models), a config.json path or a checkpoint directory (HF layout)")
+    _model_args(g)
+    g.add_argument("--hw", default="gb200", help="hardware descriptor name (graphsim hw list) or TOML path (default gb200)")
+    g.add_argument("--profile", default=None,
+                   help="efficiency profile name or TOML derating the peaks (default: SOL, no derating)")
+    mapping_args(p)
     if requests:
-        p.add_argument("--request", action="append", required=True, metavar="KIND:LEN[xCOUNT][@CACHED]",
-                       help="repeatable, e.g. decode:4096x64 or prefill:2048@1024")
-    p.add_argument("--profile", default=None, help="efficiency profile name or TOML (default: SOL, no derating)")
-    _view_args(p)
-    p.add_argument("--decoder-replay", default="off", choices=("off", "sglang", "paper"))
-    p.add_argument("--encoder-replay", default="on", choices=("on", "off"))
-    p.add_argument("--fusion", default="unfused", choices=("unfused", "two-pass", "single-pass"))
-    p.add_argument("--attention-precision", default="auto", choices=ATTENTION_PRECISIONS,
+        r = p.add_argument_group("requests", "KIND:LEN[xCOUNT][@CACHED]: prefill:2048 is a 2,048-token prompt; "
+                                 "decode:4096x64 is 64 requests\neach decoding one token at context 4,096; "
+                                 "prefill:2048@1024 takes 1,024 of its tokens from the prefix cache")
+        r.add_argument("--request", action="append", required=True, metavar="KIND:LEN[xCOUNT][@CACHED]",
+                       help="one group of identical requests (repeatable), e.g. decode:4096x64 or prefill:2048@1024")
+    g = p.add_argument_group("policies", "runtime strategies (recorded in every result's identity)")
+    g.add_argument("--decoder-replay", default="off", choices=("off", "sglang", "paper"),
+                   help="DeepSeek-V4.1 decoder bounded replay of a prefill: off = every layer runs every token; "
+                        "sglang = layers 0-20 on the whole extend, 21-39 on each request's last 128 tokens; "
+                        "paper = the whole decoder on the last 128 tokens")
+    g.add_argument("--encoder-replay", default="on", choices=("on", "off"),
+                   help="a prefix hit without its SWA cache: on = replay the last 128 cached tokens with the "
+                        "suffix; off = recompute the hit from scratch")
+    g.add_argument("--fusion", default="unfused", choices=("unfused", "two-pass", "single-pass"),
+                   help="mHC kernel fusion: unfused = separate coefficient, pre-mix, pre-norm and residual ops; "
+                        "two-pass / single-pass = fused sub-block boundaries (fewer bytes per token)")
+    g.add_argument("--attention-precision", default="auto", choices=ATTENTION_PRECISIONS,
                    help="attention math precision (QK^T, PV); auto = from the KV cache format. An explicit "
                         "narrower one keeps the KV cache at it (FP8 attention reads an FP8 cache)")
-    p.add_argument("--overlap", default="none", choices=("none", "two-batch"))
-    p.add_argument("--sp", default="off", choices=("off", "on"),
+    g.add_argument("--overlap", default="none", choices=("none", "two-batch"),
+                   help="none = one batch per forward; two-batch = two micro-batches whose communication hides "
+                        "under each other's compute")
+    g.add_argument("--sp", default="off", choices=("off", "on"),
                    help="sequence parallelism: norms/mHC/elementwise shard their tokens over TP (RS in, AG out)")
-    p.add_argument("--engram-shard", default="tp", choices=("tp", "world"),
+    g.add_argument("--engram", default="hbm", choices=("hbm", "host"),
+                   help="where the Engram tables live: hbm = on every GPU; host = in host memory, rows "
+                        "prefetched over C2C/PCIe on the copy stream")
+    g.add_argument("--engram-shard", default="tp", choices=("tp", "world"),
                    help="Engram table rows over the TP group, or over every rank of the stage (TP x EP)")
-    p.add_argument("--beyond-context", dest="beyond_context", action="store_const", const="allow", default="refuse",
-                   help="allow contexts beyond the model's max_position_embeddings as a what-if (recorded)")
-    p.add_argument("--engram-proj", default="replicated", choices=("replicated", "tp"),
+    g.add_argument("--engram-proj", default="replicated", choices=("replicated", "tp"),
                    help="Engram 6144->25600 projection replicated, or column-split over TP (+ all-gather)")
-    p.add_argument("--engram", default="hbm", choices=("hbm", "host"))
-    p.add_argument("--prefetch-distance", type=int, default=1)
-    p.add_argument("--dspark", default="off", choices=("off", "on"))
-    p.add_argument("--verify", type=int, default=0, help="DSpark: draft positions each decode request verifies")
-    p.add_argument("--mtp", type=int, default=0, metavar="K",
+    g.add_argument("--prefetch-distance", type=int, default=1, metavar="N",
+                   help="--engram host: how many blocks ahead a layer's Engram row copy may start (default 1)")
+    g.add_argument("--beyond-context", dest="beyond_context", action="store_const", const="allow", default="refuse",
+                   help="allow contexts beyond the model's max_position_embeddings as a what-if (recorded)")
+    g.add_argument("--dspark", default="off", choices=("off", "on"),
+                   help="DSpark speculative decoding (DeepSeek-V4.1): on = each decode step verifies drafts, "
+                        "then the drafter drafts the next block")
+    g.add_argument("--verify", type=int, default=0, metavar="K",
+                   help="DSpark: draft positions each decode request verifies (the step runs 1 + K positions)")
+    g.add_argument("--mtp", type=int, default=0, metavar="K",
                    help="MTP drafting: the checkpoint's MTP module drafts K tokens per decode step and the step "
                         "verifies 1 + K positions (give --acceptance a_1,...,a_K)")
-    p.add_argument("--acceptance", default="", help="DSpark: a_1,...,a_D conditional acceptance per position")
-    p.add_argument("--ep-imbalance", type=float, default=1.0, help="busiest EP rank's routed work / mean")
-    p.add_argument("--pp-micro-batches", type=int, default=0, help="pipeline micro-batches (0 = pp)")
-    p.add_argument("--algorithm", action="append", default=[], metavar="COLLECTIVE=ALGO",
-                   help="e.g. all_reduce=tree (repeatable)")
+    g.add_argument("--acceptance", default="", metavar="A1,...,AD",
+                   help="DSpark/MTP: conditional acceptance per draft position, e.g. 0.9,0.8,0.7 (ITL = step "
+                        "time / expected emitted tokens)")
+    g.add_argument("--ep-imbalance", type=float, default=1.0, metavar="X",
+                   help="busiest EP rank's routed work / the mean (>= 1; default 1, perfectly balanced)")
+    g.add_argument("--pp-micro-batches", type=int, default=0, metavar="N",
+                   help="pipeline micro-batches per forward (0 = as many as pipeline stages)")
+    g.add_argument("--algorithm", action="append", default=[], metavar="COLLECTIVE=ALGO",
+                   help="collective algorithm override (repeatable): all_reduce, all_gather, reduce_scatter = ring|tree; "
+                        "all_to_all = direct|hierarchical; e.g. all_reduce=tree")
+    _view_args(p)
 
 
 def _compile(a, requests=None):
@@ -151,8 +204,9 @@ def view_spec(a):
 
 
 def cmd_estimate(a) -> None:
-    from .outputs import emit
+    from .outputs import check_output, emit
 
+    check_output(a.output)
     if a.chunk:
         return _estimate_chunked(a)
     r = _compile(a).report()
@@ -186,12 +240,14 @@ def _estimate_chunked(a) -> None:
     for i in range(n_steps):
         names = [str(p[i]) for p in prefills if i < len(p)] + [str(r) for r in decodes]
         steps.append({"step": i, "requests": names, "forward_s": float(out["forward"][i]),
-                      "stages": {s: float(v) for s, v in zip(c.program.stages, out["stages"][i])}})
+                      "stages": [{"stage": s, "busy_s": float(v)} for s, v in zip(c.program.stages, out["stages"][i])]})
     ttft = sum(s["forward_s"] for s in steps)
-    from .outputs import emit
+    from .outputs import emit, json_document
 
     if a.json:
-        emit(a.output, json.dumps({"chunk": a.chunk, "steps": steps, "ttft_s": ttft}, indent=2) + "\n", "JSON")
+        doc = {"mode": "chunked", "model": c.model.name, "hw": c.hw.name, "mapping": str(c.plan.mapping),
+               "chunk_tokens": a.chunk, "steps": steps, "ttft_s": ttft}
+        emit(a.output, json_document("estimate", doc) + "\n", "JSON")
         return
     lines = [f"step {s['step']:>3}  {s['forward_s'] * 1e3:10.3f} ms  {', '.join(s['requests'])}" for s in steps]
     lines.append(f"TTFT (sum of {len(steps)} chunk steps): {ttft * 1e3:.3f} ms")
@@ -225,44 +281,61 @@ def cmd_graph(a) -> None:
 
 def cmd_hw(a) -> None:
     from .hw import list_hw, load_hw
+    from .outputs import check_output, emit, json_document
 
+    check_output(a.output)
     if a.action == "probe":
         from .collect.probe import probe, to_toml
 
         desc = probe(a.name or "local", quick=a.quick, log=lambda m: print(m, file=sys.stderr))
-        from .outputs import emit
-
         emit(a.output, to_toml(desc), f"{desc['name']}: use --hw {a.output}")
         return
     if a.action == "list":
+        rows = [(n, load_hw(n).description) for n in list_hw()]
         if a.json:
-            print(json.dumps([{"name": n, "description": load_hw(n).description} for n in list_hw()], indent=2))
-            return
-        for n in list_hw():
-            h = load_hw(n)
-            print(f"{n:<8} {h.description}")
+            doc = {"action": "list", "hardware": [{"name": n, "description": d} for n, d in rows]}
+            emit(a.output, json_document("hw", doc) + "\n", "JSON")
+        else:
+            emit(a.output, "".join(f"{n:<8} {d}\n" for n, d in rows), "text")
         return
     if not a.name:
         raise GraphsimError("name", "give a hardware name, e.g. `graphsim hw show gb300`")
     h = load_hw(a.name)
     if a.json:
-        import attrs
-
-        print(json.dumps(attrs.asdict(h), indent=2, default=str))
+        emit(a.output, json_document("hw", hw_json(h)) + "\n", "JSON")
         return
     rows = h.describe()
     w = max(len(r[0]) for r in rows)
     v = max(len(r[1]) for r in rows)
-    print(f"{h.name}: {h.description}")
-    for f, val, src in rows:
-        print(f"  {f:<{w}}  {val:<{v}}  {src}")
+    lines = [f"{h.name}: {h.description}"] + [f"  {f:<{w}}  {val:<{v}}  {src}" for f, val, src in rows]
+    emit(a.output, "\n".join(lines) + "\n", "text")
+
+
+#: ``hw show --json``: a descriptor field's unit, as the suffix its key carries (docs/json.md)
+_HW_UNIT_SUFFIX = {"bytes": "", "s": "", "W": "", "B/s": "_bytes_per_s", "GPUs": "_gpus", "exp/s": "_per_s"}
+
+
+def hw_json(h) -> dict:
+    """The keys of ``hw show --json``: every precision (its dense peak, 0 where the chip has none, and the
+    precision it runs at), every rate and capacity with its unit in its name, and the sources."""
+    from .hw.descriptor import _UNITS, PRECISIONS
+
+    peaks = dict(h.peak_flops)
+    fields = {}
+    for f, unit in _UNITS.items():
+        suffix = _HW_UNIT_SUFFIX.get(unit, "_" + "".join(c if c.isalnum() else "_" for c in unit.lower()))
+        fields[f if f.endswith(suffix) else f + suffix] = getattr(h, f)
+    return {"action": "show", "name": h.name, "description": h.description,
+            "precisions": [{"precision": p, "peak_flops_per_s": float(peaks.get(p, 0.0)), "native": p in peaks,
+                            "runs_at": h.resolve_precision(p)} for p in PRECISIONS],
+            **fields, "sources": [{"field": f, "source": src} for f, src in h.sources]}
 
 
 def cmd_models(a) -> None:
     from .models import list_models
+    from .outputs import emit
 
-    for n in list_models():
-        print(n)
+    emit(a.output, "".join(f"{n}\n" for n in list_models()), "text")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -349,26 +422,53 @@ _CORE_COMMANDS = ("estimate", "graph", "hw", "models")
 
 
 def _add_commands(sub, extras: bool = True) -> None:
-    e = sub.add_parser("estimate", help="estimate one plan: times, throughput, memory, critical path")
+    e = add_command(sub, "estimate", help="estimate one plan: times, throughput, memory, critical path",
+                    description="Compile one plan (model, hardware, mapping, requests, policies) and report its "
+                                "forward time, TTFT/ITL,\nthroughput, stage and op-kind breakdowns, memory per "
+                                "device and the critical path.\nWith --chunk, a chunked prefill: one forward per "
+                                "chunk step, TTFT the sum of the steps.",
+                    examples=["graphsim estimate --model deepseek-v3 --hw gb200 --tp 4 --ep 4 --request decode:4096x64",
+                              "graphsim estimate --model deepseek-v4.1-flash --tp 4 --request prefill:32768 "
+                              "--decoder-replay sglang --json -o report.json",
+                              "graphsim estimate --model llama-3.1-70b --hw h200 --tp 8 --request prefill:8192 "
+                              "--request decode:2048x32 --chunk 2048"])
     _plan_args(e)
-    e.add_argument("--json", action="store_true")
-    e.add_argument("-o", "--output", default=None, help="write the report to this file (text, or JSON with --json)")
-    e.add_argument("--chunk", type=int, default=None, help="chunked prefill: tokens per forward step")
+    g = e.add_argument_group("chunked prefill")
+    g.add_argument("--chunk", type=int, default=None, metavar="TOKENS",
+                   help="chunked prefill: tokens per forward step (decode requests ride along in every step)")
+    output_args(e)
     e.set_defaults(fn=cmd_estimate)
-    g = sub.add_parser("graph", help="export the compiled graph as DOT (or SVG with -o x.svg)")
+    g = add_command(sub, "graph", help="export the compiled graph as DOT (or SVG with -o x.svg)",
+                    description="The compiled graph of one plan as Graphviz DOT: one cluster per stage and layer, "
+                                "scheduled times on\nevery op. -o x.svg renders it (one node per layer beyond "
+                                f"{SVG_MAX_OPS:,} ops).",
+                    examples=["graphsim graph --model deepseek-v3 --request decode:100x4 -o graph.dot",
+                              "graphsim graph --model llama-3.1-70b --request decode:2048x8 --collapse -o graph.svg"])
     _plan_args(g)
-    g.add_argument("-o", "--output", default=None)
-    g.add_argument("--collapse", action="store_true", help="one summary node per layer")
+    o = g.add_argument_group("output")
+    o.add_argument("-o", "--output", default=None, metavar="FILE",
+                   help="write the DOT text (.dot) or a rendered picture (.svg) here instead of printing DOT")
+    o.add_argument("--collapse", action="store_true", help="one summary node per layer")
     g.set_defaults(fn=cmd_graph)
-    h = sub.add_parser("hw", help="hardware descriptors")
-    h.add_argument("action", choices=("list", "show", "probe"),
+    h = add_command(sub, "hw", help="hardware descriptors",
+                    description="The shipped hardware descriptors (peaks, bandwidths, capacities, each with its "
+                                "source): list them,\nshow one, or probe this machine's default JAX device into "
+                                "a new descriptor.",
+                    examples=["graphsim hw list", "graphsim hw show gb300 --json -o gb300.json",
+                              "graphsim hw probe local --quick -o local.toml"])
+    w = h.add_argument_group("what")
+    w.add_argument("action", choices=("list", "show", "probe"),
                    help="list shipped descriptors, show one, or probe this machine's default JAX device")
-    h.add_argument("name", nargs="?", help="show: the descriptor; probe: the name to give it (default local)")
-    h.add_argument("--json", action="store_true")
-    h.add_argument("-o", "--output", default=None, help="probe: write the descriptor TOML here")
-    h.add_argument("--quick", action="store_true", help="probe: fewer sizes and repetitions (seconds)")
+    w.add_argument("name", nargs="?", help="show: the descriptor; probe: the name to give it (default local)")
+    w.add_argument("--quick", action="store_true", help="probe: fewer sizes and repetitions (seconds)")
+    output_args(h, output="list/show: write the result here instead of printing it; probe: write the descriptor "
+                          "TOML here")
     h.set_defaults(fn=cmd_hw)
-    m = sub.add_parser("models", help="list shipped models")
+    m = add_command(sub, "models", help="list shipped models",
+                    description="The shipped model names, one per line (any --model also takes a config.json path "
+                                "or a checkpoint\ndirectory in the Hugging Face layout).",
+                    examples=["graphsim models", "graphsim models -o models.txt"])
+    output_args(m, with_json=False, output="write the list to FILE instead of printing it")
     m.set_defaults(fn=cmd_models)
     for extra in _EXTRA_COMMANDS if extras else ():
         extra(sub)

@@ -30,23 +30,37 @@ def cmd_collect(a) -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("collect", help="time this device: op tables (collect ops) or whole forwards of compiled "
-                       "plans (collect forward)")
-    p.add_argument("what", choices=("ops", "forward"))
-    p.add_argument("--hw", default=None, help="this device's descriptor (graphsim hw probe -o local.toml)")
-    p.add_argument("-o", "--output", required=True,
-                   help="ops: folder of measured tables; forward: the samples file (.parquet)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed calls before timing (after compilation)")
-    p.add_argument("--reps", type=int, default=5, help="timed calls per point (the median is the sample)")
-    p.add_argument("--quick", action="store_true", help="ops: a small grid (a minute on 2 cores)")
-    p.add_argument("--family", action="append", default=[], help="ops: only this table family (repeatable)")
-    p.add_argument("--model", default=None, help="forward: a config.json path or a shipped model name")
-    p.add_argument("--weights", default=None, help="forward: override the checkpoint's weight format")
-    p.add_argument("--grid", default=None, metavar="SPEC",
+    from .cli import add_command
+
+    p = add_command(sub, "collect", help="time this device: op tables (collect ops) or whole forwards of compiled "
+                    "plans (collect forward)",
+                    description="Time this machine's default JAX device (docs/fpm.md, docs/measured.md): `collect "
+                                "ops` times graphsim's\nop families into measured tables (--view op|hybrid); "
+                                "`collect forward` runs compiled plans as JAX programs\nand times whole forwards "
+                                "into FPM samples (graphsim fpm fit).",
+                    examples=["graphsim collect ops --hw local.toml --quick -o tables",
+                              "graphsim collect forward --model deepseek-v3 --hw local.toml --grid "
+                              "'decode:128,512x1,4' -o samples.parquet"])
+    g = p.add_argument_group("what")
+    g.add_argument("what", choices=("ops", "forward"),
+                   help="ops: op-family tables; forward: whole forwards of compiled plans")
+    g.add_argument("--hw", default=None, help="this device's descriptor (graphsim hw probe -o local.toml)")
+    g = p.add_argument_group("timing")
+    g.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed calls before timing (after compilation)")
+    g.add_argument("--reps", type=int, default=5, metavar="N", help="timed calls per point (the median is the sample)")
+    g.add_argument("--quick", action="store_true", help="ops: a small grid (a minute on 2 cores)")
+    g.add_argument("--family", action="append", default=[], help="ops: only this table family (repeatable)")
+    g = p.add_argument_group("forward: the plans")
+    g.add_argument("--model", default=None, help="forward: a config.json path or a shipped model name")
+    g.add_argument("--weights", default=None, help="forward: override the checkpoint's weight format")
+    g.add_argument("--grid", default=None, metavar="SPEC",
                    help="forward: request mixes, ';'-separated; each KIND:LENS[xCOUNTS][@CACHED] groups joined by "
                         "'+', lists comma-separated (a cartesian product), e.g. 'decode:128,512x1,4;prefill:64x2' "
                         "(or a file with one mix per line)")
-    p.add_argument("--seed", type=int, default=0, help="forward: random weights and token ids")
+    g.add_argument("--seed", type=int, default=0, help="forward: random weights and token ids")
     for ax in ("tp", "dp", "ep", "pp", "cp"):
-        p.add_argument(f"--{ax}", type=int, default=1, help=f"forward: {ax} degree (one device runs 1)")
+        g.add_argument(f"--{ax}", type=int, default=1, metavar="N", help=f"forward: {ax} degree (one device runs 1)")
+    g = p.add_argument_group("output")
+    g.add_argument("-o", "--output", required=True, metavar="DIR|FILE",
+                   help="ops: folder of measured tables; forward: the samples file (.parquet)")
     p.set_defaults(fn=cmd_collect)

@@ -2,28 +2,39 @@
 batch at that context and the largest context for the batch; Engram in HBM and on host side by side."""
 from __future__ import annotations
 
-import json
-
 GiB = 2.0**30
 
 
 def register(sub) -> None:
-    p = sub.add_parser("fit", help="memory per device: fits or not, largest batch and context")
-    p.add_argument("--model", required=True, help="shipped model name, a config.json path or a checkpoint directory")
-    from .cli import _model_args
+    from .cli import _model_args, add_command, mapping_args, output_args
 
-    _model_args(p)
-    p.add_argument("--hw", default="gb200", help="hardware descriptor name or TOML path (default gb200)")
-    for ax in ("tp", "dp", "ep", "pp", "cp"):
-        p.add_argument(f"--{ax}", type=int, default=1)
-    p.add_argument("--context", type=int, default=131072, help="tokens per request (default 131072)")
-    p.add_argument("--batch", type=int, default=1, help="decode requests in the replica (default 1)")
-    p.add_argument("--reserve-gib", type=float, default=None,
+    p = add_command(sub, "fit", help="memory per device: fits or not, largest batch and context",
+                    description="Memory per device for one mapping: weights by group, KV cache, workspace and "
+                                "runtime reserve\nagainst the HBM; whether a decode batch at a context fits, the "
+                                "largest batch at that context\nand the largest context for the batch. A model with "
+                                "Engram tables shows them in HBM and on the host.",
+                    examples=["graphsim fit --model deepseek-v4.1-flash --hw gb200 --tp 4",
+                              "graphsim fit --model deepseek-v3 --hw h200 --tp 8 --context 32768 --batch 64 --json",
+                              "graphsim fit --model llama-3.1-70b --hw h100 --tp 4 --pp 2 -o fit.txt"])
+    g = p.add_argument_group("model & hardware")
+    g.add_argument("--model", required=True,
+                   help="shipped model name (graphsim models), a config.json path or a checkpoint directory")
+    _model_args(g)
+    g.add_argument("--hw", default="gb200", help="hardware descriptor name or TOML path (default gb200)")
+    mapping_args(p)
+    g = p.add_argument_group("requests")
+    g.add_argument("--context", type=int, default=131072, metavar="TOKENS",
+                   help="tokens per request (default 131072)")
+    g.add_argument("--batch", type=int, default=1, metavar="N", help="decode requests in the replica (default 1)")
+    g = p.add_argument_group("policies")
+    g.add_argument("--reserve-gib", type=float, default=None, metavar="GIB",
                    help="runtime reserve per GPU in GiB (default graphsim.fit.DEFAULT_RESERVE_GIB)")
-    p.add_argument("--engram", default="both", choices=("both", "hbm", "host"),
-                   help="Engram table residency to report (default both, when the model has tables)")
-    p.add_argument("--dspark", default="off", choices=("off", "on"))
-    p.add_argument("--json", action="store_true")
+    g.add_argument("--engram", default="both", choices=("both", "hbm", "host"),
+                   help="Engram table residency to report: hbm, host, or both side by side (default; only when "
+                        "the model has tables)")
+    g.add_argument("--dspark", default="off", choices=("off", "on"),
+                   help="on = DSpark speculative decoding: the drafter's weights and caches count too")
+    output_args(p)
     p.set_defaults(fn=run)
 
 
@@ -32,7 +43,9 @@ def run(a) -> None:
     from .fit import DEFAULT_RESERVE_GIB, MemoryModel
 
     from .cli import load_model_args
+    from .outputs import check_output, emit, json_document
 
+    check_output(a.output)
     model, hw = load_model_args(a), load_hw(a.hw)
     mapping = ParallelMapping(a.tp, a.dp, a.ep, a.pp, a.cp)
     reserve = DEFAULT_RESERVE_GIB if a.reserve_gib is None else a.reserve_gib
@@ -45,10 +58,26 @@ def run(a) -> None:
         res = mm.fit(a.batch, a.context)
         rows.append((mode, res, mm.max_batch(a.context), mm.max_context(a.batch), mm.context_cap))
     if a.json:
-        print(json.dumps([{"engram": m, **r.to_dict(), "max_batch": b, "max_context": c, "context_cap": cap}
-                          for m, r, b, c, cap in rows], indent=2, default=float))
+        doc = fit_json(model, hw, mapping, a, reserve, rows, table_bytes)
+        emit(a.output, json_document("fit", doc) + "\n", "JSON")
         return
-    print(_text(model.name, hw, mapping, a, reserve, rows, table_bytes))
+    emit(a.output, _text(model.name, hw, mapping, a, reserve, rows, table_bytes) + "\n", "text")
+
+
+def fit_json(model, hw, mapping, a, reserve, rows, table_bytes) -> dict:
+    """The keys of ``fit --json`` (docs/json.md): the question, then one record per Engram residency."""
+    results = []
+    for mode, r, b, c, cap in rows:
+        results.append({
+            "engram": mode, "weights_by_group": [{"group": g, "bytes": v} for g, v in r.weights.items()],
+            "weights_bytes": sum(r.weights.values()), "tables_bytes": r.tables_bytes, "kv_bytes": r.kv_bytes,
+            "workspace_bytes": r.workspace_bytes, "reserve_bytes": r.reserve_bytes, "total_bytes": r.total_bytes,
+            "capacity_bytes": r.capacity_bytes, "headroom_bytes": r.headroom_bytes, "host_bytes": r.host_bytes,
+            "host_capacity_bytes": r.host_capacity_bytes, "host_fits": r.host_fits, "fits": r.fits,
+            "verdict": r.verdict(), "max_batch": b, "max_context_tokens": c, "context_cap_tokens": cap})
+    return {"model": model.name, "hw": hw.name, "mapping": str(mapping), "gpus": mapping.gpus,
+            "context_tokens": a.context, "batch": a.batch, "reserve_gib": reserve, "dspark": a.dspark,
+            "engram_tables_bytes": float(table_bytes), "results": results}
 
 
 def _text(name, hw, mapping, a, reserve, rows, table_bytes) -> str:

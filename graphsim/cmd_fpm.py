@@ -65,18 +65,34 @@ def _op_view(a, hold):
 
 
 def register(sub) -> None:
-    p = sub.add_parser("fpm", help="FPM (whole-forward) models: fit samples per partition, evaluate on held-out "
-                       "forwards against SOL and OP")
-    p.add_argument("action", choices=("fit", "eval"))
-    p.add_argument("inputs", nargs="*", help="fit: samples files (.parquet); eval: the model file (.fpm)")
-    p.add_argument("-o", "--output", default=None, help="fit: the model file to write; eval: write the report here")
-    p.add_argument("--holdout", action="append", default=[], help="eval: held-out samples (repeatable)")
-    p.add_argument("--measured", default=None, metavar="DIR",
+    from .cli import add_command
+
+    p = add_command(sub, "fpm", help="FPM (whole-forward) models: fit samples per partition, evaluate on held-out "
+                    "forwards against SOL and OP",
+                    description="FPM models (docs/fpm.md): fit whole-forward samples (graphsim collect forward) per "
+                                "partition into a\nmodel file for --view fpm, or evaluate a model on held-out "
+                                "samples against SOL (and OP with\nmeasured tables).",
+                    examples=["graphsim fpm fit samples.parquet -o model.fpm",
+                              "graphsim fpm eval model.fpm --holdout heldout.parquet -o report.txt",
+                              "graphsim fpm eval model.fpm --holdout heldout.parquet --measured tables --model "
+                              "deepseek-v3 --hw local.toml --json"])
+    g = p.add_argument_group("what")
+    g.add_argument("action", choices=("fit", "eval"),
+                   help="fit: samples -> a model file; eval: a model's error on held-out samples")
+    g.add_argument("inputs", nargs="*", help="fit: samples files (.parquet); eval: the model file (.fpm)")
+    g.add_argument("--holdout", action="append", default=[], metavar="FILE",
+                   help="eval: held-out samples (repeatable)")
+    g = p.add_argument_group("OP column (eval)", "price the held-out forwards with measured tables too")
+    g.add_argument("--measured", default=None, metavar="DIR",
                    help="eval: measured operator tables (graphsim collect ops) for the OP column")
-    p.add_argument("--backend", default="", help="eval: the tables' FRAMEWORK[@VERSION] (default jax)")
-    p.add_argument("--op-view", default="hybrid", choices=("op", "hybrid"),
+    g.add_argument("--backend", default="", metavar="FRAMEWORK[@VERSION]",
+                   help="eval: the tables' FRAMEWORK[@VERSION] (default jax)")
+    g.add_argument("--op-view", default="hybrid", choices=("op", "hybrid"),
                    help="eval: the OP column's view (hybrid prices ops no table covers at a + b x SOL)")
-    p.add_argument("--model", default=None, help="eval: the model the samples ran (for the OP column)")
-    p.add_argument("--hw", default=None, help="eval: the descriptor the samples' SOL used (for the OP column)")
-    p.add_argument("--json", action="store_true")
+    g.add_argument("--model", default=None, help="eval: the model the samples ran (for the OP column)")
+    g.add_argument("--hw", default=None, help="eval: the descriptor the samples' SOL used (for the OP column)")
+    g = p.add_argument_group("output")
+    g.add_argument("-o", "--output", default=None, metavar="FILE",
+                   help="fit: the model file to write; eval: write the report here instead of printing it")
+    g.add_argument("--json", action="store_true", help="print the fitted model / the evaluation report as JSON")
     p.set_defaults(fn=cmd_fpm)

@@ -34,25 +34,43 @@ def _list(a) -> None:
     rows = [{"device": p.identity["device"], "partition": p.key, "rows": int(len(p.t)),
              "boundary": p.identity["boundary"], "ranges": p.ranges(), "source": p.identity["source"]}
             for p in sorted(parts, key=lambda p: (p.identity["device"], p.key))]
+    from .outputs import emit
+
     if a.json:
-        print(json.dumps(rows, indent=2))
+        emit(a.output, json.dumps(rows, indent=2) + "\n", "JSON")
         return
+    lines = []
     for r in rows:
         rng = " ".join(f"{c}={lo}" + (f"..{hi}" if hi != lo else "") for c, (lo, hi) in r["ranges"].items())
-        print(f"{r['device']:<6} {r['partition']:<70} {r['rows']:>7,} rows  {rng}")
-    print(f"{len(rows)} partitions, {sum(r['rows'] for r in rows):,} rows")
+        lines.append(f"{r['device']:<6} {r['partition']:<70} {r['rows']:>7,} rows  {rng}")
+    lines.append(f"{len(rows)} partitions, {sum(r['rows'] for r in rows):,} rows")
+    emit(a.output, "\n".join(lines) + "\n", "text")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("measured", help="measured operator tables: import (aiconfigurator) and list partitions")
-    p.add_argument("action", choices=("import", "list"))
-    p.add_argument("source", nargs="?", default="",
+    from .cli import add_command
+
+    p = add_command(sub, "measured", help="measured operator tables: import (aiconfigurator) and list partitions",
+                    description="Measured operator tables (docs/measured.md): import NVIDIA aiconfigurator's "
+                                "collections into graphsim's\ntables, or list a folder's partitions with their "
+                                "rows and sampled ranges. Use them with --view op|hybrid.",
+                    examples=["graphsim measured import aiconfigurator -o tables --system gb200",
+                              "graphsim measured list tables --device gb200",
+                              "graphsim measured list tables --family gemm --json -o partitions.json"])
+    g = p.add_argument_group("what")
+    g.add_argument("action", choices=("import", "list"),
+                   help="import: convert an importer's tables into DIR (-o); list: the partitions of a folder")
+    g.add_argument("source", nargs="?", default="",
                    help="import: the importer (aiconfigurator); list: the folder of measured tables")
-    p.add_argument("--from", dest="from_dir", default=None, metavar="DIR",
+    g.add_argument("--from", dest="from_dir", default=None, metavar="DIR",
                    help="import from an unpacked aiconfigurator_core folder instead of the installed package")
-    p.add_argument("-o", "--output", default=None, help="import: the folder to write graphsim tables to")
-    p.add_argument("--system", action="append", default=[], help="import only this system (repeatable)")
-    p.add_argument("--family", action="append", default=[], help="only this table family (repeatable)")
-    p.add_argument("--device", default=None, help="list: only this device")
-    p.add_argument("--json", action="store_true")
+    g = p.add_argument_group("filters")
+    g.add_argument("--system", action="append", default=[], help="import only this system, e.g. gb200 (repeatable)")
+    g.add_argument("--family", action="append", default=[], help="only this table family, e.g. gemm (repeatable)")
+    g.add_argument("--device", default=None, help="list: only this device, e.g. gb200")
+    g = p.add_argument_group("output")
+    g.add_argument("-o", "--output", default=None, metavar="DIR|FILE",
+                   help="import: the folder to write graphsim tables to; list: write the listing to FILE "
+                        "instead of printing it")
+    g.add_argument("--json", action="store_true", help="list: print the partitions as JSON")
     p.set_defaults(fn=cmd_measured)

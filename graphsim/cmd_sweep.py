@@ -33,19 +33,32 @@ def _jobs(text: str) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sweep", help="run a sweep spec: one row per what-if point, to Parquet or CSV")
-    p.add_argument("spec", help="sweep spec (.toml, .yaml or .json)")
-    p.add_argument("-o", "--output", required=True, help="results file (.parquet or .csv); re-running resumes")
-    p.add_argument("--executor", choices=("local", "processes", "ray"), default="local",
-                   help="processes runs structural points on local worker processes (--jobs); ray distributes "
-                        "them over a Ray cluster (pip install 'graphsim[ray]')")
-    p.add_argument("--jobs", type=_jobs, default=None,
-                   help="worker processes for --executor processes (default: one per CPU)")
-    p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray)")
-    p.add_argument("--chunk", type=int, default=None, help="points per vectorized call (bounds memory)")
-    p.add_argument("--precision", choices=("exact", "fast"), default=None,
+    from .cli import add_command
+
+    p = add_command(sub, "sweep", help="run a sweep spec: one row per what-if point, to Parquet or CSV",
+                    description="Run a sweep spec (TOML, YAML or JSON; see examples/ and the README): every "
+                                "structural point is\ncompiled once and its axes evaluated as one vectorized "
+                                "call; one row per point to Parquet or CSV.\nRe-running resumes from the "
+                                "finished parts.",
+                    examples=["graphsim sweep examples/sweep_spec.toml -o results.parquet",
+                              "graphsim sweep spec.toml -o results.csv --executor processes --jobs 4 --no-progress"])
+    g = p.add_argument_group("spec")
+    g.add_argument("spec", help="sweep spec (.toml, .yaml or .json)")
+    g.add_argument("--chunk", type=int, default=None, metavar="N", help="points per vectorized call (bounds memory)")
+    g.add_argument("--precision", choices=("exact", "fast"), default=None,
                    help="exact: float64 (default); fast: float32, relative error below 1e-5")
-    p.add_argument("--fresh", action="store_true", help="ignore finished parts in the output and start over")
-    p.add_argument("--progress", dest="progress", action="store_true", default=None, help="show a progress bar")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    g = p.add_argument_group("execution")
+    g.add_argument("--executor", choices=("local", "processes", "ray"), default="local",
+                   help="local: this process; processes: structural points on local worker processes (--jobs); "
+                        "ray: over a Ray cluster (pip install 'graphsim[ray]')")
+    g.add_argument("--jobs", type=_jobs, default=None, metavar="N",
+                   help="worker processes for --executor processes (default: one per CPU)")
+    g.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray)")
+    g = p.add_argument_group("output")
+    g.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="results file (.parquet or .csv); re-running resumes")
+    g.add_argument("--fresh", action="store_true", help="ignore finished parts in the output and start over")
+    g.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="show a progress bar (default: when stderr is a terminal)")
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
     p.set_defaults(fn=cmd_sweep)

@@ -17,9 +17,16 @@ def cmd_trace(a) -> None:
 
 
 def register(sub) -> None:
-    from .cli import _plan_args
+    from .cli import _plan_args, add_command
 
-    p = sub.add_parser("trace", help="Perfetto/Chrome trace JSON of a plan's schedule (tracks per stream)")
+    p = add_command(sub, "trace", help="Perfetto/Chrome trace JSON of a plan's schedule (tracks per stream)",
+                    description="One plan's schedule as a Perfetto / Chrome trace: one track per stream (compute, "
+                                "communication,\ncopies), a slice per op with its cost terms. Open it in "
+                                "ui.perfetto.dev or chrome://tracing.",
+                    examples=["graphsim trace --model deepseek-v4.1-flash --request decode:8192x64 --tp 4 "
+                              "--overlap two-batch -o trace.json",
+                              "graphsim trace --model llama-3.1-70b --hw h200 --tp 8 --request prefill:4096 -o t.json"])
     _plan_args(p)
-    p.add_argument("-o", "--output", required=True, help="trace file (.json)")
+    g = p.add_argument_group("output")
+    g.add_argument("-o", "--output", required=True, metavar="FILE", help="trace file (.json)")
     p.set_defaults(fn=cmd_trace)

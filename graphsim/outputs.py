@@ -78,6 +78,24 @@ def write_text(path, text: str, *, field: str = "output", suffixes: Sequence[str
     return str(path)
 
 
+#: the version of every ``--json`` document (docs/json.md): additive changes keep it, renames and removals bump it
+SCHEMA_VERSION = 1
+
+
+def json_document(command: str, body: dict) -> str:
+    """A command's ``--json`` result (docs/json.md): one object, ``schema_version`` and ``command`` first, then
+    the command's fixed keys."""
+    import json
+
+    return json.dumps({"schema_version": SCHEMA_VERSION, "command": command, **body}, indent=2, default=float)
+
+
+def check_output(output) -> None:
+    """``-o FILE`` checked before a command's work (a directory or a missing folder fails at once); none: stdout."""
+    if output:
+        output_path(output)
+
+
 def emit(output, text: str, note: str = "") -> None:
     """A command's result: written to ``output`` (atomically; one line says so, with ``note``) or printed."""
     if output:

@@ -1,7 +1,6 @@
 """Reports: one evaluated plan -> times, throughput, memory per device, breakdowns and the critical path."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import attrs
@@ -31,7 +30,10 @@ class Report:
         return attrs.asdict(self)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=float)
+        """The ``estimate --json`` document (docs/json.md, schema_version 1); ``to_dict`` keeps the Python form."""
+        from .outputs import json_document
+
+        return json_document("estimate", report_json(self))
 
     def __repr__(self) -> str:  # a summary line; print(report) or to_text() gives the whole report
         i, t = self.identity, self.tokens
@@ -43,8 +45,54 @@ class Report:
     def __str__(self) -> str:
         return self.to_text()
 
-    def _repr_html_(self) -> str:  # Jupyter
-        return "<pre>" + self.to_text() + "</pre>"
+    def _repr_html_(self, top: int = 12) -> str:  # Jupyter: what to_text says, as escaped HTML tables
+        from html import escape
+
+        from .exports import html_table, side_by_side
+
+        i, t, m = self.identity, self.tokens, self.memory
+        fwd = max(self.forward_s, 1e-30)
+        fallbacks = i.get("precision_fallbacks") or {}
+        head = (f"<p><b>graphsim {escape(i['model'])}</b> on {escape(i['hw'])} x{i['gpus']} ({escape(i['mapping'])})"
+                f", view {escape(i.get('view', 'sol'))}, profile {escape(i.get('profile', 'SOL'))}<br>"
+                f"requests: {escape(', '.join(i['requests']))}<br>policies: {escape(_policies_text(i['policies']))}"
+                + "".join(f"<br>{escape(p)} runs at {escape(q)} on {escape(i['hw'])} (no {escape(p)} tensor rate)"
+                          for p, q in fallbacks.items()) + "</p>")
+        nums = [("forward", _ms(self.forward_s).strip())]
+        if t["prefill_tokens"]:
+            nums.append(("TTFT (prefill)", _ms(t["ttft_s"]).strip()))
+        if t["decode_requests"]:
+            nums += [("ITL (decode)", _ms(t["itl_s"]).strip()),
+                     ("tokens/s per user", f"{t['tokens_per_s_per_user']:.1f}")]
+        nums += [("tokens/s per GPU", f"{t['tokens_per_s_per_gpu']:,.0f}"),
+                 ("tokens/s (replica)", f"{t['tokens_per_s']:,.0f}"),
+                 ("memory per device", f"{m['total_gib']:.2f} of {m['capacity_gib']:.2f} GiB"),
+                 ("fits in HBM", "yes" if m["fits"] else f"NO (over by {-m['headroom_gib']:.2f} GiB)"),
+                 ("graph ops", f"{i['graph_ops']:,}")]
+        memory = [*((f"weights/{k}", f"{v:.2f}") for k, v in m["weights_gib"].items()),
+                  ("kv cache", f"{m['kv_gib']:.2f}"), ("workspace", f"{m['workspace_gib']:.2f}"),
+                  ("runtime reserve", f"{m['reserve_gib']:.2f}"), ("total", f"{m['total_gib']:.2f}")]
+
+        def share(s: float) -> str:
+            return f"{100 * s / fwd:.1f} %"
+
+        blocks = [
+            html_table(("", "value"), nums, caption="headline", right=(1,)),
+            html_table(("stage", "busy", "share"), [(s, _ms(v["busy_s"]).strip(), share(v["busy_s"]))
+                                                    for s, v in self.stages.items()], caption="stages", right=(1, 2)),
+            html_table(("op kind", "busy", "share"), [(k, _ms(v).strip(), share(v)) for k, v in
+                                                      sorted(self.breakdown.items(), key=lambda kv: -kv[1])],
+                       caption="op kinds", right=(1, 2)),
+            html_table(("part", "GiB"), memory, caption="memory per device", right=(1,)),
+        ]
+        path = sorted(self.critical_path, key=lambda o: -o["duration_s"])[:top]
+        crit = html_table(("op", "kind", "stage", "layer", "time", "share", "bound"),
+                          [(o["name"], o["kind"], o["stage"], "" if o["layer"] is None else o["layer"],
+                            _ms(o["duration_s"]).strip(), share(o["duration_s"]), o["bound"]) for o in path],
+                          caption=f"critical path: top {len(path)} of {len(self.critical_path)} ops by time",
+                          right=(3, 4, 5))
+        cov = "<pre>" + escape("\n".join(coverage_text(self.coverage))) + "</pre>" if self.coverage else ""
+        return f'<div class="graphsim-report">{head}{side_by_side(*blocks)}{cov}{crit}</div>'
 
     def to_text(self, top: int = 12) -> str:
         i, t, m = self.identity, self.tokens, self.memory
@@ -82,6 +130,60 @@ class Report:
         for op in sorted(self.critical_path, key=lambda o: -o["duration_s"])[:top]:
             lines.append(f"  {op['name']:<34} {op['kind']:<12} {_ms(op['duration_s'])}  {op['bound']}")
         return "\n".join(lines)
+
+
+def report_json(r: Report) -> dict:
+    """The keys of ``estimate --json`` (docs/json.md): the same for every model family and view — breakdowns
+    by name are lists of records, precisions and sources list every category with 0 where absent, and the
+    measured-view sections are null where they do not apply."""
+    from .ir import PRECISIONS
+
+    i, m, t = r.identity, r.memory, r.traffic
+    pol = dict(i["policies"])
+    pol["algorithms"] = [{"collective": c, "algorithm": a} for c, a in pol["algorithms"]]
+    pol["acceptance"] = list(pol["acceptance"])
+    fpm = r.coverage if r.coverage is not None and r.coverage.get("view") == "fpm" else None
+    cov = r.coverage if r.coverage is not None and fpm is None else None
+    return {
+        "mode": "plan",
+        "identity": {
+            "model": i["model"], "hw": i["hw"], "mapping": i["mapping"], "gpus": i["gpus"],
+            "requests": list(i["requests"]), "policies": pol, "profile": i["profile"], "graph_ops": i["graph_ops"],
+            "view": i["view"], "backend": i.get("backend", ""),
+            "precision_fallbacks": [{"precision": p, "runs_at": q} for p, q in i["precision_fallbacks"].items()],
+        },
+        "forward_s": r.forward_s,
+        "stages": [{"stage": s, "busy_s": v["busy_s"], "start_s": v["start_s"], "end_s": v["end_s"]}
+                   for s, v in r.stages.items()],
+        "op_kinds": [{"kind": k, "busy_s": v} for k, v in r.breakdown.items()],
+        "layers": [{"layer": int(k), "busy_s": v} for k, v in r.layers.items()],
+        "critical_path": [{**{k: op[k] for k in ("name", "kind", "stage", "layer", "stream", "start_s", "duration_s",
+                                                 "bound", "formula")}, "source": op.get("source", "sol")}
+                          for op in r.critical_path],
+        "memory": {"weights_by_group": [{"group": g, "size_gib": v} for g, v in m["weights_gib"].items()],
+                   **{k: v for k, v in m.items() if k != "weights_gib"}},
+        "tokens": dict(r.tokens),
+        "traffic": {"flops": {p: t["flops"].get(p, 0.0) for p in PRECISIONS},
+                    **{f"hbm_{k}_bytes": v for k, v in t["hbm_bytes"].items()},
+                    **{f"{k}_bytes": v for k, v in t["link_bytes"].items()}},
+        "coverage": _coverage_json(cov) if cov is not None else None,
+        "fpm": dict(fpm) if fpm is not None else None,
+    }
+
+
+def _coverage_json(cov: dict) -> dict:
+    """A measured view's coverage (op / hybrid) with records for its per-kind, per-op and per-family parts."""
+    from .measured.view import SOURCE_NAMES
+
+    return {
+        "view": cov["view"], "backend": cov["backend"], "device": cov["device"],
+        "kinds": [{"kind": k, "sol_s": v["sol_s"], "view_s": v["view_s"], "efficiency": v["efficiency"],
+                   "sources": {n: v["sources"].get(n, 0) for n in SOURCE_NAMES}} for k, v in cov["kinds"].items()],
+        "forward_share": {n: cov["forward_share"].get(n, 0.0) for n in SOURCE_NAMES},
+        "sol_violations": [dict(v) for v in cov["sol_violations"]],
+        "uncovered": [{"kind": k, "ops": u["ops"], "why": u["why"]} for k, u in cov["uncovered"].items()],
+        "fallback": [{"family": f, **b} for f, b in cov["fallback"].items()],
+    }
 
 
 def coverage_text(cov: dict) -> list[str]:

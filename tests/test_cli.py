@@ -19,7 +19,8 @@ def test_estimate_json_keys(capsys):
                       "--request", "decode:4096x64", "--request", "prefill:2048", "--json"], capsys)
     assert rc == 0
     d = json.loads(out)
-    for k in ("forward_s", "stages", "critical_path", "breakdown", "memory", "tokens"):
+    assert d["schema_version"] == 1 and d["command"] == "estimate"
+    for k in ("forward_s", "stages", "critical_path", "op_kinds", "memory", "tokens"):
         assert k in d
     assert d["forward_s"] > 0 and d["tokens"]["decode_tokens"] == 64 and d["tokens"]["prefill_tokens"] == 2048
 
@@ -124,7 +125,7 @@ def test_chunked_prefill_with_an_image_larger_than_a_chunk(capsys):
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and len(d["steps"]) == 10
     # the ViT runs in the first step only (its patches); later steps project only their own image tokens
-    vision = [st["stages"].get("vision", 0.0) for st in d["steps"]]
+    vision = [sum(s["busy_s"] for s in st["stages"] if s["stage"] == "vision") for st in d["steps"]]
     assert vision[0] > 0 and vision[1] < 0.01 * vision[0] and vision[2] == 0.0
 
 
@@ -176,3 +177,27 @@ def test_estimate_writes_its_report_to_a_file(tmp_path, capsys):
     assert main([*args, "-o", str(out)]) == 0
     assert capsys.readouterr().out.strip() == f"wrote {out} (JSON)"
     assert json.loads(out.read_text()) == printed
+
+
+@pytest.mark.parametrize("args", [
+    ["hw", "list"],
+    ["hw", "show", "gb300", "--json"],
+    ["models"],
+    ["layers", "--model", "deepseek-v4.1-flash"],
+    ["memory", "--model", "deepseek-v3", "--context", "4096", "--json"],
+    ["fit", "--model", "llama-3.1-70b", "--hw", "h200", "--tp", "4", "--context", "8192"],
+    ["ledger", "--model", "deepseek-v4.1-flash", "--request", "prefill:300", "--request", "decode:8192x4"],
+    ["disagg", "--model", "deepseek-v3", "--isl", "1024", "--osl", "128", "--prefill", "tp=4", "--decode", "tp=4",
+     "--json"],
+    ["estimate", "--model", "deepseek-v3", "--request", "prefill:600", "--chunk", "256"],
+])
+def test_every_result_can_go_to_a_file(args, tmp_path, capsys):
+    # issue 16: -o FILE on every command that prints a result: the file holds exactly what stdout would have
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    out = tmp_path / "result.out"
+    assert main([*args, "-o", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {out} ({'JSON' if '--json' in args else 'text'})"
+    assert out.read_text() == printed
+    assert main([*args, "-o", str(tmp_path / "no" / "such" / "dir" / "x")]) == 2
+    assert "output: the folder" in capsys.readouterr().err

@@ -102,7 +102,7 @@ def test_a_plan_is_priced_from_the_local_tables(local):
     assert src["activation"] == {("table", "elementwise")}
     assert src["cache_write"] == {("table", "copy")}
     assert src["embedding"] == {("sol", "")}
-    cov = json.loads(c.report().to_json())["coverage"]
+    cov = c.report().to_dict()["coverage"]
     for kind in ("gemm", "attention", "norm", "activation", "cache_write"):
         n = cov["kinds"][kind]["sources"]
         assert n["fallback"] == 0 and n["sol"] == 0 and n["measured"] + n["interpolated"] + n["extrapolated"] > 0

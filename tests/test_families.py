@@ -222,7 +222,7 @@ def test_memory_json_reports_params_and_formats(capsys):
     d = json.loads(capsys.readouterr().out)["weights"]
     assert d["total_params"] == pytest.approx(116.83e9, rel=0.005)
     assert d["active_params_per_token"] == pytest.approx(5.13e9, rel=0.01)
-    assert d["bytes_per_param_by_format"]["mxfp4"] == fmt("mxfp4").bytes_per_elem
+    assert {f["format"]: f["bytes_per_param"] for f in d["by_format"]}["mxfp4"] == fmt("mxfp4").bytes_per_elem
     assert d["quantization"] == "quantization_config"
     assert main(["memory", cfg("openai--gpt-oss-120b"), "--context", "4096"]) in (0, None)
     assert "B active per token" in capsys.readouterr().out

@@ -75,7 +75,7 @@ def test_cli_fit(capsys):
     assert "engram=hbm" in out and "engram=host" in out and "188.83 GiB" in out
     assert "largest decode batch at 131,072 tokens" in out and "fits" in out
     rc = main(["fit", "--model", "deepseek-v4.1-flash", "--hw", "gb200", "--tp", "4", "--json"])
-    rows = json.loads(capsys.readouterr().out)
+    rows = json.loads(capsys.readouterr().out)["results"]
     assert [r["engram"] for r in rows] == ["hbm", "host"] and rows[1]["max_batch"] > rows[0]["max_batch"]
     rc = main(["fit", "--model", "deepseek-v3", "--hw", "h800", "--tp", "3"])
     assert rc == 2 and "mapping.tp" in capsys.readouterr().err

@@ -226,7 +226,7 @@ def test_estimate_in_the_fpm_view(micro, fpm_file, capsys):
     assert main(["estimate", "--model", micro, "--hw", "gb200", "--request", "decode:200x3", "--view", "fpm",
                  "--fpm", str(fpm_file / "m.fpm"), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    cov = rep["coverage"]
+    cov = rep["fpm"]
     assert rep["identity"]["view"] == "fpm" and cov["domain"] == "in"
     assert rep["forward_s"] == pytest.approx(3.0 * cov["sol_forward_s"], rel=1e-9)
     assert rep["tokens"]["itl_s"] == pytest.approx(rep["forward_s"])

@@ -137,7 +137,7 @@ def test_beyond_context_what_if_is_allowed_and_recorded(capsys):
 def test_v4_flash_fits_under_pipeline_parallelism(capsys):
     rc, out, err = _cli(["fit", "--model", "deepseek-v4-flash", "--pp", "2", "--json"], capsys)
     assert rc == 0, err
-    assert all(r["kv_bytes"] >= 0 for r in json.loads(out))
+    assert all(r["kv_bytes"] >= 0 for r in json.loads(out)["results"])
 
 
 def test_v4_flash_kv_capacity_monotone_at_the_hca_boundary():

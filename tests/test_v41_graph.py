@@ -83,21 +83,22 @@ def test_estimate_cli_v41(req, capsys):
     rc = main(["estimate", "--model", "deepseek-v4.1-flash", "--hw", "gb200", "--request", req, "--json"])
     d = json.loads(capsys.readouterr().out)
     assert rc == 0
-    assert {"encoder", "global_kv", "decoder"} <= set(d["stages"])
-    assert all(d["stages"][s]["busy_s"] > 0 for s in ("encoder", "global_kv", "decoder"))
+    stages = {s["stage"]: s for s in d["stages"]}
+    assert {"encoder", "global_kv", "decoder"} <= set(stages)
+    assert all(stages[s]["busy_s"] > 0 for s in ("encoder", "global_kv", "decoder"))
 
 
 def test_layers_and_memory_cli(capsys):
     assert main(["layers", "deepseek-v4.1-flash", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert [r["path"] for r in rows].count("reuse") == 30  # §2: path counts 2 / 4 / 4 / 30
+    d = json.loads(capsys.readouterr().out)
+    assert [r["path"] for r in d["layers"]].count("reuse") == 30 == d["path_counts"]["reuse"]  # §2: path counts 2 / 4 / 4 / 30
     assert main(["memory", "deepseek-v4.1-flash", "--context", "1048576", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     # V41_FACTS §8: 890.00 MiB global + 2.50 MiB SWA = 892.50 MiB at N = 1,048,576
     assert d["kv_capacity"]["global_bytes"] == 890 * 2**20
     assert d["kv_capacity"]["global_bytes"] + d["kv_capacity"]["swa_bytes"] == 892.5 * 2**20
     assert d["kv_capacity"]["total_bytes"] == 892.5 * 2**20 + 3 * 8192  # + the m=2 owners' state buffers
-    assert d["weights"]["bytes_by_group"]["engram"] > 202_758_032_400  # tables + projections (§6)
+    assert {g["group"]: g["bytes"] for g in d["weights"]["by_group"]}["engram"] > 202_758_032_400  # tables + projections (§6)
 
 
 def test_v4_baseline_graph_compares():

@@ -81,7 +81,7 @@ def test_cli_estimate_with_an_image(capsys):
     rc = main(["estimate", "--model", "deepseek-v4.1-flash", "--request", "prefill:2000+img:1024x768", "--json"])
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and d["tokens"]["prefill_tokens"] == 2475
-    assert d["stages"]["vision"]["busy_s"] > 0
+    assert {s["stage"]: s["busy_s"] for s in d["stages"]}["vision"] > 0
     assert d["identity"]["requests"] == ["prefill:2000+img:475tok/4070patches"]
 
 
