@@ -1,6 +1,6 @@
 """``graphsim plot``: pictures of a sweep's results, or of one plan (roofline, op kinds).
 
-    graphsim plot results.parquet --kind pareto -o pareto.png
+    graphsim plot results.parquet --kind pareto --marker profile -o pareto.png
     graphsim plot results.parquet --kind latency --where "mapping == 'tp4-dp1-ep4-pp1'" -o lat.png
     graphsim plot --kind roofline --model deepseek-v3 --tp 4 --ep 4 --request decode:4096x64 -o roof.png
 """
@@ -14,6 +14,8 @@ KINDS = ("latency", "pareto", "kinds", "memory", "roofline")
 def cmd_plot(a) -> None:
     from .exports import plots
 
+    if a.kind != "pareto" and (a.y or a.color or a.marker):
+        raise GraphsimError("kind", "--y, --color and --marker shape the pareto plot; give --kind pareto")
     if a.results is None:
         if a.kind not in ("roofline", "kinds"):
             raise GraphsimError("results", f"--kind {a.kind} plots a sweep: give the results file")
@@ -23,43 +25,70 @@ def cmd_plot(a) -> None:
 
         c = _compile(a)
         if a.kind == "roofline":
-            path = plots.plot_roofline(c.schedule(), a.output, title=f"roofline: {c.model.name} on {c.hw.name} "
-                                       f"{c.plan.mapping} [{', '.join(map(str, c.plan.requests))}]")
+            path = plots.plot_roofline(c.schedule(), a.output, title=a.title or f"roofline: {c.model.name} on "
+                                       f"{c.hw.name} {c.plan.mapping} [{', '.join(map(str, c.plan.requests))}]")
         else:
-            path = plots.plot_kinds(c.report(), a.output)
+            path = plots.plot_kinds(c.report(), a.output, title=a.title)
     else:
         if a.kind == "roofline":
-            raise GraphsimError("kind", "a roofline needs one plan's schedule: use --model/--request, not a results file")
+            raise GraphsimError("kind", "a roofline needs one plan's schedule: use --model/--request, "
+                                "not a results file")
         from .outputs import output_path
         from .sweep import read_results
 
         output_path(a.output, suffixes=plots.IMAGE_SUFFIXES)  # before reading anything
         df = read_results(a.results)
-        kw = {"where": a.where}
+        kw = {"where": a.where, "title": a.title}
         if a.kind in ("latency", "memory") and a.x:
             kw["x"] = a.x
         if a.kind == "pareto":
-            kw.update({k: v for k, v in (("x", a.x), ("y", a.y), ("color", a.color)) if v})
+            kw.update({k: v for k, v in (("x", a.x), ("y", a.y), ("color", a.color), ("marker", a.marker)) if v})
+            kw.update({k: None for k in ("color", "marker") if kw.get(k) == "none"})
         path = plots.PLOTS[a.kind](df, a.output, **kw)
     print(f"wrote {path}")
 
 
 def register(sub) -> None:
-    from .cli import _plan_args
+    from .cli import _plan_args, add_command
 
-    p = sub.add_parser("plot", help="plot sweep results (latency, pareto, kinds, memory) or a plan's roofline")
-    p.add_argument("results", nargs="?", default=None, help="results file from `graphsim sweep` (.parquet/.csv)")
-    p.add_argument("--kind", choices=KINDS, required=True)
-    p.add_argument("-o", "--output", required=True, help="image file (.png, .svg, .pdf)")
-    p.add_argument("--x", default=None, help="x column (default: the context/prompt axis; pareto: per-user tok/s)")
-    p.add_argument("--y", default=None, help="y column (pareto; default tokens_per_s_per_gpu)")
-    p.add_argument("--color", default=None, help="column colouring the pareto scatter (default mapping)")
-    p.add_argument("--where", default=None,
+    p = add_command(
+        sub, "plot", help="plot sweep results (latency, pareto, kinds, memory) or a plan's roofline",
+        description="Pictures of a results table from graphsim sweep (or search): latency vs context by stage, "
+                    "the Pareto\nfront of throughput per GPU vs per user, busy time by op kind, memory per device; "
+                    "or of one plan\n(roofline, op kinds). Axes are labelled with their units, each op kind has one "
+                    "colour in every plot,\nlegends sit outside the axes. The Pareto plot colours points by "
+                    "mapping (--color) and shapes them\nby profile or view (--marker), with one front per marker "
+                    "series.",
+        examples=["graphsim plot results.parquet --kind pareto --marker profile -o pareto.png",
+                  "graphsim plot results.parquet --kind latency --where \"mapping == 'tp4-dp1-ep4-pp1'\" -o lat.png",
+                  "graphsim plot --kind roofline --model deepseek-v3 --tp 4 --ep 4 --request decode:4096x64 "
+                  "-o roof.png"])
+    g = p.add_argument_group("what to plot")
+    g.add_argument("results", nargs="?", default=None,
+                   help="results file from graphsim sweep or search (.parquet/.csv); omit it to plot one plan "
+                        "(--model, --request)")
+    g.add_argument("--kind", choices=KINDS, required=True,
+                   help="latency, pareto, kinds, memory: from a results file; roofline (and kinds): of one plan")
+    g.add_argument("-o", "--output", required=True, metavar="FILE", help="image file (.png, .svg, .pdf, .jpg)")
+    g = p.add_argument_group("rows and axes", "results-file plots; axes show known columns in their units "
+                             "(forward_s in ms, *_gib in GiB, ...)")
+    g.add_argument("--where", default=None, metavar="FILTER",
                    help="rows to plot: comparisons (== != < <= > >= in) of a column with a number, 'text' or "
                         "true/false, joined by and/or/not, e.g. \"decode.count == 64 and hw == 'GB200'\"")
+    g.add_argument("--x", default=None, metavar="COLUMN",
+                   help="x column (latency/memory default: the context/prompt axis; pareto default "
+                        "tokens_per_s_per_user)")
+    g.add_argument("--y", default=None, metavar="COLUMN", help="pareto: y column (default tokens_per_s_per_gpu)")
+    g.add_argument("--color", default=None, metavar="COLUMN",
+                   help="pareto: column colouring the points (default mapping when it varies; none: one colour)")
+    g.add_argument("--marker", default=None, metavar="COLUMN",
+                   help="pareto: column giving the marker shape, one Pareto front per value (default profile, "
+                        "else view, when it varies; e.g. mode for a search table; none: one marker)")
+    g.add_argument("--title", default=None, help="the plot's title (default: what the rows share)")
     _plan_args(p, requests=False)
-    p.add_argument("--request", action="append", default=None, metavar="KIND:LEN[xCOUNT][@CACHED]",
-                   help="plan to plot (roofline / kinds without a results file)")
+    g = p.add_argument_group("one plan", "roofline, or kinds without a results file")
+    g.add_argument("--request", action="append", default=None, metavar="KIND:LEN[xCOUNT][@CACHED]",
+                   help="one group of identical requests of the plan to plot (repeatable), e.g. decode:4096x64")
     for act in p._actions:  # the plan arguments are optional here: a results file needs none of them
         if act.dest == "model":
             act.required = False

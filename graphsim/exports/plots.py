@@ -6,9 +6,15 @@
 * :func:`plot_memory` — memory per device vs context, with the HBM capacity line;
 * :func:`plot_roofline` — arithmetic intensity vs achieved FLOP/s of every op of a Schedule.
 
-Sweep plots take a DataFrame of :mod:`graphsim.sweep` rows. A line plot needs the other inputs fixed: unless
-``where`` (:mod:`graphsim.filters`: column comparisons joined by and/or/not) already does, rows are sliced at
-the first value of every other varying input and of the structural identity, and the title says which.
+Sweep plots take a DataFrame of :mod:`graphsim.sweep` rows (the Pareto plot any table with its x and y
+columns, e.g. ``graphsim search``'s). A line plot needs the other inputs fixed: unless ``where``
+(:mod:`graphsim.filters`: column comparisons joined by and/or/not) already does, rows are sliced at the first
+value of every other varying input and of the structural identity, and the title says which.
+
+Every plot labels a known result column with its unit and draws its values in that unit (:data:`AXES`,
+:func:`axis`), colours an op kind the same in every plot (:data:`OP_KINDS`, :func:`kind_colour`), and puts its
+legends outside the axes, titled, with the figure grown to hold them. ``path=None`` returns the Figure
+(notebooks, tests) instead of writing a file.
 """
 from __future__ import annotations
 
@@ -21,6 +27,105 @@ from graphsim.filters import apply_filter
 
 _INPUT = re.compile(r"^(prefill|decode|g\d+|hw|profile)\.")
 _STRUCT = ("struct_id",)
+
+#: Every op kind the model builders emit (``Op.kind``), in a fixed order: a kind's colour is its place here, so
+#: it is the same in every plot and every run whatever subset a plot shows. graphsim.ir keeps no registry of op
+#: kinds (they are free strings); tests/test_plots.py holds this tuple to the kinds of every shipped model's graph.
+OP_KINDS = ("gemm", "moe_experts", "attention", "collective", "indexer", "norm", "activation", "cache_write",
+            "router", "elementwise", "sparse_attention", "topk", "quant", "mhc", "engram", "compressor",
+            "recurrent", "cache_read", "host_copy", "data_movement", "embedding", "sampling")
+#: 30 colours at least 0.14 apart in RGB: tab10, most of tab20's light halves, dark hues of tab20b, Dark2 and
+#: Set2. The heavy kinds (first in OP_KINDS) get the strong tab10 hues; colours past OP_KINDS are spares for
+#: kinds not listed there.
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#f0027f",
+           "#dbdb8d", "#01665e", "#393b79", "#637939", "#e7ba52", "#7b4173", "#1b9e77", "#6b6ecf", "#ffd92f",
+           "#bd9e39", "#d95f02", "#66a61e")
+#: The colour of each listed op kind.
+KIND_COLOURS = dict(zip(OP_KINDS, PALETTE))
+
+
+def kind_colour(kind: str) -> str:
+    """The colour of an op kind: its :data:`KIND_COLOURS` entry, else a spare colour picked by a checksum of the
+    name (the same in every run, unlike ``hash``)."""
+    if kind in KIND_COLOURS:
+        return KIND_COLOURS[kind]
+    import zlib
+
+    spare = PALETTE[len(OP_KINDS):]
+    return spare[zlib.crc32(str(kind).encode()) % len(spare)]
+
+
+_GiB = float(2**30)
+#: Result column -> (axis label with its unit, factor that puts the column's values in that unit), for the
+#: columns a sweep (graphsim.metrics, graphsim.sweep.spec) or a search writes. See :func:`axis` for the input
+#: axes (``decode.context``, ``hw.hbm_bw``…) and the ``stage_s.*`` / ``kind_s.*`` columns.
+AXES = {
+    "forward_s": ("forward time (ms)", 1e3),
+    "ttft_s": ("TTFT (ms)", 1e3),
+    "itl_s": ("ITL / TPOT (ms per token)", 1e3),
+    "tokens_per_s": ("tokens/s (all GPUs)", 1.0),
+    "tokens_per_s_per_gpu": ("tokens/s per GPU", 1.0),
+    "output_tokens_per_s_per_gpu": ("output tokens/s per GPU", 1.0),
+    "tokens_per_s_per_user": ("tokens/s per user", 1.0),
+    "prefill_tokens": ("prefill tokens per forward", 1.0),
+    "decode_tokens": ("decode tokens per forward", 1.0),
+    "decode_requests": ("decode requests per forward", 1.0),
+    "weights_gib": ("weights (GiB per device)", 1.0),
+    "kv_gib": ("KV cache (GiB per device)", 1.0),
+    "workspace_gib": ("workspace (GiB per device)", 1.0),
+    "total_gib": ("memory (GiB per device)", 1.0),
+    "capacity_gib": ("HBM capacity (GiB per device)", 1.0),
+    "headroom_gib": ("HBM headroom (GiB per device)", 1.0),
+    "gpus": ("GPUs", 1.0),
+}
+#: Fields of a request group's axes (``decode.context``, ``prefill.prompt``, ``g1.count``…); ``{}`` is the group.
+_GROUP_AXES = {
+    "context": ("context (tokens)", 1.0), "prompt": ("prompt (tokens)", 1.0), "count": ("{} requests", 1.0),
+    "cached": ("cached prefix (tokens)", 1.0), "new": ("new tokens per request", 1.0),
+    "image": ("image tokens", 1.0), "patches": ("image patches", 1.0), "swa_cached": ("SWA window cached (0/1)", 1.0),
+    "tier": ("prefix-cache tier (0 HBM, 1 host, 2 disk)", 1.0),
+}
+#: Hardware axes (``hw.<field>``, per GPU and direction: graphsim.hw.descriptor.HardwareSpec).
+_HW_AXES = {
+    "hbm_bw": ("HBM bandwidth (TB/s)", 1e-12), "nvlink_bw": ("NVLink bandwidth (GB/s)", 1e-9),
+    "scaleout_bw": ("scale-out bandwidth (GB/s)", 1e-9), "c2c_bw": ("C2C bandwidth (GB/s)", 1e-9),
+    "disk_bw": ("disk bandwidth (GB/s)", 1e-9), "exp_rate": ("SFU exponentials (Texp/s)", 1e-12),
+    "nvlink_latency_s": ("NVLink latency (µs)", 1e6), "scaleout_latency_s": ("scale-out latency (µs)", 1e6),
+    "hbm_capacity_bytes": ("HBM capacity (GiB)", 1 / _GiB),
+}
+
+
+def axis(column: str) -> tuple[str, float]:
+    """(label with unit, scale) of a results column: plots draw ``values * scale`` under ``label``. A column
+    not known here is labelled by its own name and drawn as it is."""
+    if column in AXES:
+        return AXES[column]
+    head, _, field = column.partition(".")
+    if head in ("stage_s", "kind_s"):
+        return (f"{field} {'stage' if head == 'stage_s' else 'busy'} time (ms)", 1e3)
+    if head in ("prefill", "decode") or re.fullmatch(r"g\d+", head):
+        if field in _GROUP_AXES:
+            label, scale = _GROUP_AXES[field]
+            if "{}" in label:
+                return label.format(head), scale
+            return (label if head in ("prefill", "decode") else f"{head} {label}"), scale
+    if head == "hw":
+        if field in _HW_AXES:
+            return _HW_AXES[field]
+        if field.startswith("peak_flops."):
+            return f"{field[len('peak_flops.'):]} peak (PFLOP/s)", 1e-15
+    if head == "profile":
+        if field == "op_overhead_s":
+            return "per-op overhead (µs)", 1e6
+        what = field[len("compute_overrides."):] + " compute" if field.startswith("compute_overrides.") else field
+        return f"{what} efficiency (fraction of peak)", 1.0
+    return column, 1.0
+
+
+def _values(d, column: str):
+    """A column's values in the unit :func:`axis` labels."""
+    return d[column] * axis(column)[1]
 
 
 def _plt():
@@ -87,22 +192,61 @@ def slice_rows(df, x: str, where: str | None = None):
 
 
 def _title(df, extra: str = "") -> str:
-    r = df.iloc[0]
-    t = f"{r.get('model', '')} on {r.get('hw', '')} {r.get('mapping', '')} [{r.get('requests', '')}] {r.get('profile', '')}"
-    return t + (f"\n{extra}" if extra else "")
+    """What the rows share — model on hw, mapping, [requests], profile, view — from the identity columns the
+    table has and that hold one value (a search table or a Pareto plot over mappings lacks some), then ``extra``."""
+    one = {}
+    for c in ("model", "hw", "mapping", "requests", "profile", "view"):
+        if c in df.columns and len(df) and df[c].nunique(dropna=False) == 1:
+            v = df[c].iloc[0]
+            if v is not None and v == v and str(v) != "":  # v == v: not NaN
+                one[c] = f"view {v}" if c == "view" else str(v)
+    head = " on ".join(one[c] for c in ("model", "hw") if c in one)
+    t = " ".join(x for x in (head, one.get("mapping", ""), f"[{one['requests']}]" if "requests" in one else "",
+                             one.get("profile", ""), one.get("view", "")) if x)
+    return "\n".join(x for x in (t, extra) if x)
 
 
 #: Image types matplotlib writes here.
 IMAGE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")
 
 
-def _save(fig, path) -> str:
+def _figure(width: float, height: float):
+    """A figure with one axes and constrained layout (which makes room for legends outside the axes)."""
+    fig = _plt().figure(figsize=(width, height), layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _legend(fig, handles, labels, title: str, where: str = "right", fontsize: float = 8):
+    """A titled figure legend outside the axes — ``right`` (one column per 24 entries) or ``below`` (up to 4
+    columns) — with the figure grown by the legend's size so the axes keep theirs and nothing is clipped."""
+    if not handles:
+        return None
+    n = len(handles)
+    right = where == "right"
+    leg = fig.legend(handles, labels, loc="outside right upper" if right else "outside lower center",
+                     ncols=-(-n // 24) if right else min(n, 4), title=title, fontsize=fontsize,
+                     title_fontsize=fontsize + 1, alignment="left")
+    ext = leg.get_window_extent(fig.canvas.get_renderer())
+    w, h = fig.get_size_inches()
+    lw, lh = ext.width / fig.dpi, ext.height / fig.dpi
+    if right:
+        fig.set_size_inches(w + lw + 0.15, max(h, lh + 0.5))
+    else:
+        fig.set_size_inches(max(w, lw + 0.5), h + lh + 0.15)
+    return leg
+
+
+def _save(fig, path):
+    """Write the figure (the legends included: ``bbox_inches="tight"``) and return the path; ``path`` None
+    returns the Figure itself."""
+    if path is None:
+        return fig
     from graphsim.outputs import atomic_target
 
-    fig.tight_layout()
     try:
         with atomic_target(path, suffixes=IMAGE_SUFFIXES) as tmp:
-            fig.savefig(tmp, dpi=120, format=(str(path).rsplit(".", 1)[-1].lower() if "." in str(path) else None))
+            fig.savefig(tmp, dpi=120, bbox_inches="tight", pad_inches=0.1,
+                        format=(str(path).rsplit(".", 1)[-1].lower() if "." in str(path) else None))
     finally:
         _plt().close(fig)
     return str(path)
@@ -116,71 +260,157 @@ def require_columns(df, field: str, cols, what: str) -> None:
                             f"{', '.join(missing)} (a graphsim sweep writes them)")
 
 
-def plot_latency(df, path, x: str | None = None, where: str | None = None) -> str:
+def plot_latency(df, path, x: str | None = None, where: str | None = None, title: str | None = None):
     """Forward time vs ``x`` (default: the context/prompt axis), stacked by stage (``stage_s.*``)."""
     require_columns(df, "kind", ("forward_s",), "a latency plot")
-    plt = _plt()
     x = x or _default_x(df)
     d, fixed = slice_rows(df, x, where)
     stages = [c for c in d.columns if c.startswith("stage_s.") and d[c].notna().any()]
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = _figure(8, 5)
+    xs = _values(d, x)
     if stages:
-        ax.stackplot(d[x], *(d[c] * 1e3 for c in stages), labels=[c[len("stage_s."):] for c in stages], alpha=0.85)
-    ax.plot(d[x], d["forward_s"] * 1e3, "k-", lw=1.5, label="forward (critical path)")
-    ax.set_xlabel(x)
-    ax.set_ylabel("ms")
-    if d[x].min() > 0 and d[x].max() / d[x].min() > 20:
+        ax.stackplot(xs, *(d[c] * 1e3 for c in stages), labels=[c[len("stage_s."):] for c in stages], alpha=0.85)
+    ax.plot(xs, _values(d, "forward_s"), "k-", lw=1.5, label="forward (critical path)")
+    ax.set_xlabel(axis(x)[0])
+    ax.set_ylabel(axis("forward_s")[0])
+    if xs.min() > 0 and xs.max() / xs.min() > 20:
         ax.set_xscale("log")
-    ax.set_title(_title(d, fixed), fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_title(title or _title(d, fixed), fontsize=9)
+    _legend(fig, *ax.get_legend_handles_labels(), title="stage")
     return _save(fig, path)
+
+
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
+_FRONT_STYLES = ("-", "--", ":", "-.")
+
+
+def better_lower(column: str) -> bool:
+    """Whether a smaller value of the column is the better one on a Pareto front: times (forward, TTFT, ITL,
+    stage and kind times) and memory; anything else (throughput) is better larger."""
+    return column in ("forward_s", "ttft_s", "itl_s") or column.endswith("_gib") or column.startswith(
+        ("stage_s.", "kind_s."))
+
+
+def _text(v) -> str:
+    """A legend entry's value: whole floats as integers (1048576, not 1.04858e+06), others as ``:g``."""
+    if isinstance(v, (float, np.floating)):
+        return str(int(v)) if float(v).is_integer() and abs(v) < 1e15 else f"{v:g}"
+    return str(v)
+
+
+def _keys(values) -> list:
+    """The distinct values of a column, sorted (as text when they do not compare)."""
+    u = list(dict.fromkeys(values.dropna()))
+    try:
+        return sorted(u)
+    except TypeError:
+        return sorted(u, key=str)
+
+
+def _series_column(d, name: str | None, field: str, auto: tuple) -> str | None:
+    """The column a plot splits its points by: none for None/"", for ``"auto"`` the first of ``auto`` that holds
+    more than one value in ``d`` (else none); a named column must exist (a one-line error naming ``field``)."""
+    if not name:
+        return None
+    if name == "auto":
+        return next((c for c in auto if c in d.columns and d[c].nunique() > 1), None)
+    if name not in d.columns:
+        few = [c for c in d.columns if d[c].dtype.kind not in "fc" and 1 < d[c].nunique() <= 20][:8]
+        raise GraphsimError(field, f"no column {name!r} in the table" + (f"; e.g. {', '.join(few)}" if few else ""))
+    return name
 
 
 def plot_pareto(df, path, x: str = "tokens_per_s_per_user", y: str = "tokens_per_s_per_gpu",
-                color: str | None = "mapping", where: str | None = None, fits_only: bool = True) -> str:
-    """Every valid point as a dot (coloured by ``color``) and the (max x, max y) Pareto frontier as a line.
-    With ``fits_only`` points whose weights + KV exceed HBM are drawn as grey crosses and kept off the front."""
+                color: str | None = "auto", marker: str | None = "auto", where: str | None = None,
+                title: str | None = None, fits_only: bool = True):
+    """Every valid point, its colour by the ``color`` column and its marker shape by the ``marker`` column, and
+    the Pareto front (better is larger, or smaller for times and memory: :func:`better_lower`).
+
+    * ``color``: ``"auto"`` is ``mapping`` when it varies; a numeric column of more than 12 values is drawn on
+      a colour scale (with a colour bar), any other column one colour per value (legend on the right).
+    * ``marker``: ``"auto"`` is ``profile``, else ``view``, whichever has more than one value; any column works
+      (``mode`` of a ``graphsim search`` table). None/"" for one marker.
+    * The front is computed **per marker series** (one per profile / view / mode: which points are best under
+      each), or over all points when there is no marker column. Each front is a black step line — the edge of
+      the region its points dominate, one line style per series — and its points are enlarged with a black edge
+      (legend below the axes).
+    * With ``fits_only``, points whose weights + KV exceed HBM (``fits`` false) are grey crosses, off the front.
+
+    Only the ``x`` and ``y`` columns are required (no sweep-specific ones), so a ``graphsim search`` table
+    (``tokens_per_s_per_user``, ``tokens_per_s_per_gpu``, ``mode``, ``mapping``, ``profile``…) plots as is.
+    """
     require_columns(df, "x", (x,), "the Pareto plot's x axis")
     require_columns(df, "y", (y,), "the Pareto plot's y axis")
-    plt = _plt()
+    from matplotlib.lines import Line2D
+
     d = apply_filter(df, where)
     d = d[d["error"].isna()] if "error" in d.columns else d
-    d = d.dropna(subset=[x, y])
-    fig, ax = plt.subplots(figsize=(8, 5))
+    d = d.dropna(subset=[x, y]).reset_index(drop=True)
+    color = _series_column(d, color, "color", ("mapping",))
+    marker = _series_column(d, marker, "marker", ("profile", "view"))
+    (xl, xs), (yl, ys) = axis(x), axis(y)
+    maximize = (not better_lower(x), not better_lower(y))
+    fig, ax = _figure(8, 5)
+    ax.set_title(title or "\n".join(t for t in (f"{yl} vs {xl}", _title(d)) if t), fontsize=9)
+    below, unfit = [], []  # (handle, label) of the legend under the axes: the fronts, then the crosses
     if fits_only and "fits" in d.columns:
-        fits = d["fits"].astype(bool)
+        fits = d["fits"].fillna(False).astype(bool)
         if (~fits).any():
-            ax.scatter(d.loc[~fits, x], d.loc[~fits, y], s=10, marker="x", c="0.7", label="does not fit in HBM")
+            ax.scatter(d.loc[~fits, x] * xs, d.loc[~fits, y] * ys, s=10, marker="x", c="0.75", linewidths=0.8)
+            unfit.append((Line2D([], [], ls="", marker="x", color="0.75"), "does not fit in HBM"))
         d = d[fits]
-    if color and color in d.columns and d[color].nunique() > 1:
-        for key, g in d.groupby(color, sort=True):
-            ax.scatter(g[x], g[y], s=8, alpha=0.5, label=f"{color}={key}")
-    else:
-        ax.scatter(d[x], d[y], s=8, alpha=0.5, label="points")
-    front = pareto_front(d, x, y)
-    ax.plot(front[x], front[y], "r.-", lw=2, label=f"Pareto frontier ({len(front)})")
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
-    ax.set_title("throughput per GPU vs per user", fontsize=10)
-    ax.legend(fontsize=8)
+    colours = [PALETTE[0]] * len(d)
+    numeric = color is not None and d[color].dtype.kind in "iuf" and d[color].nunique() > 12
+    if numeric:
+        import matplotlib as mpl
+
+        v = _values(d, color)
+        norm, cmap = mpl.colors.Normalize(v.min(), v.max()), mpl.colormaps["viridis"]
+        colours = [tuple(c) for c in cmap(norm(v.to_numpy(float)))]
+        fig.colorbar(mpl.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=axis(color)[0])
+    elif color is not None:
+        table = {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(_keys(d[color]))}
+        colours = [table.get(k, "0.5") for k in d[color]]
+        _legend(fig, [Line2D([], [], ls="", marker="o", ms=6, color=c) for c in table.values()],
+                [_text(k) for k in table], title=color)
+    colours = dict(zip(d.index, colours))
+    series = d[marker].astype(object).where(d[marker].notna(), "(none)") if marker else None
+    for j, key in enumerate(_keys(series) if marker else [None]):
+        g = d[series == key] if marker else d
+        sym, style = _MARKERS[j % len(_MARKERS)], _FRONT_STYLES[j % len(_FRONT_STYLES)]
+        ax.scatter(g[x] * xs, g[y] * ys, s=14, alpha=0.55, marker=sym, c=[colours[i] for i in g.index],
+                   linewidths=0)
+        front = pareto_front(g, x, y, maximize)
+        if len(front):  # the staircase bounding the region the front dominates
+            ax.step(front[x] * xs, front[y] * ys, where="pre" if maximize[0] else "post", color="k", ls=style,
+                    lw=1.3, zorder=3)
+            ax.scatter(front[x] * xs, front[y] * ys, s=44, marker=sym, c=[colours[i] for i in front.index],
+                       edgecolors="k", linewidths=1.0, zorder=4)
+        below.append((Line2D([], [], color="k", ls=style, lw=1.3, marker=sym, ms=7, mfc="0.6", mec="k"),
+                      f"{_text(key)} (front: {len(front)})" if marker else f"Pareto front ({len(front)} points)"))
+    ax.set_xlabel(xl)
+    ax.set_ylabel(yl)
+    below += unfit
+    _legend(fig, [h for h, _ in below], [t for _, t in below], title=marker or "Pareto front", where="below")
     return _save(fig, path)
 
 
-def plot_memory(df, path, x: str | None = None, where: str | None = None, series: str | None = "auto") -> str:
+def plot_memory(df, path, x: str | None = None, where: str | None = None, series: str | None = "auto",
+                title: str | None = None):
     """Weights + KV + workspace per device vs ``x`` (stacked), with the HBM capacity as a dashed line; with a
     ``series`` column (default: the one other varying length/batch input, if exactly one) one total-memory line
     per value of it is drawn too (e.g. one per batch size)."""
     require_columns(df, "kind", ("weights_gib", "kv_gib", "workspace_gib", "total_gib", "capacity_gib"),
                     "a memory plot")
-    plt = _plt()
     x = x or _default_x(df)
     if series == "auto":
         others = [c for c in input_columns(df) if c != x and not c.startswith(("hw.", "profile."))
                   and df[c].nunique() > 1]
         series = others[0] if len(others) == 1 else None
     d, fixed = slice_rows(df, x, where)
-    fig, ax = plt.subplots(figsize=(8, 5))
-    ax.stackplot(d[x], d["weights_gib"], d["kv_gib"], d["workspace_gib"],
+    fig, ax = _figure(8, 5)
+    xs = _values(d, x)
+    ax.stackplot(xs, d["weights_gib"], d["kv_gib"], d["workspace_gib"],
                  labels=["weights", "KV cache", "workspace"], alpha=0.85)
     if series:
         base = apply_filter(df, where)
@@ -188,23 +418,22 @@ def plot_memory(df, path, x: str | None = None, where: str | None = None, series
         keep = base["struct_id"] == d["struct_id"].iloc[0] if "struct_id" in base.columns else True
         for v in sorted(base.loc[keep, series].unique())[:10]:
             g, _ = slice_rows(base[keep & (base[series] == v)], x)
-            ax.plot(g[x], g["total_gib"], lw=1, label=f"total, {series}={v:g}")
-    ax.plot(d[x], d["capacity_gib"], "r--", lw=1.5, label="HBM capacity")
-    ax.set_xlabel(x)
-    ax.set_ylabel("GiB per device")
-    if d[x].min() > 0 and d[x].max() / d[x].min() > 20:
+            ax.plot(_values(g, x), g["total_gib"], lw=1, label=f"total, {axis(series)[0]} = {v * axis(series)[1]:g}")
+    ax.plot(xs, d["capacity_gib"], "r--", lw=1.5, label="HBM capacity")
+    ax.set_xlabel(axis(x)[0])
+    ax.set_ylabel("memory per device (GiB)")
+    if xs.min() > 0 and xs.max() / xs.min() > 20:
         ax.set_xscale("log")
     if series and d["total_gib"].max() > 0:
         ax.set_ylim(0, max(d["capacity_gib"].max() * 1.6, d["total_gib"].max() * 1.1))
-    ax.set_title(_title(d, fixed), fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(title or _title(d, fixed), fontsize=9)
+    _legend(fig, *ax.get_legend_handles_labels(), title="per device")
     return _save(fig, path)
 
 
-def plot_kinds(source, path, rows: int = 8, where: str | None = None) -> str:
-    """Horizontal stacked bars of busy seconds per op kind: one bar per Report, or per sweep row (the first
-    ``rows`` valid rows after ``where``)."""
-    plt = _plt()
+def plot_kinds(source, path, rows: int = 8, where: str | None = None, title: str | None = None):
+    """Horizontal stacked bars of busy time per op kind, each kind in its :func:`kind_colour`: one bar per
+    Report, or per sweep row (the first ``rows`` valid rows after ``where``)."""
     if hasattr(source, "breakdown"):  # a Report
         labels = [f"{source.identity['model']} {source.identity['mapping']}"]
         kinds = sorted(source.breakdown, key=lambda k: -source.breakdown[k])
@@ -221,15 +450,15 @@ def plot_kinds(source, path, rows: int = 8, where: str | None = None) -> str:
         ins = input_columns(d)
         labels = [" ".join([str(r.get("mapping", ""))] + [f"{c.split('.')[-1]}={r[c]:g}" for c in ins])
                   for _, r in d.iterrows()]
-    fig, ax = plt.subplots(figsize=(9, 2.2 + 0.45 * len(labels)))
+    fig, ax = _figure(9, 1.6 + 0.45 * len(labels))
     left = np.zeros(len(labels))
     for j, k in enumerate(kinds):
-        ax.barh(labels, values[:, j] * 1e3, left=left * 1e3, label=k)
+        ax.barh(labels, values[:, j] * 1e3, left=left * 1e3, label=k, color=kind_colour(k))
         left += values[:, j]
-    ax.set_xlabel("busy ms (sum over ops)")
+    ax.set_xlabel("busy time (ms, summed over ops)")
     ax.invert_yaxis()
-    ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.1 - 0.6 / (1 + len(labels))))
-    ax.set_title("time by op kind", fontsize=10)
+    ax.set_title(title or "time by op kind", fontsize=10)
+    _legend(fig, *ax.get_legend_handles_labels(), title="op kind")
     return _save(fig, path)
 
 
@@ -253,30 +482,40 @@ def roofline_points(schedule, point: int = 0) -> dict:
             "peaks": peaks, "hbm_bw": bw}
 
 
-def plot_roofline(schedule, path, point: int = 0, title: str = "") -> str:
-    """Log-log roofline: ops as dots coloured by kind; the HBM slope and one flat roof per precision."""
-    plt = _plt()
+_ROOF_STYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)))
+
+
+def plot_roofline(schedule, path, point: int = 0, title: str = ""):
+    """Log-log roofline: ops as dots in their kind's :func:`kind_colour` (legend: op kinds by FLOPs' share, on
+    the right); the HBM slope and one flat roof per precision (legend below)."""
     r = roofline_points(schedule, point)
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    kinds = np.array(r["kind"])
-    for k in dict.fromkeys(r["kind"]):
+    fig, ax = _figure(8, 5.5)
+    kinds, tflops = np.array(r["kind"]), r["achieved"] / 1e12
+    dots = []
+    rank = {k: i for i, k in enumerate(OP_KINDS)}
+    for k in sorted(dict.fromkeys(r["kind"]), key=lambda k: (rank.get(k, len(rank)), k)):
         m = kinds == k
-        ax.scatter(r["intensity"][m], r["achieved"][m], s=14, alpha=0.7, label=k)
+        dots.append(ax.scatter(r["intensity"][m], tflops[m], s=14, alpha=0.7, color=kind_colour(k), label=k))
+    roofs = []
     if len(r["intensity"]):
         lo, hi = r["intensity"].min() / 4, r["intensity"].max() * 4
         ai = np.geomspace(min(lo, 1e-1), max(hi, 1e4), 200)
-        for p, peak in r["peaks"].items():
-            ax.plot(ai, np.minimum(peak, r["hbm_bw"] * ai), "--", lw=1, label=f"roof {p} {peak / 1e12:,.0f} TFLOP/s")
+        for j, (p, peak) in enumerate(r["peaks"].items()):  # grey, one dash each: colours are the kinds'
+            roofs += ax.plot(ai, np.minimum(peak, r["hbm_bw"] * ai) / 1e12, color="0.3", lw=1,
+                             ls=_ROOF_STYLES[j % len(_ROOF_STYLES)], label=f"{p}: {peak / 1e12:,.0f} TFLOP/s")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP / HBM byte)")
-    ax.set_ylabel("achieved FLOP/s")
+    ax.set_xlabel("arithmetic intensity (FLOP per HBM byte)")
+    ax.set_ylabel("achieved TFLOP/s")
     ax.set_title(title or f"roofline: {schedule.graph.name}", fontsize=10)
-    ax.legend(fontsize=7, ncol=2)
+    _legend(fig, dots, [h.get_label() for h in dots], title="op kind")
+    _legend(fig, roofs, [h.get_label() for h in roofs], title=f"roofs (HBM {r['hbm_bw'] / 1e12:.1f} TB/s)",
+            where="below")
     return _save(fig, path)
 
 
 PLOTS = {"latency": plot_latency, "pareto": plot_pareto, "memory": plot_memory, "kinds": plot_kinds}
 
 __all__ = ["pareto_front", "slice_rows", "input_columns", "plot_latency", "plot_pareto", "plot_memory",
-           "plot_kinds", "plot_roofline", "roofline_points", "PLOTS"]
+           "plot_kinds", "plot_roofline", "roofline_points", "PLOTS", "OP_KINDS", "PALETTE", "KIND_COLOURS",
+           "kind_colour", "AXES", "axis", "better_lower"]
