@@ -711,6 +711,21 @@ class Graph:
         return (f"Graph({self.name!r}: {len(self.ops)} ops, {len(self.edges)} edges, {len(self.tensors)} tensors, "
                 f"stages {', '.join(self.stages) or '-'})")
 
+    # Notebook display: the exporters are imported when a graph is first shown, never by the core at import.
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        """Jupyter: the SVG picture (big graphs: one node per layer) where Graphviz's ``dot`` is installed, else
+        an HTML summary (op, edge and layer counts, ops per stage and kind) — never a traceback."""
+        from .exports import graph_html, graph_svg
+
+        svg = graph_svg(self)
+        return {"image/svg+xml": svg} if svg is not None else {"text/html": graph_html(self)}
+
+    def _repr_svg_(self) -> str | None:
+        """The SVG alone (None without ``dot``): for front ends that ask for it by name."""
+        from .exports import graph_svg
+
+        return graph_svg(self)
+
     def evolve(self, **changes) -> "Graph":
         new = attrs.evolve(self, **changes)
         # lookups and the structural check depend only on some fields: keep them where those are unchanged

@@ -156,6 +156,11 @@ class Compiled:
                 f"{', profile ' + self.profile.name if self.profile else ''}: {p.n_ops} ops, "
                 f"{p.n_classes} classes, {p.n_segments} segments)")
 
+    def _repr_html_(self) -> str:  # Jupyter: the summary line, then the report (evaluated when shown)
+        from html import escape
+
+        return f"<p><code>{escape(repr(self))}</code></p>{self.report()._repr_html_()}"
+
     @property
     def view_name(self) -> str:
         if self.fpm is not None:

@@ -73,6 +73,24 @@ class Schedule:
         head = f"forward {fw[0] * 1e3:.4g} ms" if P == 1 else f"forward {fw.min() * 1e3:.4g}-{fw.max() * 1e3:.4g} ms"
         return f"Schedule({self.graph.name!r}: {n} ops x {P} point{'s' if P != 1 else ''}, {head})"
 
+    def _repr_html_(self, top: int = 8) -> str:  # Jupyter: forward time, the critical path and its longest ops
+        from html import escape
+
+        from graphsim.exports import html_table
+
+        P, n = self.duration.shape
+        g, fw, path, bounds = self.graph, self.forward, self.critical_path(0), self.bound(0)
+        dur = self.duration[0]
+        span = f" over {P} points ({fw.min() * 1e3:.4g}-{fw.max() * 1e3:.4g} ms); point 0 shown" if P > 1 else ""
+        head = (f"<p><b>Schedule {escape(repr(g.name))}</b>: {n:,} ops, forward {fw[0] * 1e3:.4g} ms{span}; "
+                f"critical path {len(path):,} ops</p>")
+        longest = sorted(path, key=lambda i: -dur[i])[:top]
+        rows = [(g.ops[i].name, g.ops[i].kind, g.ops[i].stage, f"{dur[i] * 1e6:,.2f}",
+                 f"{100 * dur[i] / max(fw[0], 1e-30):.1f} %", bounds[i]) for i in longest]
+        table = html_table(("op", "kind", "stage", "time (us)", "share", "bound"), rows, right=(3, 4),
+                           caption=f"longest {len(rows)} ops on the critical path")
+        return f'<div class="graphsim-schedule">{head}{table}</div>'
+
     def critical_path(self, point: int = 0) -> list[int]:
         """Op indices on the critical path of one point, first to last."""
         i = int(np.argmax(self.finish[point]))

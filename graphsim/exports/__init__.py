@@ -1,8 +1,9 @@
 """Exporters: DOT pictures (:mod:`.dot`), Perfetto traces (:mod:`.trace`), matplotlib plots (:mod:`.plots`).
 
-The core never imports these. Importing ``graphsim.exports`` gives :class:`~graphsim.ir.Graph` a Jupyter
-``_repr_svg_`` (layers collapsed; ``None`` — so Jupyter falls back to text — when Graphviz's ``dot`` is
-missing); :func:`display` shows a graph with a schedule's critical path and times.
+The core never imports these at import time; its notebook displays (``Graph``, ``Report``, ``Compiled``,
+``Schedule``) import them when first shown. :func:`display` shows a graph with a schedule's critical path and
+times; :func:`graph_svg` and :func:`graph_html` are a Graph's own pictures (SVG with layers collapsed when
+Graphviz's ``dot`` is installed, else an HTML summary); :func:`html_table` is the escaped table they all use.
 """
 from __future__ import annotations
 
@@ -50,14 +51,81 @@ def display(graph_or_compiled, *, schedule=None, collapse_layers=True, **kw) -> 
     return GraphView(to_dot(graph, schedule=schedule, collapse_layers=collapse_layers, **kw))
 
 
-def _graph_repr_svg(self: Graph):
-    try:
-        return display(self)._repr_svg_()
-    except RuntimeError:  # dot failed: let Jupyter show the text repr instead of a traceback
+#: An SVG larger than this is not sent to a notebook (the HTML summary is shown instead).
+SVG_MAX_CHARS = 4_000_000
+#: A graph with more ops than this is drawn with one node per layer (a shipped model's decode: 1,000+ ops).
+COLLAPSE_ABOVE_OPS = 200
+#: Rows of a summary table before the rest is folded into one "… n more" row.
+MAX_ROWS = 30
+
+
+def graph_svg(graph: Graph) -> str | None:
+    """The graph as SVG, layers collapsed above ``COLLAPSE_ABOVE_OPS`` ops; None when ``dot`` is missing, fails
+    or times out, or the picture is over ``SVG_MAX_CHARS`` (a notebook then shows :func:`graph_html`, never a
+    traceback)."""
+    from graphsim.errors import GraphsimError
+
+    from .dot import dot_available
+
+    if not dot_available():
         return None
+    try:
+        svg = display(graph, collapse_layers=len(graph.ops) > COLLAPSE_ABOVE_OPS)._repr_svg_()
+    except (GraphsimError, RuntimeError):  # dot failed or ran past its timeout
+        return None
+    return svg if svg is not None and len(svg) <= SVG_MAX_CHARS else None
 
 
-# Attached here, not in ir.py, so the core stays free of exporters.
-Graph._repr_svg_ = _graph_repr_svg
+def html_table(head, rows, *, caption: str = "", right=()) -> str:
+    """An HTML table, every cell escaped: ``head`` the column titles, ``rows`` sequences of cells (``str()``
+    of each), ``right`` the indices of right-aligned (numeric) columns; over ``MAX_ROWS`` rows the rest is
+    counted in one last row."""
+    from html import escape
 
-__all__ = ["GraphView", "display"]
+    rows = list(rows)
+    if len(rows) > MAX_ROWS:
+        rows = rows[:MAX_ROWS - 1] + [(f"… {len(rows) - MAX_ROWS + 1} more",) + ("",) * (len(head) - 1)]
+
+    def cell(tag, i, v):
+        style = ' style="text-align:right"' if i in right else ""
+        return f"<{tag}{style}>{escape(str(v))}</{tag}>"
+
+    cap = f'<caption style="text-align:left">{escape(caption)}</caption>' if caption else ""
+    return (f"<table>{cap}<thead><tr>{''.join(cell('th', i, h) for i, h in enumerate(head))}</tr></thead><tbody>"
+            + "".join(f"<tr>{''.join(cell('td', i, v) for i, v in enumerate(r))}</tr>" for r in rows)
+            + "</tbody></table>")
+
+
+def side_by_side(*blocks: str) -> str:
+    """HTML blocks (tables) in one wrapping row."""
+    return ('<div style="display:flex;flex-wrap:wrap;gap:2em;align-items:flex-start">'
+            + "".join(f"<div>{b}</div>" for b in blocks) + "</div>")
+
+
+def graph_html(graph: Graph) -> str:
+    """A summary of a graph for a notebook: op, edge, tensor and layer counts, the passes that made it, ops per
+    stage and per op kind (a few kilobytes whatever the graph's size)."""
+    from html import escape
+
+    ops = graph.ops
+    layers = {(op.stage, op.layer) for op in ops if op.layer is not None}
+    stages: dict = {}
+    kinds: dict = {}
+    for op in ops:
+        s = stages.setdefault(op.stage, [0, set()])
+        s[0] += 1
+        if op.layer is not None:
+            s[1].add(op.layer)
+        kinds[op.kind] = kinds.get(op.kind, 0) + 1
+    m = graph.meta
+    made = ", ".join(x for x in (m.model, m.hw, m.mapping) if x)
+    head = (f"<p><b>Graph {escape(repr(graph.name))}</b>{' (' + escape(made) + ')' if made else ''}: "
+            f"{len(ops):,} ops, {len(graph.edges):,} edges, {len(graph.tensors):,} tensors, {len(layers):,} layers"
+            + (f"; passes: {escape(', '.join(m.passes))}" if m.passes else "") + "</p>")
+    by_stage = html_table(("stage", "ops", "layers"), [(s, n, len(ls)) for s, (n, ls) in stages.items()],
+                          right=(1, 2))
+    by_kind = html_table(("op kind", "ops"), sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])), right=(1,))
+    return f'<div class="graphsim-graph">{head}{side_by_side(by_stage, by_kind)}</div>'
+
+
+__all__ = ["GraphView", "display", "graph_html", "graph_svg", "html_table", "side_by_side"]
