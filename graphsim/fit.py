@@ -84,13 +84,19 @@ class MemoryModel:
     context without recompiling (weights are fixed, KV and workspace are evaluated per point)."""
 
     def __init__(self, model, hw, mapping: ParallelMapping, policies: Policies = Policies(), *,
-                 kind: str = "decode", reserve_gib: float = DEFAULT_RESERVE_GIB):
+                 kind: str = "decode", reserve_gib: float = DEFAULT_RESERVE_GIB, compiled=None):
         check_number("reserve_gib", reserve_gib, 0.0, 1 << 20)
         require(kind in ("decode", "prefill"), "kind", f"must be decode or prefill, got {kind!r}")
         self.kind = kind
-        # the structure only: memory is evaluated at any (batch, context) below, never at this point
-        probe = max(mapping.pp, policies.pp_micro_batches, 1) * mapping.dp
-        self.c = compile_plan(model, Plan([f"{kind}:1024x{probe}"], mapping, policies), hw)
+        if compiled is not None:  # a caller's program of this structure (one kind, this mapping and policies)
+            require(compiled.plan.kinds == (kind,) and compiled.plan.mapping == mapping
+                    and compiled.plan.policies == policies, "compiled",
+                    f"must be a {kind}-only program of {mapping} under the same policies")
+            self.c = compiled
+        else:
+            # the structure only: memory is evaluated at any (batch, context) below, never at this point
+            probe = max(mapping.pp, policies.pp_micro_batches, 1) * mapping.dp
+            self.c = compile_plan(model, Plan([f"{kind}:1024x{probe}"], mapping, policies), hw)
         self.model, self.hw, self.mapping, self.policies = self.c.model, self.c.hw, mapping, policies
         self.reserve = reserve_gib * GiB
         self.weights, self.tables = self._weights()
@@ -106,14 +112,16 @@ class MemoryModel:
         """One request's KV bytes on this device: the model's cache split over the devices sharing it."""
         return float(kv_per_device(self.model, int(context), self.mapping, self.policies))
 
-    def workspace(self, batch, context) -> np.ndarray:
-        """Largest activation bytes of one op per device at each (batch, context) point."""
+    def workspace(self, batch, context, new=1) -> np.ndarray:
+        """Largest activation bytes of one op per device at each (batch, context) point (decode: ``new``
+        positions per request, 1 + the verified drafts with speculative decoding)."""
         from .workload import Workload
 
         b = np.atleast_1d(np.asarray(batch, dtype=np.float64))
         ctx = np.broadcast_to(np.atleast_1d(np.asarray(context, dtype=np.float64)), b.shape)
         if self.kind == "decode":
-            wl = Workload(("decode",), b[:, None], np.ones_like(b)[:, None], ctx[:, None])
+            n = np.broadcast_to(np.atleast_1d(np.asarray(new, dtype=np.float64)), b.shape)
+            wl = Workload(("decode",), b[:, None], n[:, None], ctx[:, None])
         else:
             wl = Workload(("prefill",), b[:, None], ctx[:, None], np.zeros_like(b)[:, None])
         prog = self.c.program

@@ -1,0 +1,286 @@
+"""``graphsim search``: the best deployment for a model, GPU count, traffic and SLA — aggregated or
+disaggregated, every parallel mapping, batch sizes and the model's policies — ranked, with the Pareto front,
+why the others lost and the equivalent SGLang / vLLM launch flags (graphsim.search; docs/search.md)."""
+from __future__ import annotations
+
+import json
+import sys
+
+from .errors import GraphsimError
+
+TABLE_SUFFIXES = (".parquet", ".csv")
+
+
+def _ints(text: str | None, field: str):
+    if text is None:
+        return None
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise GraphsimError(field, f"{text!r} is not a comma-separated list of integers") from None
+    if not vals:
+        raise GraphsimError(field, "give at least one integer")
+    return vals
+
+
+def _policies(items: list[str]):
+    if not items:
+        return None
+    out = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        vals = tuple(x.strip() for x in v.split(",") if x.strip())
+        if not sep or not k.strip() or not vals:
+            raise GraphsimError("policy", f"expected FIELD=V1[,V2...], e.g. fusion=unfused,single-pass; got {item!r}")
+        field = k.strip().replace("-", "_")
+        if field == "prefetch_distance":
+            vals = _ints(v, "policy.prefetch_distance")
+        out[field] = vals
+    return tuple(out.items())
+
+
+def register(sub) -> None:
+    from .cli import _model_args, _view_args, add_command, output_args
+
+    p = add_command(
+        sub, "search", help="find the best deployment under an SLA: agg/disagg, mappings, batches, policies",
+        description="Search aggregated and disaggregated deployments of a model on N GPUs: every parallel mapping "
+                    "the model accepts,\nbatch sizes and the model's policies, priced by graphsim (the view and "
+                    "profile chosen). Ranks the deployments\nthat meet the SLA by output tokens/s per GPU, gives the "
+                    "Pareto front (tokens/s/GPU vs tokens/s/user), why the\nothers lost, and SGLang / vLLM launch "
+                    "flags. The serving model and the flag mapping: docs/search.md.",
+        examples=["graphsim search --model deepseek-v3 --hw gb200 --gpus 8 --isl 4000 --osl 1000 --ttft 2000 --tpot 30",
+                  "graphsim search --model deepseek-v4.1-flash --hw gb300 --gpus 8 --isl 4000 --osl 1000 --ttft 2000 "
+                  "--tpot 30 --json",
+                  "graphsim search --model deepseek-v3 --hw gb200 --gpus 16 --isl 8000 --osl 500 --modes disagg "
+                  "--tp 1,2 -o results.parquet"])
+    g = p.add_argument_group("model & hardware")
+    g.add_argument("--model", required=True,
+                   help="shipped model name (graphsim models), a config.json path or a checkpoint directory")
+    _model_args(g)
+    g.add_argument("--hw", default="gb200", help="hardware descriptor name or TOML path (default gb200)")
+    g.add_argument("--gpus", type=int, required=True, metavar="N",
+                   help="GPUs to deploy on: aggregated replicas use all of them, disaggregated pools at most N")
+    g.add_argument("--profile", default=None, help="efficiency profile name or TOML (default: SOL, no derating)")
+    g.add_argument("--reserve-gib", type=float, default=None, metavar="GIB",
+                   help="runtime reserve per GPU in the memory check (default graphsim.fit.DEFAULT_RESERVE_GIB)")
+    t = p.add_argument_group("traffic", "one request class (--isl/--osl) or a distribution (--lengths)")
+    t.add_argument("--isl", type=int, default=None, metavar="TOKENS", help="prompt tokens per request")
+    t.add_argument("--osl", type=int, default=None, metavar="TOKENS", help="output tokens per request")
+    t.add_argument("--lengths", default=None, metavar="FILE",
+                   help="request-length distribution: CSV, JSON or Parquet with columns isl, osl [, weight]")
+    s = p.add_argument_group("SLA", "bounds a deployment must meet (omit one to leave it free)")
+    s.add_argument("--ttft", type=float, default=None, metavar="MS", help="time to first token bound, ms")
+    s.add_argument("--tpot", type=float, default=None, metavar="MS",
+                   help="time per output token (mean inter-token latency) bound, ms")
+    s.add_argument("--min-user-tps", type=float, default=None, metavar="TOK/S",
+                   help="minimum output tokens/s per user")
+    sp = p.add_argument_group("space", "what is searched (comma lists prune it)")
+    sp.add_argument("--modes", default="agg,disagg", help="agg, disagg or both (default agg,disagg)")
+    for ax, what in (("tp", "tensor"), ("dp", "attention data"), ("ep", "expert")):
+        sp.add_argument(f"--{ax}", default=None, metavar="N[,N...]",
+                        help=f"{what}-parallel degrees to try (default: every degree the model accepts)")
+    sp.add_argument("--pp", default="1", metavar="N[,N...]",
+                    help="pipeline degrees (default 1; pipeline decode is priced as a fill-drain forward)")
+    sp.add_argument("--cp", default="1", metavar="N[,N...]", help="context-parallel degrees for prefill (default 1)")
+    sp.add_argument("--batch", default=None, metavar="B[,B...]",
+                    help="decode requests per attention-DP rank (default 1,2,4,...,512)")
+    sp.add_argument("--prefill-batch", default=None, metavar="P[,P...]",
+                    help="prompts per DP rank in a disaggregated prefill forward (default 1,2,4,8)")
+    sp.add_argument("--policy", action="append", default=[], metavar="FIELD=V1[,V2...]",
+                    help="a policy axis and its values, base first (repeatable), e.g. fusion=unfused,single-pass; "
+                         "default: fusion, overlap, decoder_replay and engram with the values the model supports")
+    sp.add_argument("--acceptance", default="", metavar="A1,...,AK",
+                    help="search speculative decoding (MTP-K, or DSpark with K = its draft block) at these "
+                         "per-position acceptances; without it speculation stays off")
+    sp.add_argument("--refine", type=int, default=4, metavar="N",
+                    help="how many of the best deployments get the policy stage (default 4; 0 = base policies only)")
+    sp.add_argument("--exhaustive", action="store_true",
+                    help="policy stage: every combination of the policy axes instead of one axis at a time + the "
+                         "best of each combined")
+    sp.add_argument("--max-replica-gpus", type=int, default=None, metavar="N",
+                    help="largest replica (GPUs of one mapping) to try (default --gpus)")
+    _view_args(p)
+    o = p.add_argument_group("results")
+    o.add_argument("--top", type=int, default=5, metavar="N", help="deployments to rank (default 5)")
+    o.add_argument("--launch", action="store_true", help="print launch flags for every ranked deployment (default: #1)")
+    o.add_argument("--plot", default=None, metavar="FILE",
+                   help="Pareto picture (.png/.svg/.pdf); with -o results.parquet it defaults to results.pareto.png")
+    o.add_argument("--no-plot", action="store_true", help="with -o TABLE: do not draw the Pareto picture")
+    o.add_argument("--fresh", action="store_true", help="ignore programs cached by an earlier run on the same -o")
+    o.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="show progress on stderr (default: when stderr is a terminal)")
+    o.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line")
+    output_args(p, output="FILE.parquet/.csv: every evaluated deployment x batch (the Pareto data; re-running "
+                          "resumes from FILE.parts/); any other name: the printed result")
+    p.set_defaults(fn=run)
+
+
+def _space(a):
+    from .search import DEFAULT_BATCHES, DEFAULT_PREFILL_BATCHES, Space
+
+    try:
+        acc = tuple(float(x) for x in a.acceptance.split(",") if x.strip())
+    except ValueError:
+        raise GraphsimError("acceptance", f"expected comma-separated numbers, got {a.acceptance!r}") from None
+    modes = tuple(m.strip() for m in a.modes.split(",") if m.strip())
+    return Space(modes=modes, tp=_ints(a.tp, "tp"), dp=_ints(a.dp, "dp"), ep=_ints(a.ep, "ep"), pp=_ints(a.pp, "pp"),
+                 cp=_ints(a.cp, "cp"), batches=_ints(a.batch, "batch") or DEFAULT_BATCHES,
+                 prefill_batches=_ints(a.prefill_batch, "prefill_batch") or DEFAULT_PREFILL_BATCHES,
+                 policies=_policies(a.policy), acceptance=acc, refine=a.refine, exhaustive=a.exhaustive,
+                 max_replica_gpus=a.max_replica_gpus)
+
+
+def run(a) -> None:
+    import shutil
+    from pathlib import Path
+
+    from .cli import load_model_args, view_spec
+    from .outputs import check_output, emit, output_path
+    from .search import SLA, Traffic, search
+
+    if a.lengths:
+        if a.isl is not None or a.osl is not None:
+            raise GraphsimError("lengths", "give --isl/--osl or --lengths, not both")
+        traffic = Traffic.load(a.lengths)
+    else:
+        if a.isl is None or a.osl is None:
+            raise GraphsimError("isl" if a.isl is None else "osl", "required (or give --lengths FILE)")
+        traffic = Traffic.of(a.isl, a.osl)
+    sla = SLA(a.ttft, a.tpot, a.min_user_tps)
+    space = _space(a)
+    table_out = a.output if a.output and a.output.endswith(TABLE_SUFFIXES) else None
+    text_out = a.output if a.output and not table_out else None
+    if table_out:
+        output_path(table_out, suffixes=TABLE_SUFFIXES, regular=True)
+    check_output(text_out)  # every output is checked before the work
+    plot = a.plot or (None if a.no_plot or not table_out else str(Path(table_out).with_suffix("")) + ".pareto.png")
+    if plot:
+        from .exports.plots import IMAGE_SUFFIXES
+
+        output_path(plot, suffixes=IMAGE_SUFFIXES)
+    cache = None
+    if table_out:
+        cache = Path(table_out + ".parts")
+        if a.fresh:
+            shutil.rmtree(cache, ignore_errors=True)
+    show = a.progress if a.progress is not None else sys.stderr.isatty()
+    bar = _Progress() if show else None
+    try:
+        r = search(load_model_args(a), a.hw, gpus=a.gpus, traffic=traffic, sla=sla, space=space, top=a.top,
+                   profile=a.profile, view=view_spec(a), reserve_gib=a.reserve_gib, cache_dir=cache, progress=bar)
+    finally:
+        if bar:
+            bar.close()
+    notes = []
+    if table_out:
+        _write_table(table_out, r.table)
+        notes.append(f"wrote {table_out} ({len(r.table):,} rows; cache {cache.name}/ lets a rerun resume)")
+    if plot:
+        from .exports.plots import plot_pareto
+
+        title = f"{r.model} on {r.gpus}x {r.hw}: ISL/OSL {_traffic_text(r.traffic)} ({r.view})"
+        t = r.table
+        # the points the front is drawn from: those that fit and meet TTFT (the TPOT bound is a vertical line
+        # in tokens/s per user, which the front crosses)
+        t = t[t["fits"] & (t["ttft_ms"] <= r.sla.ttft_ms if r.sla.ttft_ms else True)]
+        color = "policies" if t["policies"].nunique() <= 12 else "mode"
+        plot_pareto(t, plot, x="tokens_per_s_per_user", y="tokens_per_s_per_gpu", color=color, marker="mode",
+                    title=title)
+        notes.append(f"wrote {plot}")
+    text = json.dumps(r.to_json(), indent=2) + "\n" if a.json else to_text(r, launch_all=a.launch)
+    emit(text_out, text, "JSON" if a.json else "text")
+    for n in notes:
+        print(n, file=sys.stderr if a.json and not text_out else sys.stdout)
+
+
+def _write_table(path: str, df) -> None:
+    """The rows as Parquet or CSV, replaced atomically."""
+    import os
+    import uuid
+
+    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        if path.endswith(".parquet"):
+            df.to_parquet(tmp, index=False)
+        else:
+            df.to_csv(tmp, index=False)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+class _Progress:
+    """``search: N programs`` on stderr, updated in place."""
+
+    def __init__(self):
+        self.n = 0
+
+    def __call__(self, k: int) -> None:
+        self.n += k
+        sys.stderr.write(f"\rsearch: {self.n} programs evaluated")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+
+
+def _traffic_text(t) -> str:
+    if len(t.isl) == 1:
+        return f"{t.isl[0]}/{t.osl[0]}"
+    return f"{len(t.isl)} classes (mean OSL {t.mean_osl:.0f})"
+
+
+def _sla_text(s) -> str:
+    parts = [f"TTFT <= {s.ttft_ms:g} ms" if s.ttft_ms else "", f"TPOT <= {s.tpot_ms:g} ms" if s.tpot_ms else "",
+             f">= {s.min_tokens_per_s_per_user:g} tok/s/user" if s.min_tokens_per_s_per_user else ""]
+    return ", ".join(p for p in parts if p) or "none"
+
+
+def to_text(r, launch_all: bool = False, pareto_rows: int = 12, lost_rows: int = 10) -> str:
+    sp, st = r.space, r.stats
+    axes = "; ".join(f"{a['field']} {'/'.join(map(str, a['values']))}" for a in sp["policy_axes"]) or "none"
+    lines = [f"graphsim search {r.model} on {r.gpus}x {r.hw}: ISL/OSL {_traffic_text(r.traffic)}; SLA "
+             f"{_sla_text(r.sla)}; {r.view} view, profile {r.profile}",
+             f"searched {'+'.join(sp['modes'])}: {sp['decode_mappings']} decode / {sp['prefill_mappings']} prefill "
+             f"mappings, batches {sp['batches_per_dp_rank'][0]}..{sp['batches_per_dp_rank'][-1]} per DP rank, "
+             f"policy axes: {axes}; {st['programs_compiled']} programs compiled, {st['programs_cached']} from cache, "
+             f"{st['rows']:,} points in {st['wall_s']:.1f} s", ""]
+    if not r.best:
+        lines.append("no deployment meets the SLA (see why below; the Pareto front shows what is reachable)")
+    else:
+        hdr = (f"{'#':>2}  {'mode':<6} {'deployment':<44} {'policies':<26} {'batch':>6} {'GPUs':>4} {'TTFT ms':>8} "
+               f"{'TPOT ms':>8} {'tok/s/user':>10} {'tok/s/GPU':>10} {'free GiB':>8}")
+        lines.append(hdr)
+        for b in r.best:
+            batch = b["decode_batch"] if b["verify"] == 0 else f"{b['decode_batch']}v{b['verify']}"
+            lines.append(f"{b['rank']:>2}  {b['mode']:<6} {b['mapping']:<44} {b['policies'][:26]:<26} {batch:>6} "
+                         f"{b['gpus']:>4} {b['ttft_ms']:>8.0f} {b['tpot_ms']:>8.2f} {b['tokens_per_s_per_user']:>10.1f} "
+                         f"{b['tokens_per_s_per_gpu']:>10.1f} {b['memory_headroom_gib']:>8.1f}")
+    lines += ["", f"Pareto front (tok/s/GPU vs tok/s/user; fits and meets TTFT): {len(r.pareto)} points"]
+    front = r.pareto
+    if len(front) > pareto_rows:  # evenly spaced along the front, both ends kept
+        step = (len(front) - 1) / (pareto_rows - 1)
+        front = [front[round(i * step)] for i in range(pareto_rows)]
+    for p in front:
+        ok = "" if not r.sla.tpot_ms or p["tpot_ms"] <= r.sla.tpot_ms else "  (misses TPOT)"
+        lines.append(f"  {p['tokens_per_s_per_user']:>8.1f} tok/s/user {p['tokens_per_s_per_gpu']:>9.1f} tok/s/GPU  "
+                     f"{p['mode']} {p['mapping']} [{p['policies']}] batch {p['decode_batch']}{ok}")
+    counts = ", ".join(f"{k} {v}" for k, v in r.reasons.items() if v)
+    lines += ["", f"why the others lost ({len(r.rejected)} deployments: {counts or 'none'}):"]
+    for x in r.rejected[:lost_rows]:
+        lines.append(f"  {x['reason']:<10} {x['mode']} {x['mapping']} [{x['policies']}]: {x['detail']}")
+    if len(r.rejected) > lost_rows:
+        lines.append(f"  ... {len(r.rejected) - lost_rows} more (--json lists them all)")
+    if r.skipped:
+        lines += ["", f"not evaluated ({len(r.skipped)} programs):"]
+        for err in sorted({x["error"] for x in r.skipped})[:5]:
+            lines.append(f"  {err}")
+    for b in r.best if launch_all else r.best[:1]:
+        lines += ["", f"launch #{b['rank']} ({b['mode']} {b['mapping']}):"]
+        for engine in ("sglang", "vllm"):
+            lines.append(f"  {engine}:")
+            lines += [f"    {ln}" for cmd in b["launch"][engine] for ln in cmd.split("\n")]
+        lines += [f"  note: {n}" for n in b["launch"]["notes"]]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,891 @@
+"""Find the best deployment: an SLA-constrained search over aggregated and disaggregated serving, parallel
+mappings, batch sizes and the model's policies, with the Pareto front of tokens/s per GPU against tokens/s
+per user.
+
+The serving model (docs/search.md says the same, with the launch-flag table):
+
+* **traffic**: request classes (ISL, OSL, weight); one class from ``isl``/``osl``. Decode runs at the
+  token-weighted mean context Σw·osl·(isl + osl/2) / Σw·osl; memory must hold every request of a batch at its
+  full length (the weighted mean of isl + osl — one class: isl + osl);
+* **aggregated** (``agg``): ``total // n`` replicas of an ``n``-GPU mapping, each running ``B`` requests
+  with prefill-first scheduling (SGLang's and vLLM's default without chunked prefill): a prefill forward
+  takes one prompt per attention-DP group and pauses the decode batch. Per step every request gets E tokens
+  (E = 1, or the expected emitted tokens of speculative decoding), so B·E/ōsl prompts enter per step:
+  TPOT = (T_dec(B) + B·E/ōsl · T_pre(dp prompts)/dp) / E, TTFT = T_pre(dp prompts) + T_dec(B) (the step in
+  flight), output tokens/s per GPU = B / TPOT / n;
+* **disaggregated** (``disagg``): ``x`` prefill replicas (``p`` prompts per forward) and ``y`` decode
+  replicas (``B`` requests) with x·n_p + y·n_d ≤ the GPUs (as :mod:`graphsim.disagg`): TTFT = T_pre(p) + the
+  KV hand-over, TPOT = T_dec(B)/E, system rate = min(x·p/T_pre, y·B·E/(ōsl·T_dec)) requests/s, tokens/s per
+  GPU over the GPUs used. For each pair of pools the replica counts near rate balance (and the most decode
+  replicas that fit) are tried;
+* every forward time is graphsim's (the view and profile the search runs under), evaluated for all batch
+  sizes of a (kind, mapping, policies) program in one vectorized call; each program is compiled once.
+
+The policy space is searched in two stages: every mapping under the base policies (the first value of each
+policy axis), then, for the mappings of the best deployments, every single-axis variant plus the
+combination of the best value of each axis (``exhaustive=True``: the whole product). Speculative decoding
+(MTP, DSpark) enters only with an acceptance profile: its throughput is E[emitted tokens] / step time, never
+a fixed rate.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import time
+from pathlib import Path
+from typing import Callable, Mapping
+
+import attrs
+import numpy as np
+
+from .errors import GraphsimError, require
+from .limits import MAX_CONTEXT, MAX_RANKS, MAX_REQUESTS, check_int
+from .pipeline import Plan, Policies, compile_plan
+from .plan import ParallelMapping
+
+GiB = 2.0**30
+MODES = ("agg", "disagg")
+#: decode requests per attention-DP rank (a replica's batch is this times dp)
+DEFAULT_BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+#: prompts per attention-DP rank in one prefill forward of a disaggregated prefill pool
+DEFAULT_PREFILL_BATCHES = (1, 2, 4, 8)
+#: policy axes searched by default, when the model supports more than one value (base value first)
+POLICY_AXES = ("fusion", "overlap", "decoder_replay", "engram")
+#: fields that change only prefill token sets (a decode program ignores them, so decode shares one compile)
+PREFILL_ONLY = ("decoder_replay",)
+#: why a deployment lost, in the order they are listed: a policy variant of a ranked mapping, feasible but
+#: slower than the last ranked one, then the SLA bound it misses at every batch that fits, then memory
+REASONS = ("variant", "throughput", "tpot", "min_user_speed", "ttft", "memory")
+ROW_KEYS = ("mode", "mapping", "policies", "gpus", "prefill_mapping", "prefill_replicas", "prefill_batch",
+            "prefill_gpus", "decode_mapping", "decode_replicas", "decode_batch", "decode_gpus", "verify",
+            "ttft_ms", "tpot_ms", "tokens_per_s_per_user", "tokens_per_s_per_gpu", "output_tokens_per_s",
+            "memory_headroom_gib", "fits", "meets_sla", "pareto")
+
+
+# ---- inputs -------------------------------------------------------------------------------------------------
+@attrs.frozen
+class Traffic:
+    """Request classes: prompt tokens ``isl``, output tokens ``osl`` and a relative ``weight`` each."""
+
+    isl: tuple = attrs.field(converter=tuple)
+    osl: tuple = attrs.field(converter=tuple)
+    weight: tuple = attrs.field(converter=tuple)
+
+    def __attrs_post_init__(self):
+        require(len(self.isl) > 0 and len(self.isl) == len(self.osl) == len(self.weight), "traffic",
+                "give one or more classes, each with isl, osl and weight")
+        for f in ("isl", "osl"):
+            for v in getattr(self, f):
+                check_int(f"traffic.{f}", v, 1, MAX_CONTEXT)
+        for w in self.weight:
+            require(isinstance(w, (int, float)) and math.isfinite(w) and w > 0, "traffic.weight",
+                    f"must be a positive number, got {w!r}")
+
+    @staticmethod
+    def of(isl: int, osl: int) -> "Traffic":
+        return Traffic((isl,), (osl,), (1.0,))
+
+    @staticmethod
+    def load(path: str | Path) -> "Traffic":
+        """A request-length distribution: CSV, JSON (a list of objects) or Parquet with columns ``isl``,
+        ``osl`` and optionally ``weight`` (or ``count``); equal (isl, osl) rows are merged."""
+        p = Path(path)
+        require(p.is_file(), "lengths", f"{path} is not a file")
+        try:
+            if p.suffix == ".json":
+                rows = json.loads(p.read_text())
+                require(isinstance(rows, list), "lengths", "a JSON file holds a list of {isl, osl, weight}")
+            else:
+                import pandas as pd
+
+                df = pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
+                rows = df.to_dict("records")
+        except GraphsimError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any parse failure is the file's
+            raise GraphsimError("lengths", f"cannot read {p.name}: {' '.join(str(e).split())[:120]}") from None
+        merged: dict = {}
+        for i, r in enumerate(rows):
+            require(isinstance(r, Mapping) and "isl" in r and "osl" in r, "lengths",
+                    f"row {i} needs isl and osl columns")
+            w = r.get("weight", r.get("count", 1.0))
+            try:
+                key, w = (int(r["isl"]), int(r["osl"])), float(w)
+            except (TypeError, ValueError):
+                raise GraphsimError("lengths", f"row {i}: isl/osl must be integers, weight a number") from None
+            merged[key] = merged.get(key, 0.0) + w
+        require(bool(merged), "lengths", f"{p.name} has no rows")
+        keys = sorted(merged)
+        return Traffic([k[0] for k in keys], [k[1] for k in keys], [merged[k] for k in keys])
+
+    @property
+    def w(self) -> np.ndarray:
+        w = np.asarray(self.weight, dtype=np.float64)
+        return w / w.sum()
+
+    @property
+    def mean_osl(self) -> float:
+        return float(self.w @ np.asarray(self.osl, dtype=np.float64))
+
+    @property
+    def decode_context(self) -> int:
+        """Token-weighted mean context of a decode step."""
+        i, o = np.asarray(self.isl, dtype=np.float64), np.asarray(self.osl, dtype=np.float64)
+        return max(1, int(round(float((self.w * o) @ (i + o / 2.0)) / float(self.w @ o))))
+
+    @property
+    def fit_context(self) -> int:
+        """Context each request of a batch is held at for the memory check: its full length, weighted."""
+        i, o = np.asarray(self.isl, dtype=np.float64), np.asarray(self.osl, dtype=np.float64)
+        return int(math.ceil(float(self.w @ (i + o))))
+
+    def to_dict(self) -> dict:
+        return {"classes": [{"isl": int(i), "osl": int(o), "weight": float(w)}
+                            for i, o, w in zip(self.isl, self.osl, self.w)],
+                "mean_osl": self.mean_osl, "decode_context": self.decode_context,
+                "fit_context": self.fit_context}
+
+
+@attrs.frozen
+class SLA:
+    """Bounds a deployment must meet (None: unbounded). TTFT holds for every request class."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    min_tokens_per_s_per_user: float | None = None
+
+    def __attrs_post_init__(self):
+        for f in ("ttft_ms", "tpot_ms", "min_tokens_per_s_per_user"):
+            v = getattr(self, f)
+            require(v is None or (isinstance(v, (int, float)) and math.isfinite(v) and v > 0), f"sla.{f}",
+                    f"must be a positive number, got {v!r}")
+
+    def to_dict(self) -> dict:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class Space:
+    """What is searched. ``tp``/``dp``/``ep``: allowed degrees (None: every degree the model and GPU count
+    accept; TP·CP groups stay inside one NVLink domain); ``pp``/``cp`` default to 1 (pipeline decode is priced
+    as a fill–drain forward, and CP is prefill-only: opt in). ``batches``: decode requests per DP rank;
+    ``prefill_batches``: prompts per DP rank in a disaggregated prefill forward. ``policies``: field -> values
+    (None: :data:`POLICY_AXES` with the values the model supports). ``acceptance``: a_1..a_K to search
+    speculative decoding (MTP-K, or DSpark with K = its block). ``refine``: how many of the best deployments'
+    mappings get the policy stage."""
+
+    modes: tuple = MODES
+    tp: tuple | None = None
+    dp: tuple | None = None
+    ep: tuple | None = None
+    pp: tuple = (1,)
+    cp: tuple = (1,)
+    batches: tuple = DEFAULT_BATCHES
+    prefill_batches: tuple = DEFAULT_PREFILL_BATCHES
+    policies: tuple | None = None  #: ((field, (values...)), ...)
+    acceptance: tuple = ()
+    refine: int = 4
+    exhaustive: bool = False
+    max_replica_gpus: int | None = None
+
+    def __attrs_post_init__(self):
+        require(bool(self.modes) and all(m in MODES for m in self.modes), "modes",
+                f"each one of {', '.join(MODES)}, got {self.modes!r}")
+        for f in ("tp", "dp", "ep", "pp", "cp", "batches", "prefill_batches"):
+            v = getattr(self, f)
+            if v is None:
+                continue
+            require(isinstance(v, tuple) and len(v) > 0, f, "give at least one value")
+            cap = MAX_REQUESTS if "batch" in f else MAX_RANKS
+            for x in v:
+                check_int(f, x, 1, cap)
+        check_int("refine", self.refine, 0, 1000)
+        for a in self.acceptance:
+            require(isinstance(a, float) and 0.0 <= a <= 1.0, "acceptance", f"each a_i in [0, 1], got {a!r}")
+        if self.policies is not None:
+            fields = set(attrs.fields_dict(Policies))
+            for field, values in self.policies:
+                require(field in fields and field not in ("acceptance", "mtp", "dspark"), "policy",
+                        f"{field!r} is not a searchable policy field (speculation is searched with --acceptance)")
+                require(len(values) > 0, f"policy.{field}", "give at least one value")
+
+
+# ---- evaluated programs ----------------------------------------------------------------------------------------
+@attrs.frozen(eq=False)
+class Group:
+    """One (kind, mapping, policies) program evaluated at every batch (and verify length) of the search.
+
+    decode rows: ``batch`` requests of the replica, ``verify`` draft positions; prefill rows: ``batch``
+    prompts per forward, one column of ``forward_s`` per traffic class."""
+
+    kind: str
+    mapping: ParallelMapping
+    policies: Policies
+    batch: np.ndarray
+    verify: np.ndarray
+    forward_s: np.ndarray  #: decode (R,); prefill (R, classes)
+    emitted: np.ndarray  #: tokens a request gets per decode step (R,); ones for prefill
+    headroom_bytes: np.ndarray  #: HBM left per device (R,) (host-table shortfall counted as negative)
+    error: str = ""
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "error": self.error,
+                **{k: np.asarray(getattr(self, k)).tolist() for k in
+                   ("batch", "verify", "forward_s", "emitted", "headroom_bytes")}}
+
+    @staticmethod
+    def from_json(d: dict, mapping, policies) -> "Group":
+        arr = {k: np.asarray(d[k], dtype=np.float64) for k in ("batch", "verify", "forward_s", "emitted",
+                                                              "headroom_bytes")}
+        return Group(d["kind"], mapping, policies, error=d["error"], **arr)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def mappings(model, hw, gpus: int, space: Space, kind: str) -> list[ParallelMapping]:
+    """Every mapping the model accepts for ``kind`` within the space's degrees, of a replica size that divides
+    ``gpus`` or is a power of two below it; TP·CP groups inside one NVLink domain (``hw.nvlink_domain``)."""
+    out = []
+    cap = min(gpus, space.max_replica_gpus or gpus)
+    cps = space.cp if kind == "prefill" else (1,)
+    sizes = sorted({n for n in _divisors(gpus) if n <= cap} | {1 << k for k in range(cap.bit_length()) if 1 << k <= cap})
+    for n in sizes:
+        for tp in _divisors(n):
+            if space.tp is not None and tp not in space.tp:
+                continue
+            for cp in cps:
+                if (n // tp) % cp or tp * cp > hw.nvlink_domain:
+                    continue
+                for pp in space.pp:
+                    if (n // tp // cp) % pp:
+                        continue
+                    dp = n // tp // cp // pp
+                    if space.dp is not None and dp not in space.dp:
+                        continue
+                    for ep in _divisors(tp * dp * cp):
+                        if space.ep is not None and ep not in space.ep:
+                            continue
+                        m = ParallelMapping(tp=tp, dp=dp, ep=ep, pp=pp, cp=cp)
+                        try:
+                            model.validate_mapping(m)
+                        except GraphsimError:
+                            continue
+                        out.append(m)
+    return out
+
+
+def policy_axes(model, space: Space) -> list[tuple[str, tuple]]:
+    """(field, values) per searched policy axis, base value first; the speculative axis as ("spec", ...)."""
+    from .pipeline import BASE_SUPPORT
+
+    support = {**BASE_SUPPORT, **model.POLICY_SUPPORT, "overlap": ("none", "two-batch")}
+    if space.policies is not None:
+        axes = [(f, tuple(v)) for f, v in space.policies]
+        for f, vals in axes:
+            allowed = support.get(f)
+            if allowed is not None:
+                bad = [v for v in vals if v not in allowed]
+                require(not bad, f"policy.{f}", f"{model.name} supports {f} in {allowed}, got {bad[0]!r}"
+                        if bad else "")
+    else:
+        axes = [(f, support[f]) for f in POLICY_AXES if len(support.get(f, ())) > 1]
+    spec = ["off"]
+    if space.acceptance:
+        k = len(space.acceptance)
+        if "on" in support.get("dspark", ()):
+            spec.append("dspark")
+        if 0 < k <= model.max_mtp():
+            spec.append(f"mtp{k}")
+    if len(spec) > 1:
+        axes.append(("spec", tuple(spec)))
+    return axes
+
+
+def policies_of(choice: Mapping, acceptance: tuple) -> Policies:
+    """The Policies a point of the policy space names (``spec``: off, dspark or mtpK)."""
+    kw = {k: v for k, v in choice.items() if k != "spec"}
+    spec = choice.get("spec", "off")
+    if spec == "dspark":
+        kw.update(dspark="on", acceptance=acceptance)
+    elif spec.startswith("mtp"):
+        kw.update(mtp=int(spec[3:]), acceptance=acceptance)
+    return Policies(**kw)
+
+
+def policy_text(p: Policies) -> str:
+    """The policies that differ from the defaults, e.g. ``fusion=single-pass,overlap=two-batch``."""
+    base = Policies()
+    out = []
+    for f in attrs.fields(Policies):
+        v = getattr(p, f.name)
+        if v != getattr(base, f.name) and f.name != "acceptance":
+            out.append(f"{f.name}={v}")
+    return ",".join(out) or "default"
+
+
+# ---- the search --------------------------------------------------------------------------------------------------
+@attrs.frozen(eq=False)
+class SearchResult:
+    model: str
+    hw: str
+    gpus: int
+    traffic: Traffic
+    sla: SLA
+    view: str
+    profile: str
+    table: object  #: pandas DataFrame, one row per (deployment, batch)
+    best: list  #: top-N rows (dicts), one per deployment
+    pareto: list  #: Pareto rows (dicts)
+    rejected: list  #: deployments that lost, with the reason
+    reasons: dict  #: reason -> deployments
+    skipped: list  #: programs that could not be built: {"what", "error"}
+    space: dict
+    stats: dict
+
+    def to_json(self) -> dict:
+        from .outputs import SCHEMA_VERSION
+
+        return {"schema_version": SCHEMA_VERSION, "command": "search", "model": self.model, "hw": self.hw, "gpus": self.gpus,
+                "traffic": self.traffic.to_dict(), "sla": self.sla.to_dict(), "view": self.view,
+                "profile": self.profile, "space": self.space, "best": self.best, "pareto": self.pareto,
+                "rejected": self.rejected, "reasons": self.reasons, "skipped": self.skipped, "stats": self.stats}
+
+
+class _Cache:
+    """Evaluated groups on disk (``<dir>/<key>.json``), so an interrupted search resumes."""
+
+    def __init__(self, folder: Path | None):
+        self.folder = folder
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+
+    def get(self, key: str):
+        if self.folder is None:
+            return None
+        p = self.folder / f"{key}.json"
+        try:
+            return json.loads(p.read_text()) if p.is_file() else None
+        except (OSError, ValueError):
+            return None  # a torn file: recompute
+
+    def put(self, key: str, d: dict) -> None:
+        if self.folder is None:
+            return
+        from .outputs import write_text
+
+        write_text(self.folder / f"{key}.json", json.dumps(d))
+
+
+class _Search:
+    def __init__(self, model, hw, gpus, traffic, sla, space, profile, view, reserve_gib, cache, progress):
+        self.model, self.hw, self.gpus, self.traffic, self.sla, self.space = model, hw, gpus, traffic, sla, space
+        self.profile, self.view, self.reserve_gib = profile, view, reserve_gib
+        self.cache, self.progress = cache, progress
+        self.groups: dict = {}
+        self.skipped: list = []
+        self.compiled = self.cached = 0
+        self.identity = hashlib.sha256(json.dumps(
+            [model.name, getattr(model, "raw", None), attrs.asdict(hw), profile and attrs.asdict(profile),
+             view and attrs.asdict(view), traffic.to_dict(), reserve_gib, space.batches, space.prefill_batches,
+             space.acceptance], default=str, sort_keys=True).encode()).hexdigest()
+
+    # -- one program ---------------------------------------------------------------------------------------
+    def group(self, kind: str, mapping: ParallelMapping, policies: Policies) -> Group:
+        if kind == "decode":
+            policies = attrs.evolve(policies, **{f: getattr(Policies(), f) for f in PREFILL_ONLY})
+        key = (kind, mapping, policies)
+        if key in self.groups:
+            return self.groups[key]
+        digest = hashlib.sha256(f"{self.identity}|{kind}|{mapping}|{policies!r}".encode()).hexdigest()[:24]
+        d = self.cache.get(digest)
+        if d is not None:
+            g = Group.from_json(d, mapping, policies)
+            self.cached += 1
+        else:
+            try:
+                g = self._evaluate(kind, mapping, policies)
+            except GraphsimError as e:
+                g = _failed(kind, mapping, policies, str(e))
+            self.compiled += 1
+            self.cache.put(digest, g.to_json())
+        if g.error:
+            self.skipped.append({"what": f"{kind} {mapping} {policy_text(policies)}", "error": g.error})
+        self.groups[key] = g
+        if self.progress:
+            self.progress(1)
+        return g
+
+    def _evaluate(self, kind, mapping, policies) -> Group:
+        from .fit import MemoryModel
+        from .metrics import emitted
+        from .workload import Workload
+
+        t = self.traffic
+        spec = policies.dspark == "on" or policies.mtp > 0
+        kmax = (len(policies.acceptance) if policies.dspark == "on" else policies.mtp) if spec else 0
+        dp = mapping.dp
+        if kind == "decode":
+            per_rank = [b for b in self.space.batches if policies.overlap == "none" or b >= 2]
+            require(bool(per_rank), "batches", "two-batch overlap needs >= 2 requests per DP rank")
+            batch = np.array([b * dp for b in per_rank], dtype=np.float64)
+            if mapping.pp > 1:
+                batch = batch[batch >= max(mapping.pp, policies.pp_micro_batches)]
+                require(batch.size > 0, "batches", "pipeline decode needs a batch of at least pp requests")
+            verify = np.arange(1, kmax + 1, dtype=np.float64) if policies.dspark == "on" else \
+                np.array([float(kmax)])
+            batch, verify = (a.ravel() for a in np.meshgrid(batch, verify, indexing="ij"))
+            # one request structure for every mapping, so the model's build cache serves them all
+            req = f"decode:{t.decode_context}x{max(self.space.batches) * self.gpus}" + (f"v{kmax}" if kmax else "")
+            c = compile_plan(self.model, Plan([req], mapping, policies), self.hw, self.profile, view=self.view)
+            new = 1.0 + verify
+            wl = Workload(("decode",), batch[:, None], new[:, None], np.full((batch.size, 1), t.decode_context))
+            fwd = np.asarray(c.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64)
+            em = emitted(("decode",), new[:, None], policies)[:, 0]
+            mm = MemoryModel(self.model, self.hw, mapping, policies, kind="decode", reserve_gib=self.reserve_gib,
+                             compiled=c)
+            ctx = t.fit_context
+            work = mm.workspace(batch, ctx, new)
+            kv = batch * mm.kv_per_request(ctx)
+        else:
+            per_rank = [p for p in sorted(set(self.space.prefill_batches) | {1})
+                        if policies.overlap == "none" or p >= 2]
+            require(bool(per_rank), "prefill_batches", "two-batch overlap needs >= 2 prompts per DP rank")
+            batch = np.array([p * dp for p in per_rank], dtype=np.float64)
+            verify = np.zeros_like(batch)
+            isl = np.asarray(t.isl, dtype=np.float64)
+            req = f"prefill:{int(isl.max())}x{max(self.space.prefill_batches) * self.gpus}"
+            c = compile_plan(self.model, Plan([req], mapping, policies), self.hw, self.profile, view=self.view)
+            bb, ii = np.meshgrid(batch, isl, indexing="ij")  # (R, classes)
+            wl = Workload(("prefill",), bb.reshape(-1, 1), ii.reshape(-1, 1), np.zeros((bb.size, 1)))
+            fwd = np.asarray(c.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64).reshape(bb.shape)
+            em = np.ones_like(batch)
+            mm = MemoryModel(self.model, self.hw, mapping, policies, kind="prefill", reserve_gib=self.reserve_gib,
+                             compiled=c)
+            ctx = int(isl.max())
+            work = mm.workspace(batch, ctx)
+            kv = batch * mm.kv_per_request(ctx)
+        require(bool(np.all(np.isfinite(fwd))), "view", f"no {kind} time for {mapping} under this view")
+        total = sum(mm.weights.values()) + kv + work + mm.reserve
+        headroom = self.hw.hbm_capacity_bytes - total
+        if policies.engram == "host" and mm.tables > self.hw.host_mem_bytes:
+            headroom = np.minimum(headroom, self.hw.host_mem_bytes - mm.tables)
+        return Group(kind, mapping, policies, batch, verify, fwd, em, headroom)
+
+    # -- deployments -----------------------------------------------------------------------------------------
+    def agg_rows(self, mapping, policies) -> list[dict]:
+        dec = self.group("decode", mapping, policies)
+        pre = self.group("prefill", mapping, policies)
+        if dec.error or pre.error:
+            return []
+        t = self.traffic
+        replicas = self.gpus // mapping.gpus
+        # one prompt per DP group: the first prefill row (p = 1 per rank)
+        i0 = int(np.argmin(pre.batch))
+        tpre = pre.forward_s[i0]  # (classes,)
+        per_prompt = float(t.w @ tpre) / pre.batch[i0]
+        e = dec.emitted
+        step = dec.forward_s + dec.batch * e / t.mean_osl * per_prompt
+        tpot = step / e
+        ttft = float(tpre.max()) + dec.forward_s
+        headroom = np.minimum(dec.headroom_bytes, pre.headroom_bytes[i0])
+        rows = []
+        for r in range(dec.batch.size):
+            rows.append(self._row("agg", policies, mapping, replicas, int(pre.batch[i0]), mapping, replicas,
+                                  int(dec.batch[r]), int(dec.verify[r]), ttft[r], tpot[r],
+                                  replicas * dec.batch[r] / tpot[r], replicas * mapping.gpus, headroom[r]))
+        return rows
+
+    def disagg_rows(self, pre_groups: list, dec_groups: list) -> list[dict]:
+        from .disagg import Pool, transfer_seconds
+
+        t = self.traffic
+        budget = self.sla.ttft_ms / 1e3 if self.sla.ttft_ms else math.inf
+        cands = []  # prefill candidates: (group, row, ttft without transfer, requests/s per replica)
+        for g in pre_groups:
+            for r in range(g.batch.size):
+                if g.headroom_bytes[r] < 0:
+                    continue
+                tp = float(g.forward_s[r].max())
+                if tp > budget:
+                    continue
+                cands.append((g, r, tp, g.batch[r] / float(t.w @ g.forward_s[r])))
+        cands = _pareto_min_max(cands, lambda c: c[2], lambda c: c[3] / c[0].mapping.gpus)
+        rows = []
+        kv_cache: dict = {}
+        for d in dec_groups:
+            rate_d = d.batch * d.emitted / (t.mean_osl * d.forward_s)  # requests/s per decode replica
+            tpot = d.forward_s / d.emitted
+            for g, r, tp, rate_p in cands:
+                if (g.policies.dspark, g.policies.mtp) != (d.policies.dspark, d.policies.mtp):
+                    continue  # both pools run the same drafter (it keeps state from the prompt)
+                n_p, n_d = g.mapping.gpus, d.mapping.gpus
+                key = (g.mapping, d.mapping, int(g.batch[r]))
+                if key not in kv_cache:
+                    kv_cache[key] = transfer_seconds(self.model, self.hw, Pool(g.mapping, int(g.batch[r])),
+                                                     Pool(d.mapping, 1), int(max(t.isl)))[0]
+                ttft = tp + kv_cache[key]
+                for x in range(1, (self.gpus - n_d) // n_p + 1):
+                    ymax = (self.gpus - x * n_p) // n_d
+                    for j in range(d.batch.size):
+                        if d.headroom_bytes[j] < 0 and j:  # the smallest batch stays: "memory" is reported
+                            continue
+                        yb = x * rate_p / rate_d[j]
+                        for y in sorted({min(ymax, max(1, math.floor(yb))), min(ymax, max(1, math.ceil(yb))), ymax}):
+                            used = x * n_p + y * n_d
+                            rate = min(x * rate_p, y * rate_d[j])
+                            rows.append(self._row(
+                                "disagg", d.policies, g.mapping, x, int(g.batch[r]), d.mapping, y, int(d.batch[j]),
+                                int(d.verify[j]), ttft, tpot[j], rate * t.mean_osl, used,
+                                min(g.headroom_bytes[r], d.headroom_bytes[j]), prefill_policies=g.policies))
+        return rows
+
+    def _row(self, mode, policies, pmap, prep, pbatch, dmap, drep, dbatch, verify, ttft_s, tpot_s, out_tps, gpus,
+             headroom, prefill_policies=None) -> dict:
+        ptxt = policy_text(policies)
+        if prefill_policies is not None and policy_text(prefill_policies) != ptxt:
+            ptxt = f"prefill:{policy_text(prefill_policies)} decode:{ptxt}"
+        mapping = str(dmap) + (f" x{drep}" if drep > 1 else "") if mode == "agg" else \
+            f"P {pmap} x{prep} + D {dmap} x{drep}"
+        return {"mode": mode, "mapping": mapping, "policies": ptxt, "gpus": int(gpus),
+                "prefill_mapping": str(pmap), "prefill_replicas": int(prep), "prefill_batch": int(pbatch),
+                "prefill_gpus": int(pmap.gpus * prep) if mode == "disagg" else int(gpus),
+                "decode_mapping": str(dmap), "decode_replicas": int(drep), "decode_batch": int(dbatch),
+                "decode_gpus": int(dmap.gpus * drep) if mode == "disagg" else int(gpus), "verify": int(verify),
+                "ttft_ms": float(ttft_s) * 1e3, "tpot_ms": float(tpot_s) * 1e3,
+                "tokens_per_s_per_user": 1.0 / float(tpot_s), "tokens_per_s_per_gpu": float(out_tps) / gpus,
+                "output_tokens_per_s": float(out_tps), "memory_headroom_gib": float(headroom) / GiB,
+                "fits": bool(headroom >= 0), "_policies": policies, "_prefill_policies": prefill_policies or policies,
+                "_pmap": pmap, "_dmap": dmap}
+
+
+def _failed(kind, mapping, policies, error) -> Group:
+    z = np.zeros(0)
+    return Group(kind, mapping, policies, z, z, z, z, z, error=" ".join(error.split()))
+
+
+def _pareto_min_max(items: list, lo: Callable, hi: Callable) -> list:
+    """Items no other item beats on both: lower ``lo`` and higher ``hi``."""
+    out, best = [], -math.inf
+    for it in sorted(items, key=lambda c: (lo(c), -hi(c))):
+        if hi(it) > best:
+            out.append(it)
+            best = hi(it)
+    return out
+
+
+def _meets(row: dict, sla: SLA) -> dict:
+    """Which SLA bounds a row misses (memory first)."""
+    return {"memory": not row["fits"],
+            "ttft": sla.ttft_ms is not None and row["ttft_ms"] > sla.ttft_ms * (1 + 1e-12),
+            "tpot": sla.tpot_ms is not None and row["tpot_ms"] > sla.tpot_ms * (1 + 1e-12),
+            "min_user_speed": sla.min_tokens_per_s_per_user is not None
+            and row["tokens_per_s_per_user"] < sla.min_tokens_per_s_per_user * (1 - 1e-12)}
+
+
+def pareto_flags(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """True where no other point is at least as good on both x and y (higher is better) and better on one."""
+    order = np.lexsort((-y, -x))
+    flags = np.zeros(x.size, dtype=bool)
+    best = -np.inf
+    for i in order:
+        if y[i] > best:
+            flags[i] = True
+            best = y[i]
+    return flags
+
+
+def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: Space = Space(), top: int = 5,
+           profile=None, view=None, reserve_gib: float | None = None, cache_dir: str | Path | None = None,
+           progress: Callable[[int], None] | None = None) -> SearchResult:
+    """Search deployments of ``model`` on ``gpus`` GPUs of ``hw`` for ``traffic`` under ``sla``; the best
+    ``top`` deployments (by output tokens/s per GPU among those meeting the SLA), the Pareto front and why the
+    others lost. ``cache_dir`` keeps every evaluated program (a rerun resumes from it)."""
+    import pandas as pd
+
+    from .fit import DEFAULT_RESERVE_GIB
+    from .hw import load_hw, load_profile
+    from .models import load_model
+
+    t0 = time.perf_counter()
+    check_int("gpus", gpus, 1, MAX_RANKS)
+    check_int("top", top, 1, 10_000)
+    require(isinstance(traffic, Traffic), "traffic", "a graphsim.search.Traffic")
+    model = load_model(model) if isinstance(model, str) else model
+    hw = load_hw(hw) if isinstance(hw, str) else hw
+    profile = load_profile(profile) if isinstance(profile, str) else profile
+    reserve = DEFAULT_RESERVE_GIB if reserve_gib is None else reserve_gib
+    s = _Search(model, hw, gpus, traffic, sla, space, profile, view, reserve,
+                _Cache(Path(cache_dir) if cache_dir else None), progress)
+    axes = policy_axes(model, space)
+    base = {f: v[0] for f, v in axes}
+    dec_maps = mappings(model, hw, gpus, space, "decode")
+    pre_maps = mappings(model, hw, gpus, space, "prefill") if "disagg" in space.modes else []
+    require(bool(dec_maps), "gpus", f"no mapping of {model.name} fits the space on {gpus} GPUs "
+            "(check --tp/--dp/--ep/--pp and the model's head/expert counts)")
+    choices = [base]
+    rows = _assemble(s, dec_maps, pre_maps, [base], space, axes)  # stage 1: every mapping, base policies
+    if space.refine and len(axes):
+        maps = _leaders(rows, sla, space.refine)
+        variants = _variants(axes, base, space.exhaustive)
+        extra = _assemble(s, [m for m in dec_maps if m in maps["decode"]], [m for m in pre_maps if m in maps["prefill"]],
+                          variants, space, axes)
+        # the best value of each axis together (for each leading mapping set)
+        combo = _combine(extra + rows, axes, base, sla)
+        if combo not in variants and combo != base:
+            variants.append(combo)
+            extra += _assemble(s, [m for m in dec_maps if m in maps["decode"]],
+                               [m for m in pre_maps if m in maps["prefill"]], [combo], space, axes)
+        rows += extra
+        choices += variants
+    if not rows:
+        raise GraphsimError("search", "no deployment could be evaluated: " +
+                            "; ".join(sorted({x["error"] for x in s.skipped}))[:300])
+    df = pd.DataFrame(rows)
+    miss = [_meets(r, sla) for r in rows]
+    df["meets_sla"] = [not any(m.values()) for m in miss]
+    df["why"] = [next((k for k, v in m.items() if v), "") for m in miss]
+    ok_front = df["fits"] & ~np.array([m["ttft"] for m in miss], dtype=bool)
+    flags = np.zeros(len(df), dtype=bool)
+    if ok_front.any():
+        idx = np.flatnonzero(ok_front.to_numpy())
+        flags[idx] = pareto_flags(df["tokens_per_s_per_user"].to_numpy()[idx],
+                                  df["tokens_per_s_per_gpu"].to_numpy()[idx])
+    df["pareto"] = flags
+    df["deployment"] = df["mode"] + " " + df["mapping"] + " [" + df["policies"] + "]"
+    best, rejected, reasons = _rank(df, top)
+    public = [k for k in ROW_KEYS] + ["why"]
+    table = df[public].copy()
+    for k, v in (("model", model.name), ("hw", hw.name), ("view", (view.name if view is not None else "sol")),
+                 ("profile", profile.name if profile else "sol")):
+        table[k] = v
+    pareto = [_public(r) for r in df[df["pareto"]].sort_values("tokens_per_s_per_user").to_dict("records")]
+    best_rows = []
+    for i, r in enumerate(best):
+        d = _public(r)
+        d["rank"] = i + 1
+        pol = attrs.asdict(r["_policies"])
+        pol["algorithms"] = [{"collective": c, "algorithm": a} for c, a in pol["algorithms"]]
+        pol["acceptance"] = list(pol["acceptance"])
+        d["policy_values"] = pol  # every policy field, as estimate's identity.policies (docs/json.md)
+        d["speculative"] = _spec_text(r["_policies"])
+        d["launch"] = launch_flags(model, r)
+        best_rows.append(d)
+    space_d = {"modes": list(space.modes), "decode_mappings": len(dec_maps), "prefill_mappings": len(pre_maps),
+               "batches_per_dp_rank": list(space.batches), "prefill_batches_per_dp_rank": list(space.prefill_batches),
+               "policy_axes": [{"field": f, "values": list(v)} for f, v in axes], "policy_points": len(choices),
+               "refine": space.refine, "exhaustive": space.exhaustive, "acceptance": list(space.acceptance),
+               "nvlink_domain": hw.nvlink_domain}
+    stats = {"programs_compiled": s.compiled, "programs_cached": s.cached, "rows": len(df),
+             "rows_meeting_sla": int(df["meets_sla"].sum()), "pareto_points": int(df["pareto"].sum()),
+             "wall_s": time.perf_counter() - t0}
+    return SearchResult(model.name, hw.name, gpus, traffic, sla, (view.name if view is not None else "sol"),
+                        profile.name if profile else "sol", table, best_rows, pareto, rejected, reasons, s.skipped,
+                        space_d, stats)
+
+
+def _assemble(s: _Search, dec_maps, pre_maps, variants, space: Space, axes) -> list[dict]:
+    rows = []
+    for choice in variants:
+        pol = policies_of(choice, space.acceptance)
+        if "agg" in space.modes:
+            for m in dec_maps:
+                if s.gpus % m.gpus == 0:  # aggregated replicas use every GPU
+                    rows += s.agg_rows(m, pol)
+        if "disagg" in space.modes and pre_maps:
+            pre = [g for g in (s.group("prefill", m, pol) for m in pre_maps) if not g.error]
+            dec = [g for g in (s.group("decode", m, pol) for m in dec_maps if m.gpus < s.gpus) if not g.error]
+            rows += s.disagg_rows(pre, dec)
+    return rows
+
+
+def _leaders(rows: list[dict], sla: SLA, k: int) -> dict:
+    """Mappings of the ``k`` best deployments (meeting the SLA first, then the rest by throughput)."""
+    scored = sorted(rows, key=lambda r: (any(_meets(r, sla).values()), -r["tokens_per_s_per_gpu"]))
+    seen, out = set(), {"decode": set(), "prefill": set()}
+    for r in scored:
+        dep = (r["mode"], r["mapping"])
+        if dep in seen:
+            continue
+        seen.add(dep)
+        out["decode"].add(r["_dmap"])
+        if r["mode"] == "disagg":
+            out["prefill"].add(r["_pmap"])
+        else:
+            out["prefill"].add(r["_dmap"])
+        if len(seen) >= k:
+            break
+    return out
+
+
+def _variants(axes, base: dict, exhaustive: bool) -> list[dict]:
+    if exhaustive:
+        out = [dict(zip([f for f, _ in axes], vals)) for vals in itertools.product(*[v for _, v in axes])]
+        return [c for c in out if c != base]
+    out = []
+    for f, vals in axes:
+        for v in vals[1:]:
+            out.append({**base, f: v})
+    return out
+
+
+def _combine(rows: list[dict], axes, base: dict, sla: SLA) -> dict:
+    """Per axis, the value whose best deployment meeting the SLA (else best overall) has the most tokens/s
+    per GPU among single-axis variants of the base."""
+    combo = dict(base)
+    for f, vals in axes:
+        best_v, best_s = vals[0], -math.inf
+        for r in rows:
+            pol = r["_policies"]
+            v = _axis_value(pol, f)
+            others = all(_axis_value(pol, g) == base[g] for g, _ in axes if g != f and g not in PREFILL_ONLY)
+            if not others:
+                continue
+            score = r["tokens_per_s_per_gpu"] - (1e12 if any(_meets(r, sla).values()) else 0.0)
+            if score > best_s:
+                best_v, best_s = v, score
+        combo[f] = best_v
+    return combo
+
+
+def _axis_value(p: Policies, f: str):
+    if f == "spec":
+        return "dspark" if p.dspark == "on" else (f"mtp{p.mtp}" if p.mtp else "off")
+    return getattr(p, f)
+
+
+def _spec_text(p: Policies) -> str:
+    if p.dspark == "on":
+        return "dspark acceptance " + ",".join(f"{a:g}" for a in p.acceptance)
+    if p.mtp:
+        return f"mtp{p.mtp} acceptance " + ",".join(f"{a:g}" for a in p.acceptance)
+    return "off"
+
+
+def _rank(df, top: int):
+    """Top deployments (best batch each), and the reason each other deployment lost."""
+    order = df.sort_values("tokens_per_s_per_gpu", ascending=False)
+    ok = order[order["meets_sla"]]
+    # one row per mapping (its best policies and batch): policy variants of a ranked mapping are listed as lost
+    best_idx = ok.drop_duplicates(["mode", "mapping"]).head(top)
+    best = best_idx.to_dict("records")
+    best_names = set(best_idx["deployment"])
+    cutoff = best[-1]["tokens_per_s_per_gpu"] if best else None
+    rank_of = {(b["mode"], b["mapping"]): i + 1 for i, b in enumerate(best)}
+    rejected, reasons = [], {k: 0 for k in REASONS}
+    for name, g in order.groupby("deployment", sort=False):
+        if name in best_names:
+            continue
+        if g["meets_sla"].any():
+            g = g[g["meets_sla"]]
+            r = g.iloc[0]
+            k = rank_of.get((r["mode"], r["mapping"]))
+            if k is not None:
+                reason = "variant"
+                detail = (f"{r['tokens_per_s_per_gpu']:.1f} tok/s/GPU at best, below the policies ranked #{k} "
+                          f"on this mapping ({best[k - 1]['tokens_per_s_per_gpu']:.1f})")
+            else:
+                reason = "throughput"
+                detail = f"{r['tokens_per_s_per_gpu']:.1f} tok/s/GPU at best, below #{len(best)}'s {cutoff:.1f}"
+        else:
+            fits = g[g["fits"]]
+            if fits.empty:
+                reason, r = "memory", g.iloc[0]
+                detail = f"does not fit at any batch ({-g['memory_headroom_gib'].max():.1f} GiB short at the smallest)"
+            else:
+                r = fits.iloc[0]
+                reason = r["why"]
+                if reason == "ttft":
+                    detail = f"TTFT {fits['ttft_ms'].min():.0f} ms at best"
+                elif reason == "tpot":
+                    detail = f"TPOT {fits['tpot_ms'].min():.1f} ms at best"
+                else:
+                    detail = f"{fits['tokens_per_s_per_user'].max():.1f} tok/s/user at best"
+        reasons[reason] += 1
+        rejected.append({"deployment": name, "mode": r["mode"], "mapping": r["mapping"], "policies": r["policies"],
+                         "reason": reason, "detail": detail,
+                         "best_tokens_per_s_per_gpu": float(g["tokens_per_s_per_gpu"].max())})
+    rejected.sort(key=lambda r: (REASONS.index(r["reason"]), -r["best_tokens_per_s_per_gpu"]))
+    return best, rejected, reasons
+
+
+def _public(r: dict) -> dict:
+    out = {}
+    for k in ROW_KEYS:
+        v = r.get(k)
+        out[k] = v.item() if hasattr(v, "item") else v
+    return out
+
+
+# ---- launch flags ---------------------------------------------------------------------------------------------------
+#: graphsim policy -> the serving flag that turns it on (None: no documented flag; see docs/search.md)
+SGLANG_POLICY_FLAGS = {("overlap", "two-batch"): "--enable-two-batch-overlap"}
+VLLM_POLICY_FLAGS = {("overlap", "two-batch"): "--enable-dbo"}
+
+
+def launch_flags(model, row: dict) -> dict:
+    """Equivalent SGLang and vLLM launch commands for a deployment row (one per pool), with notes for what
+    neither engine exposes as a flag. The mapping follows docs/search.md; no flag is invented."""
+    pools = [("decode" if row["mode"] == "disagg" else "server", row["_dmap"], row["decode_batch"],
+              row["_policies"])]
+    if row["mode"] == "disagg":
+        pools.insert(0, ("prefill", row["_pmap"], row["prefill_batch"], row["_prefill_policies"]))
+    ckpt = model.name
+    out = {"sglang": [], "vllm": [], "notes": []}
+    notes = {f"{ckpt}: give the checkpoint's path or Hugging Face id"}
+    for role, m, batch, pol in pools:
+        sg = ["python -m sglang.launch_server", f"--model-path {ckpt}", f"--tp-size {m.tp * m.dp}"]
+        if m.dp > 1:
+            sg += [f"--dp-size {m.dp}", "--enable-dp-attention"]
+        if m.ep > 1:
+            sg.append(f"--ep-size {m.ep}")
+        if m.pp > 1:
+            sg.append(f"--pp-size {m.pp}")
+        sg.append(f"--max-running-requests {batch}")
+        vl = ["vllm serve", ckpt, f"--tensor-parallel-size {m.tp}"]
+        if m.dp > 1:
+            vl.append(f"--data-parallel-size {m.dp}")
+        if m.pp > 1:
+            vl.append(f"--pipeline-parallel-size {m.pp}")
+        if m.ep > 1:
+            if m.ep == m.tp * m.dp:
+                vl.append("--enable-expert-parallel")
+            else:
+                notes.add(f"vLLM sets EP = TP x DP with --enable-expert-parallel: ep={m.ep} of {m.tp * m.dp} ranks "
+                          "has no vLLM flag (the MoE side runs TP-within-EP)")
+        vl.append(f"--max-num-seqs {max(1, batch // m.dp)}")
+        if m.cp > 1:
+            notes.add(f"cp={m.cp} (context-parallel prefill) has no flag in either engine's documented CLI")
+        for (f, v), flag in SGLANG_POLICY_FLAGS.items():
+            if getattr(pol, f) == v:
+                sg.append(flag)
+        for (f, v), flag in VLLM_POLICY_FLAGS.items():
+            if getattr(pol, f) == v:
+                vl.append(flag)
+        if pol.mtp:
+            k = pol.mtp
+            sg += ["--speculative-algorithm EAGLE", f"--speculative-num-steps {k}", "--speculative-eagle-topk 1",
+                   f"--speculative-num-draft-tokens {k + 1}"]
+            vl.append(f"--speculative-config '{{\"method\": \"mtp\", \"num_speculative_tokens\": {k}}}'")
+        if pol.dspark == "on":
+            notes.add("DSpark drafting has no upstream SGLang/vLLM flag yet: the commands run without it")
+        for f, what in (("fusion", "mHC fusion"), ("decoder_replay", "decoder bounded replay"),
+                        ("engram", "Engram table residency")):
+            if getattr(pol, f) != getattr(Policies(), f):
+                notes.add(f"{what} ({f}={getattr(pol, f)}) is an engine implementation choice with no documented "
+                          "flag")
+        if role in ("prefill", "decode"):
+            sg.append(f"--disaggregation-mode {role}")
+            vl.append("--kv-transfer-config '{\"kv_connector\": \"NixlConnector\", \"kv_role\": \"kv_both\"}'")
+        reps = row["prefill_replicas"] if role == "prefill" else row["decode_replicas"]
+        tag = f"# {role}: {reps} replica(s) of {m.gpus} GPU(s)"
+        out["sglang"].append(tag + "\n" + " ".join(sg))
+        out["vllm"].append(tag + "\n" + " ".join(vl))
+    out["notes"] = sorted(notes)
+    return out
+
+
+__all__ = ["SLA", "Space", "Traffic", "SearchResult", "search", "mappings", "launch_flags", "pareto_flags"]

@@ -1,0 +1,307 @@
+"""graphsim search: the serving formulas against independent evaluations, SLA and ranking invariants, the Pareto
+front, resumability, launch flags and the CLI (docs/search.md, docs/json.md)."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import graphsim as gs
+from graphsim.errors import GraphsimError
+from graphsim.search import (SLA, Space, Traffic, launch_flags, mappings, pareto_flags, policies_of, search)
+
+# a small space: V3 on 8 GB200s, TP 1/2, a few batches (each search below runs in ~1 s)
+SMALL = Space(tp=(1, 2), batches=(8, 32, 128, 256), prefill_batches=(1, 2), refine=2)
+TRAFFIC = Traffic.of(4000, 1000)
+
+
+@pytest.fixture(scope="module")
+def v3():
+    return search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30), space=SMALL)
+
+
+def _rows(res, **eq):
+    t = res.table
+    for k, v in eq.items():
+        t = t[t[k] == v]
+    return t
+
+
+def test_agg_row_is_the_prefill_first_formula(v3):
+    """TPOT = (T_dec(B) + B/OSL · T_pre(dp prompts)/dp), TTFT = T_pre + T_dec, tok/s/GPU = B/TPOT/GPUs, with the
+    forward times taken from separately compiled plans (docs/search.md, aggregated serving)."""
+    row = _rows(v3, mode="agg", mapping="tp2-dp4-ep4-pp1", policies="default", decode_batch=128).iloc[0]
+    m = gs.ParallelMapping(tp=2, dp=4, ep=4)
+    ctx = 4000 + 1000 // 2  # token-weighted mean context of one class: isl + osl/2
+    dec = gs.compile_plan("deepseek-v3", gs.Plan([f"decode:{ctx}x128"], m), "gb200").report().forward_s
+    pre = gs.compile_plan("deepseek-v3", gs.Plan(["prefill:4000x4"], m), "gb200").report().forward_s
+    tpot = dec + 128 / 1000 * pre / 4
+    assert row["tpot_ms"] == pytest.approx(tpot * 1e3, rel=1e-9)
+    assert row["ttft_ms"] == pytest.approx((pre + dec) * 1e3, rel=1e-9)
+    assert row["tokens_per_s_per_gpu"] == pytest.approx(128 / tpot / 8, rel=1e-9)
+    assert row["tokens_per_s_per_user"] == pytest.approx(1 / tpot, rel=1e-9)
+    assert row["gpus"] == 8
+
+
+def test_disagg_row_matches_graphsim_disagg(v3):
+    """A disaggregated row equals graphsim.disagg for the same pools (TTFT with the KV hand-over, rate balance)."""
+    from graphsim.disagg import Pool, disagg
+
+    t = _rows(v3, mode="disagg")
+    assert len(t) > 0
+    row = t.sort_values("tokens_per_s_per_gpu").iloc[-1]
+    from graphsim.cmd_disagg import parse_mapping
+
+    pm, dm = parse_mapping(row["prefill_mapping"]), parse_mapping(row["decode_mapping"])
+    ref = disagg("deepseek-v3", "gb200", Pool(pm, int(row["prefill_batch"]), int(row["prefill_replicas"])),
+                 Pool(dm, int(row["decode_batch"]), int(row["decode_replicas"])), isl=4000, osl=1000)
+    assert row["ttft_ms"] == pytest.approx(ref.ttft_s * 1e3, rel=1e-9)
+    assert row["tpot_ms"] == pytest.approx(ref.itl_s * 1e3, rel=1e-9)
+    assert row["tokens_per_s_per_gpu"] == pytest.approx(ref.tokens_per_s_per_gpu, rel=1e-9)
+    assert row["gpus"] == ref.gpus <= 8
+
+
+def test_memory_verdict_matches_fit(v3):
+    """fits / headroom of a decode pool equal graphsim.fit at the full context (isl + osl) — never optimistic."""
+    from graphsim.fit import MemoryModel
+
+    m = gs.ParallelMapping(tp=2, dp=4, ep=4)
+    mm = MemoryModel("deepseek-v3", "gb200", m)
+    for b in (32, 1024):  # 8 and 256 requests per DP rank
+        row = _rows(v3, mode="agg", mapping="tp2-dp4-ep4-pp1", policies="default", decode_batch=b).iloc[0]
+        ref = mm.fit(b, 5000).headroom_bytes / 2**30
+        assert row["memory_headroom_gib"] <= ref + 1e-9  # the agg row also holds the prefill's workspace
+        assert row["memory_headroom_gib"] == pytest.approx(ref, abs=0.5)
+        assert row["fits"] == (row["memory_headroom_gib"] >= 0)
+
+
+def test_ranked_rows_meet_the_sla_and_nothing_better_is_left_out(v3):
+    best = v3.best
+    assert best, "V3 on 8 GB200s meets TTFT 2 s / TPOT 30 ms at SOL"
+    tps = [b["tokens_per_s_per_gpu"] for b in best]
+    assert tps == sorted(tps, reverse=True)
+    for b in best:
+        assert b["ttft_ms"] <= 2000 and b["tpot_ms"] <= 30 and b["fits"] and b["meets_sla"]
+    ranked = {(b["mode"], b["mapping"]) for b in best}
+    t = v3.table[v3.table["meets_sla"]]
+    others = t[[(m, p) not in ranked for m, p in zip(t["mode"], t["mapping"])]]
+    assert (others["tokens_per_s_per_gpu"] <= tps[-1] + 1e-9).all()
+    # every deployment that is not ranked has a reason, and the reasons add up
+    assert sum(v3.reasons.values()) == len(v3.rejected)
+    assert {r["reason"] for r in v3.rejected} <= set(v3.reasons)
+
+
+def test_pareto_front_is_exactly_the_non_dominated_points(v3):
+    t = v3.table
+    ok = t[t["fits"] & (t["ttft_ms"] <= 2000)]
+    x, y = ok["tokens_per_s_per_user"].to_numpy(), ok["tokens_per_s_per_gpu"].to_numpy()
+    flags = ok["pareto"].to_numpy()
+    for i in range(len(ok)):
+        dominated = np.any((x >= x[i]) & (y >= y[i]) & ((x > x[i]) | (y > y[i])))
+        assert flags[i] == (not dominated) or (not dominated and np.any((x == x[i]) & (y == y[i]) & flags))
+    assert not t[~(t["fits"] & (t["ttft_ms"] <= 2000))]["pareto"].any()
+
+
+def test_pareto_flags_closed_form():
+    x = np.array([1.0, 2.0, 3.0, 2.0, 0.5])
+    y = np.array([5.0, 4.0, 1.0, 3.0, 5.0])
+    assert pareto_flags(x, y).tolist() == [True, True, True, False, False]
+
+
+def test_tighter_sla_never_raises_the_best_throughput():
+    space = Space(tp=(1, 2), batches=(8, 64, 256), prefill_batches=(1,), refine=0, modes=("agg",))
+    loose = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 40), space=space)
+    tight = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 15), space=space)
+    assert tight.best and loose.best
+    assert tight.best[0]["tokens_per_s_per_gpu"] <= loose.best[0]["tokens_per_s_per_gpu"]
+    assert tight.best[0]["tpot_ms"] <= 15
+
+
+def test_space_prunes_and_mappings_respect_the_model_and_nvlink():
+    from graphsim.hw import load_hw
+    from graphsim.models import load_model
+
+    model = load_model("deepseek-v3")
+    h100 = load_hw("h100")  # 8-GPU NVLink domain
+    ms = mappings(model, h100, 16, Space(), "decode")
+    assert ms and all(m.tp * m.cp <= 8 for m in ms)
+    assert all(16 % m.gpus == 0 or (m.gpus & (m.gpus - 1)) == 0 for m in ms)
+    for m in ms:
+        model.validate_mapping(m)  # never raises
+    assert {m.tp for m in mappings(model, h100, 8, Space(tp=(2,)), "decode")} == {2}
+    res = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30),
+                 space=Space(tp=(2,), modes=("agg",), batches=(8, 64), refine=0))
+    assert set(res.table["mode"]) == {"agg"}
+    assert all(m.startswith("tp2-") for m in res.table["mapping"])
+
+
+def test_speculative_rows_divide_the_step_by_expected_emitted_tokens():
+    """DSpark rows: per step every request gets E[emitted | k] tokens (bonus-token convention, V41_FACTS §9), so
+    TPOT = (T_step + B·E/OSL · T_pre/dp) / E — never the verify forward itself."""
+    from graphsim.dspark import AcceptanceProfile
+
+    acc = (0.9, 0.8, 0.7, 0.6, 0.5)
+    res = search("deepseek-v4.1-flash", "gb300", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30),
+                 space=Space(tp=(1,), dp=(8,), ep=(8,), modes=("agg",), batches=(2,), prefill_batches=(1,),
+                             policies=(("fusion", ("unfused",)),), acceptance=acc, refine=1))
+    spec = res.table[res.table["verify"] > 0]
+    assert set(spec["verify"]) == {1, 2, 3, 4, 5}
+    e = AcceptanceProfile.constant(acc).expected_emitted_table()[0]
+    pol = policies_of({"spec": "dspark"}, acc)
+    m = gs.ParallelMapping(tp=1, dp=8, ep=8)
+    pre = gs.compile_plan("deepseek-v4.1-flash", gs.Plan(["prefill:4000x8"], m, pol), "gb300").report().forward_s
+    for k in (1, 5):
+        row = spec[spec["verify"] == k].iloc[0]
+        step = gs.compile_plan("deepseek-v4.1-flash", gs.Plan([f"decode:4500x16v{k}"], m, pol), "gb300").report()
+        tpot = (step.forward_s + 16 * e[k] / 1000 * pre / 8) / e[k]
+        assert row["tpot_ms"] == pytest.approx(tpot * 1e3, rel=1e-9)
+
+
+def test_a_failing_program_is_reported_and_the_rest_kept():
+    """Two-batch overlap cannot split one request per DP rank: that program is skipped with its reason, the
+    other policies' rows stay."""
+    res = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30),
+                 space=Space(tp=(2,), dp=(4,), ep=(4,), batches=(1,), prefill_batches=(1,), modes=("agg",),
+                             policies=(("overlap", ("none", "two-batch")),), refine=1))
+    assert len(res.table) > 0 and set(res.table["policies"]) == {"default"}
+    assert any("two-batch" in s["error"] for s in res.skipped)
+
+
+def test_resume_reuses_every_program(tmp_path):
+    space = Space(tp=(2,), batches=(8, 64), prefill_batches=(1,), refine=1)
+    a = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30), space=space, cache_dir=tmp_path)
+    b = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30), space=space, cache_dir=tmp_path)
+    assert a.stats["programs_compiled"] > 0 and b.stats["programs_compiled"] == 0
+    assert b.stats["programs_cached"] == a.stats["programs_compiled"]
+    cols = ["mapping", "decode_batch", "tpot_ms", "ttft_ms", "tokens_per_s_per_gpu", "memory_headroom_gib"]
+    assert a.table[cols].equals(b.table[cols])
+    # a different traffic does not reuse them (the cache key holds every input)
+    c = search("deepseek-v3", "gb200", gpus=8, traffic=Traffic.of(2000, 1000), sla=SLA(2000, 30), space=space,
+               cache_dir=tmp_path)
+    assert c.stats["programs_cached"] == 0
+
+
+def test_traffic_distribution(tmp_path):
+    p = tmp_path / "lengths.csv"
+    p.write_text("isl,osl,weight\n1000,500,3\n8000,1500,1\n1000,500,1\n")
+    t = Traffic.load(p)
+    assert t.isl == (1000, 8000) and t.osl == (500, 1500)
+    w = np.array([0.8, 0.2])
+    # token-weighted decode context: sum w*osl*(isl + osl/2) / sum w*osl
+    ctx = (w * [500, 1500]) @ np.array([1250.0, 8750.0]) / (w @ [500, 1500])
+    assert t.decode_context == round(ctx)
+    assert t.mean_osl == pytest.approx(0.8 * 500 + 0.2 * 1500)
+    assert t.fit_context == math.ceil(0.8 * 1500 + 0.2 * 9500)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("isl,out\n1,2\n")
+    with pytest.raises(GraphsimError, match="lengths"):
+        Traffic.load(bad)
+
+
+def test_launch_flags_follow_the_documented_mapping():
+    from graphsim.models import load_model
+
+    model = load_model("deepseek-v3")
+    m = gs.ParallelMapping(tp=1, dp=8, ep=8)
+    row = {"mode": "agg", "_dmap": m, "_pmap": m, "decode_batch": 768, "prefill_batch": 8, "prefill_replicas": 1,
+           "decode_replicas": 1, "_policies": gs.Policies(overlap="two-batch", mtp=1, acceptance=(0.8,)),
+           "_prefill_policies": gs.Policies()}
+    f = launch_flags(model, row)
+    sg, vl = f["sglang"][0], f["vllm"][0]
+    for flag in ("--tp-size 8", "--dp-size 8", "--enable-dp-attention", "--ep-size 8", "--max-running-requests 768",
+                 "--enable-two-batch-overlap", "--speculative-algorithm EAGLE", "--speculative-num-steps 1"):
+        assert flag in sg
+    for flag in ("--tensor-parallel-size 1", "--data-parallel-size 8", "--enable-expert-parallel",
+                 "--max-num-seqs 96", "--enable-dbo", '"num_speculative_tokens": 1'):
+        assert flag in vl
+    part = dict(row, _dmap=gs.ParallelMapping(tp=1, dp=8, ep=4), mode="disagg")
+    f = launch_flags(model, part)
+    assert len(f["sglang"]) == 2 and "--disaggregation-mode prefill" in f["sglang"][0]
+    assert "--disaggregation-mode decode" in f["sglang"][1]
+    assert "--enable-expert-parallel" not in f["vllm"][1]
+    assert any("ep=4" in n for n in f["notes"])
+
+
+def test_bad_inputs_are_one_line_errors():
+    with pytest.raises(GraphsimError, match="policy"):
+        Space(policies=(("nonsense", ("a",)),))
+    with pytest.raises(GraphsimError, match="modes"):
+        Space(modes=("mixed",))
+    with pytest.raises(GraphsimError, match="sla.tpot_ms"):
+        SLA(tpot_ms=-1)
+    with pytest.raises(GraphsimError, match="gpus"):
+        search("deepseek-v3", "gb200", gpus=1, traffic=TRAFFIC, space=Space(tp=(8,)))
+
+
+# ---- the command line ---------------------------------------------------------------------------------------------
+def _doc_keys(prefix: str) -> set:
+    """Keys the ``## search`` section of docs/json.md lists directly under ``prefix`` ("" for the document,
+    "best[]." for a ranked row...; ``best[].<row key>`` stands for the row keys listed under ``pareto[].``)."""
+    import re
+    from pathlib import Path
+
+    text = Path(__file__).resolve().parents[1].joinpath("docs", "json.md").read_text()
+    part = text.split("\n## search\n", 1)[1].split("\n## ", 1)[0]
+    keys = [m.group(1) for m in re.finditer(r"^\| `([^`]+)`", part, re.M)]
+    out = set()
+    for k in keys:
+        if k.startswith(prefix):
+            rest = k[len(prefix):]
+            if rest == "<row key>":
+                out |= _doc_keys("pareto[].")
+            elif "." not in rest and "[" not in rest:
+                out.add(rest)
+    return out
+
+
+@pytest.mark.parametrize("model,hw", [("deepseek-v3", "gb200"), ("deepseek-v4.1-flash", "gb300")])
+def test_cli_acceptance_json(model, hw, capsys):
+    """The issue's acceptance command: ranked deployments with the keys docs/json.md documents."""
+    from graphsim.cli import main
+
+    rc = main(["search", "--model", model, "--hw", hw, "--gpus", "8", "--isl", "4000", "--osl", "1000",
+               "--ttft", "2000", "--tpot", "30", "--json", "--no-progress"])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["schema_version"] == 1 and d["command"] == "search"
+    assert set(d) == _doc_keys("")
+    assert d["best"], f"{model} meets TTFT 2 s / TPOT 30 ms on 8x {hw} at SOL"
+    assert set(d["best"][0]) == _doc_keys("best[].")
+    assert set(d["pareto"][0]) == _doc_keys("pareto[].")
+    assert set(d["rejected"][0]) == _doc_keys("rejected[].")
+    for obj in ("traffic", "sla", "space", "reasons", "stats"):
+        assert set(d[obj]) == _doc_keys(f"{obj}."), obj
+    assert set(d["best"][0]["launch"]) == _doc_keys("best[].launch.")
+    if model.startswith("deepseek-v4.1"):  # its policies are in the space
+        assert {"fusion", "overlap", "decoder_replay", "engram"} <= {a["field"] for a in d["space"]["policy_axes"]}
+
+
+def test_cli_table_plot_and_resume(tmp_path, capsys):
+    from graphsim.cli import main
+
+    out = tmp_path / "res.parquet"
+    args = ["search", "--model", "deepseek-v3", "--gpus", "8", "--isl", "4000", "--osl", "1000", "--ttft", "2000",
+            "--tpot", "30", "--tp", "2", "--batch", "8,64", "--refine", "0", "-o", str(out), "--no-progress"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "launch #1" in text and "sglang.launch_server" in text
+    import pandas as pd
+
+    df = pd.read_parquet(out)
+    assert {"mode", "mapping", "policies", "profile", "view", "pareto", "tokens_per_s_per_gpu"} <= set(df.columns)
+    assert (tmp_path / "res.pareto.png").stat().st_size > 1000
+    assert main(args) == 0
+    assert "0 programs compiled" in capsys.readouterr().out
+
+
+def test_cli_errors(capsys):
+    from graphsim.cli import main
+
+    assert main(["search", "--model", "deepseek-v3", "--gpus", "8", "--isl", "4000"]) == 2
+    assert "osl" in capsys.readouterr().err
+    assert main(["search", "--model", "deepseek-v3", "--gpus", "8", "--isl", "10", "--osl", "10",
+                 "--policy", "fusion"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("graphsim: error: policy") and err.count("\n") == 1
