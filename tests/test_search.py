@@ -305,3 +305,19 @@ def test_cli_errors(capsys):
                  "--policy", "fusion"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("graphsim: error: policy") and err.count("\n") == 1
+
+
+def test_measured_view_prices_the_same_space():
+    """--view hybrid (measured tables where covered): the same deployments, each at least as slow as its SOL."""
+    from pathlib import Path
+
+    from graphsim.measured.view import ViewSpec
+
+    fix = str(Path(__file__).parent / "data" / "measured")
+    space = Space(tp=(2,), dp=(4,), ep=(2,), batches=(8, 32), prefill_batches=(1,), modes=("agg",), refine=0)
+    sol = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30), space=space)
+    hyb = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30), space=space,
+                 view=ViewSpec("hybrid", fix, "trtllm@1.3.0rc20"))
+    assert set(hyb.table["view"]) == {"hybrid"} and hyb.view == "hybrid"
+    a, b = sol.table.set_index("decode_batch"), hyb.table.set_index("decode_batch")
+    assert (b["tpot_ms"] >= a["tpot_ms"] * (1 - 1e-9)).all() and (b["ttft_ms"] >= a["ttft_ms"] * (1 - 1e-9)).all()
