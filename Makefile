@@ -23,6 +23,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_structural.py
 	$(BIN)/python benchmarks/bench_cli.py
 	$(BIN)/python benchmarks/bench_sweep_memory.py
+	$(BIN)/python benchmarks/bench_search.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -7,12 +7,13 @@ The serving model (docs/search.md says the same, with the launch-flag table):
 * **traffic**: request classes (ISL, OSL, weight); one class from ``isl``/``osl``. Decode runs at the
   token-weighted mean context Σw·osl·(isl + osl/2) / Σw·osl; memory must hold every request of a batch at its
   full length (the weighted mean of isl + osl — one class: isl + osl);
-* **aggregated** (``agg``): ``total // n`` replicas of an ``n``-GPU mapping, each running ``B`` requests
-  with prefill-first scheduling (SGLang's and vLLM's default without chunked prefill): a prefill forward
-  takes one prompt per attention-DP group and pauses the decode batch. Per step every request gets E tokens
-  (E = 1, or the expected emitted tokens of speculative decoding), so B·E/ōsl prompts enter per step:
-  TPOT = (T_dec(B) + B·E/ōsl · T_pre(dp prompts)/dp) / E, TTFT = T_pre(dp prompts) + T_dec(B) (the step in
-  flight), output tokens/s per GPU = B / TPOT / n;
+* **aggregated** (``agg``): ``gpus / n`` replicas of an ``n``-GPU mapping, each running ``B`` requests. A
+  new prompt is prefilled whole in one step *together with* the running decodes (mixed batches: vLLM's
+  chunked prefill, SGLang's mixed chunks), so prefill and decode share each weight read — the fastest
+  schedule, as a SOL must assume. Per step every request gets E tokens (1, or the expected emitted tokens of
+  speculative decoding), so f = B·E/(ōsl·dp) of the steps carry one prompt per DP group:
+  step = (1 − f)·T_dec(B) + f·T_mix(B, dp prompts) (f > 1: every step carries f·dp prompts),
+  TPOT = step / E, TTFT = T_mix (no queueing), output tokens/s per GPU = B / TPOT / n;
 * **disaggregated** (``disagg``): ``x`` prefill replicas (``p`` prompts per forward) and ``y`` decode
   replicas (``B`` requests) with x·n_p + y·n_d ≤ the GPUs (as :mod:`graphsim.disagg`): TTFT = T_pre(p) + the
   KV hand-over, TPOT = T_dec(B)/E, system rate = min(x·p/T_pre, y·B·E/(ōsl·T_dec)) requests/s, tokens/s per
@@ -48,7 +49,8 @@ from .plan import ParallelMapping
 GiB = 2.0**30
 MODES = ("agg", "disagg")
 #: decode requests per attention-DP rank (a replica's batch is this times dp)
-DEFAULT_BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+DEFAULT_BATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512,
+                   640, 768, 896, 1024)
 #: prompts per attention-DP rank in one prefill forward of a disaggregated prefill pool
 DEFAULT_PREFILL_BATCHES = (1, 2, 4, 8)
 #: policy axes searched by default, when the model supports more than one value (base value first)
@@ -228,17 +230,18 @@ class Group:
     forward_s: np.ndarray  #: decode (R,); prefill (R, classes)
     emitted: np.ndarray  #: tokens a request gets per decode step (R,); ones for prefill
     headroom_bytes: np.ndarray  #: HBM left per device (R,) (host-table shortfall counted as negative)
+    prompts: np.ndarray  #: mixed rows: prompts prefilled in the step (R,); zeros otherwise
     error: str = ""
+
+    ARRAYS = ("batch", "verify", "forward_s", "emitted", "headroom_bytes", "prompts")
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "error": self.error,
-                **{k: np.asarray(getattr(self, k)).tolist() for k in
-                   ("batch", "verify", "forward_s", "emitted", "headroom_bytes")}}
+                **{k: np.asarray(getattr(self, k)).tolist() for k in self.ARRAYS}}
 
     @staticmethod
     def from_json(d: dict, mapping, policies) -> "Group":
-        arr = {k: np.asarray(d[k], dtype=np.float64) for k in ("batch", "verify", "forward_s", "emitted",
-                                                              "headroom_bytes")}
+        arr = {k: np.asarray(d[k], dtype=np.float64) for k in Group.ARRAYS}
         return Group(d["kind"], mapping, policies, error=d["error"], **arr)
 
 
@@ -428,6 +431,8 @@ class _Search:
         spec = policies.dspark == "on" or policies.mtp > 0
         kmax = (len(policies.acceptance) if policies.dspark == "on" else policies.mtp) if spec else 0
         dp = mapping.dp
+        if kind == "mixed":
+            return self._mixed(mapping, policies, kmax)
         if kind == "decode":
             per_rank = [b for b in self.space.batches if policies.overlap == "none" or b >= 2]
             require(bool(per_rank), "batches", "two-batch overlap needs >= 2 requests per DP rank")
@@ -473,30 +478,56 @@ class _Search:
         headroom = self.hw.hbm_capacity_bytes - total
         if policies.engram == "host" and mm.tables > self.hw.host_mem_bytes:
             headroom = np.minimum(headroom, self.hw.host_mem_bytes - mm.tables)
-        return Group(kind, mapping, policies, batch, verify, fwd, em, headroom)
+        return Group(kind, mapping, policies, batch, verify, fwd, em, headroom, np.zeros_like(batch))
+
+    def _mixed(self, mapping, policies, kmax: int) -> Group:
+        """Aggregated steps that prefill prompts together with the running decode batch: at every (batch,
+        verify) row of the decode program, ``n`` prompts of each class in one forward with the B decodes, where
+        n = dp·max(1, f) and f = B·E/(OSL·dp) is the share of steps that carry a prompt per DP group."""
+        from .workload import Workload
+
+        t = self.traffic
+        dec = self.group("decode", mapping, policies)
+        require(not dec.error, "decode", dec.error)
+        dp = mapping.dp
+        f = dec.batch * dec.emitted / (t.mean_osl * dp)
+        n = dp * np.maximum(1.0, f)
+        isl = np.asarray(t.isl, dtype=np.float64)
+        reqs = [f"prefill:{int(isl.max())}x{max(self.space.batches) * self.gpus}",
+                f"decode:{t.decode_context}x{max(self.space.batches) * self.gpus}" + (f"v{kmax}" if kmax else "")]
+        c = compile_plan(self.model, Plan(reqs, mapping, policies), self.hw, self.profile, view=self.view)
+        R, C = dec.batch.size, isl.size
+        rep_ = lambda a: np.repeat(np.asarray(a, dtype=np.float64), C)  # noqa: E731 - rows x classes, row-major
+        count = np.stack([rep_(n), rep_(dec.batch)], axis=1)
+        new = np.stack([np.tile(isl, R), rep_(1.0 + dec.verify)], axis=1)
+        past = np.stack([np.zeros(R * C), np.full(R * C, float(t.decode_context))], axis=1)
+        wl = Workload(("prefill", "decode"), count, new, past)
+        fwd = np.asarray(c.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64).reshape(R, C)
+        require(bool(np.all(np.isfinite(fwd))), "view", f"no mixed-step time for {mapping} under this view")
+        return Group("mixed", mapping, policies, dec.batch, dec.verify, fwd, dec.emitted, dec.headroom_bytes, n)
 
     # -- deployments -----------------------------------------------------------------------------------------
     def agg_rows(self, mapping, policies) -> list[dict]:
         dec = self.group("decode", mapping, policies)
-        pre = self.group("prefill", mapping, policies)
-        if dec.error or pre.error:
+        if dec.error:
+            return []
+        mix = self.group("mixed", mapping, policies)
+        if mix.error:
             return []
         t = self.traffic
         replicas = self.gpus // mapping.gpus
-        # one prompt per DP group: the first prefill row (p = 1 per rank)
-        i0 = int(np.argmin(pre.batch))
-        tpre = pre.forward_s[i0]  # (classes,)
-        per_prompt = float(t.w @ tpre) / pre.batch[i0]
         e = dec.emitted
-        step = dec.forward_s + dec.batch * e / t.mean_osl * per_prompt
+        f = dec.batch * e / (t.mean_osl * mapping.dp)  # share of steps carrying one prompt per DP group
+        t_mix = mix.forward_s @ t.w  # (R,) class-weighted mixed step
+        step = np.where(f <= 1.0, (1.0 - f) * dec.forward_s + f * t_mix, t_mix)
         tpot = step / e
-        ttft = float(tpre.max()) + dec.forward_s
-        headroom = np.minimum(dec.headroom_bytes, pre.headroom_bytes[i0])
+        ttft = mix.forward_s.max(axis=1)  # the longest class, prefilled in one step with the decodes
         rows = []
         for r in range(dec.batch.size):
-            rows.append(self._row("agg", policies, mapping, replicas, int(pre.batch[i0]), mapping, replicas,
+            rows.append(self._row("agg", policies, mapping, replicas, int(round(mix.prompts[r])), mapping, replicas,
                                   int(dec.batch[r]), int(dec.verify[r]), ttft[r], tpot[r],
-                                  replicas * dec.batch[r] / tpot[r], replicas * mapping.gpus, headroom[r]))
+                                  replicas * dec.batch[r] / tpot[r], replicas * mapping.gpus,
+                                  dec.headroom_bytes[r]))
         return rows
 
     def disagg_rows(self, pre_groups: list, dec_groups: list) -> list[dict]:
@@ -564,7 +595,7 @@ class _Search:
 
 def _failed(kind, mapping, policies, error) -> Group:
     z = np.zeros(0)
-    return Group(kind, mapping, policies, z, z, z, z, z, error=" ".join(error.split()))
+    return Group(kind, mapping, policies, z, z, z, z, z, z, error=" ".join(error.split()))
 
 
 def _pareto_min_max(items: list, lo: Callable, hi: Callable) -> list:
@@ -711,11 +742,9 @@ def _leaders(rows: list[dict], sla: SLA, k: int) -> dict:
         if dep in seen:
             continue
         seen.add(dep)
-        out["decode"].add(r["_dmap"])
+        out["decode"].add(r["_dmap"])  # an aggregated replica's decode and mixed programs
         if r["mode"] == "disagg":
             out["prefill"].add(r["_pmap"])
-        else:
-            out["prefill"].add(r["_dmap"])
         if len(seen) >= k:
             break
     return out

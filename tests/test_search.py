@@ -29,20 +29,25 @@ def _rows(res, **eq):
     return t
 
 
-def test_agg_row_is_the_prefill_first_formula(v3):
-    """TPOT = (T_dec(B) + B/OSL · T_pre(dp prompts)/dp), TTFT = T_pre + T_dec, tok/s/GPU = B/TPOT/GPUs, with the
-    forward times taken from separately compiled plans (docs/search.md, aggregated serving)."""
+def test_agg_row_is_the_mixed_step_formula(v3):
+    """f = B/(OSL·dp) of the steps prefill one prompt per DP group together with the decodes:
+    TPOT = (1 - f)·T_dec(B) + f·T_mix(B, dp prompts), TTFT = T_mix, tok/s/GPU = B/TPOT/GPUs — forward times from
+    separately compiled plans (docs/search.md, aggregated serving)."""
     row = _rows(v3, mode="agg", mapping="tp2-dp4-ep4-pp1", policies="default", decode_batch=128).iloc[0]
     m = gs.ParallelMapping(tp=2, dp=4, ep=4)
     ctx = 4000 + 1000 // 2  # token-weighted mean context of one class: isl + osl/2
     dec = gs.compile_plan("deepseek-v3", gs.Plan([f"decode:{ctx}x128"], m), "gb200").report().forward_s
-    pre = gs.compile_plan("deepseek-v3", gs.Plan(["prefill:4000x4"], m), "gb200").report().forward_s
-    tpot = dec + 128 / 1000 * pre / 4
+    mix = gs.compile_plan("deepseek-v3", gs.Plan(["prefill:4000x4", f"decode:{ctx}x128"], m), "gb200").report()
+    f = 128 / (1000 * 4)
+    tpot = (1 - f) * dec + f * mix.forward_s
     assert row["tpot_ms"] == pytest.approx(tpot * 1e3, rel=1e-9)
-    assert row["ttft_ms"] == pytest.approx((pre + dec) * 1e3, rel=1e-9)
+    assert row["ttft_ms"] == pytest.approx(mix.forward_s * 1e3, rel=1e-9)
     assert row["tokens_per_s_per_gpu"] == pytest.approx(128 / tpot / 8, rel=1e-9)
     assert row["tokens_per_s_per_user"] == pytest.approx(1 / tpot, rel=1e-9)
-    assert row["gpus"] == 8
+    assert row["gpus"] == 8 and row["prefill_batch"] == 4
+    # a mixed step shares the weight reads: never slower than a prefill forward plus a decode step
+    pre = gs.compile_plan("deepseek-v3", gs.Plan(["prefill:4000x4"], m), "gb200").report().forward_s
+    assert mix.forward_s <= pre + dec
 
 
 def test_disagg_row_matches_graphsim_disagg(v3):
@@ -139,7 +144,7 @@ def test_space_prunes_and_mappings_respect_the_model_and_nvlink():
 
 def test_speculative_rows_divide_the_step_by_expected_emitted_tokens():
     """DSpark rows: per step every request gets E[emitted | k] tokens (bonus-token convention, V41_FACTS §9), so
-    TPOT = (T_step + B·E/OSL · T_pre/dp) / E — never the verify forward itself."""
+    TPOT = ((1 - f)·T_step + f·T_mix) / E with f = B·E/(OSL·dp) — never the verify forward itself."""
     from graphsim.dspark import AcceptanceProfile
 
     acc = (0.9, 0.8, 0.7, 0.6, 0.5)
@@ -151,11 +156,13 @@ def test_speculative_rows_divide_the_step_by_expected_emitted_tokens():
     e = AcceptanceProfile.constant(acc).expected_emitted_table()[0]
     pol = policies_of({"spec": "dspark"}, acc)
     m = gs.ParallelMapping(tp=1, dp=8, ep=8)
-    pre = gs.compile_plan("deepseek-v4.1-flash", gs.Plan(["prefill:4000x8"], m, pol), "gb300").report().forward_s
     for k in (1, 5):
         row = spec[spec["verify"] == k].iloc[0]
         step = gs.compile_plan("deepseek-v4.1-flash", gs.Plan([f"decode:4500x16v{k}"], m, pol), "gb300").report()
-        tpot = (step.forward_s + 16 * e[k] / 1000 * pre / 8) / e[k]
+        mix = gs.compile_plan("deepseek-v4.1-flash", gs.Plan(["prefill:4000x8", f"decode:4500x16v{k}"], m, pol),
+                              "gb300").report()
+        f = 16 * e[k] / (1000 * 8)
+        tpot = ((1 - f) * step.forward_s + f * mix.forward_s) / e[k]
         assert row["tpot_ms"] == pytest.approx(tpot * 1e3, rel=1e-9)
 
 
