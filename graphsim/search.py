@@ -12,7 +12,7 @@ The serving model (docs/search.md says the same, with the launch-flag table):
   chunked prefill, SGLang's mixed chunks), so prefill and decode share each weight read — the fastest
   schedule, as a SOL must assume. Per step every request gets E tokens (1, or the expected emitted tokens of
   speculative decoding), so f = B·E/(ōsl·dp) of the steps carry one prompt per DP group:
-  step = (1 − f)·T_dec(B) + f·T_mix(B, dp prompts) (f > 1: every step carries f·dp prompts),
+  step = (1 − f)·T_dec(B) + f·T_mix(B, dp prompts) (f > 1: steps carry dp·⌊f⌋ or dp·⌈f⌉ prompts),
   TPOT = step / E, TTFT = T_mix (no queueing), output tokens/s per GPU = B / TPOT / n;
 * **disaggregated** (``disagg``): ``x`` prefill replicas (``p`` prompts per forward) and ``y`` decode
   replicas (``B`` requests) with x·n_p + y·n_d ≤ the GPUs (as :mod:`graphsim.disagg`): TTFT = T_pre(p) + the
@@ -230,7 +230,7 @@ class Group:
     forward_s: np.ndarray  #: decode (R,); prefill (R, classes)
     emitted: np.ndarray  #: tokens a request gets per decode step (R,); ones for prefill
     headroom_bytes: np.ndarray  #: HBM left per device (R,) (host-table shortfall counted as negative)
-    prompts: np.ndarray  #: mixed rows: prompts prefilled in the step (R,); zeros otherwise
+    prompts: np.ndarray  #: mixed rows: prompts admitted per DP group and step, f (R,); zeros otherwise
     error: str = ""
 
     ARRAYS = ("batch", "verify", "forward_s", "emitted", "headroom_bytes", "prompts")
@@ -481,9 +481,11 @@ class _Search:
         return Group(kind, mapping, policies, batch, verify, fwd, em, headroom, np.zeros_like(batch))
 
     def _mixed(self, mapping, policies, kmax: int) -> Group:
-        """Aggregated steps that prefill prompts together with the running decode batch: at every (batch,
-        verify) row of the decode program, ``n`` prompts of each class in one forward with the B decodes, where
-        n = dp·max(1, f) and f = B·E/(OSL·dp) is the share of steps that carry a prompt per DP group."""
+        """Aggregated steps that prefill prompts together with the running decode batch. A replica admits
+        f = B·E/(OSL·dp) prompts per DP group and step on average, so its steps carry dp·⌊f⌋ or dp·⌈f⌉ prompts
+        (whole prompts, one per DP group at a time). At every (batch, verify) row of the decode program: the
+        forward of the B decodes with each of those prompt counts, per traffic class — ``forward_s`` is
+        (rows, 2 × classes), the ⌊f⌋ block first; ``prompts`` holds f."""
         from .workload import Workload
 
         t = self.traffic
@@ -491,20 +493,23 @@ class _Search:
         require(not dec.error, "decode", dec.error)
         dp = mapping.dp
         f = dec.batch * dec.emitted / (t.mean_osl * dp)
-        n = dp * np.maximum(1.0, f)
+        lo, hi = dp * np.floor(f), dp * np.maximum(1.0, np.ceil(f))
         isl = np.asarray(t.isl, dtype=np.float64)
         reqs = [f"prefill:{int(isl.max())}x{max(self.space.batches) * self.gpus}",
                 f"decode:{t.decode_context}x{max(self.space.batches) * self.gpus}" + (f"v{kmax}" if kmax else "")]
         c = compile_plan(self.model, Plan(reqs, mapping, policies), self.hw, self.profile, view=self.view)
         R, C = dec.batch.size, isl.size
-        rep_ = lambda a: np.repeat(np.asarray(a, dtype=np.float64), C)  # noqa: E731 - rows x classes, row-major
-        count = np.stack([rep_(n), rep_(dec.batch)], axis=1)
-        new = np.stack([np.tile(isl, R), rep_(1.0 + dec.verify)], axis=1)
-        past = np.stack([np.zeros(R * C), np.full(R * C, float(t.decode_context))], axis=1)
+
+        def each(a):  # (R,) -> (R·2·C,): row-major over rows, then {lo, hi}, then classes
+            return np.repeat(np.asarray(a, dtype=np.float64), 2 * C)
+
+        count = np.stack([np.stack([lo, hi], axis=1).repeat(C, axis=1).ravel(), each(dec.batch)], axis=1)
+        new = np.stack([np.tile(isl, 2 * R), each(1.0 + dec.verify)], axis=1)
+        past = np.stack([np.zeros(2 * R * C), np.full(2 * R * C, float(t.decode_context))], axis=1)
         wl = Workload(("prefill", "decode"), count, new, past)
-        fwd = np.asarray(c.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64).reshape(R, C)
+        fwd = np.asarray(c.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64).reshape(R, 2 * C)
         require(bool(np.all(np.isfinite(fwd))), "view", f"no mixed-step time for {mapping} under this view")
-        return Group("mixed", mapping, policies, dec.batch, dec.verify, fwd, dec.emitted, dec.headroom_bytes, n)
+        return Group("mixed", mapping, policies, dec.batch, dec.verify, fwd, dec.emitted, dec.headroom_bytes, f)
 
     # -- deployments -----------------------------------------------------------------------------------------
     def agg_rows(self, mapping, policies) -> list[dict]:
@@ -516,15 +521,17 @@ class _Search:
             return []
         t = self.traffic
         replicas = self.gpus // mapping.gpus
-        e = dec.emitted
-        f = dec.batch * e / (t.mean_osl * mapping.dp)  # share of steps carrying one prompt per DP group
-        t_mix = mix.forward_s @ t.w  # (R,) class-weighted mixed step
-        step = np.where(f <= 1.0, (1.0 - f) * dec.forward_s + f * t_mix, t_mix)
-        tpot = step / e
-        ttft = mix.forward_s.max(axis=1)  # the longest class, prefilled in one step with the decodes
+        e, f, C = dec.emitted, mix.prompts, len(t.isl)
+        # steps carry dp·⌊f⌋ or dp·⌈f⌉ prompts, in the proportions that average f (⌊f⌋ = 0: a decode-only step)
+        t_lo = np.where(np.floor(f) == 0, dec.forward_s, mix.forward_s[:, :C] @ t.w)
+        t_hi = mix.forward_s[:, C:] @ t.w
+        phi = f - np.floor(f)
+        tpot = ((1.0 - phi) * t_lo + phi * t_hi) / e
+        ttft = mix.forward_s[:, C:].max(axis=1)  # the longest class, prefilled in a step with the decodes
+        prompts = mapping.dp * np.maximum(1.0, np.ceil(f))
         rows = []
         for r in range(dec.batch.size):
-            rows.append(self._row("agg", policies, mapping, replicas, int(round(mix.prompts[r])), mapping, replicas,
+            rows.append(self._row("agg", policies, mapping, replicas, int(prompts[r]), mapping, replicas,
                                   int(dec.batch[r]), int(dec.verify[r]), ttft[r], tpot[r],
                                   replicas * dec.batch[r] / tpot[r], replicas * mapping.gpus,
                                   dec.headroom_bytes[r]))
@@ -851,8 +858,9 @@ def _public(r: dict) -> dict:
 
 # ---- launch flags ---------------------------------------------------------------------------------------------------
 #: graphsim policy -> the serving flag that turns it on (None: no documented flag; see docs/search.md)
-SGLANG_POLICY_FLAGS = {("overlap", "two-batch"): "--enable-two-batch-overlap"}
-VLLM_POLICY_FLAGS = {("overlap", "two-batch"): "--enable-dbo"}
+SGLANG_POLICY_FLAGS = {("overlap", "two-batch"): "--enable-two-batch-overlap",
+                       ("attention_precision", "fp8"): "--kv-cache-dtype fp8_e4m3"}
+VLLM_POLICY_FLAGS = {("overlap", "two-batch"): "--enable-dbo", ("attention_precision", "fp8"): "--kv-cache-dtype fp8"}
 
 
 def launch_flags(model, row: dict) -> dict:

@@ -328,3 +328,21 @@ def test_measured_view_prices_the_same_space():
     assert set(hyb.table["view"]) == {"hybrid"} and hyb.view == "hybrid"
     a, b = sol.table.set_index("decode_batch"), hyb.table.set_index("decode_batch")
     assert (b["tpot_ms"] >= a["tpot_ms"] * (1 - 1e-9)).all() and (b["ttft_ms"] >= a["ttft_ms"] * (1 - 1e-9)).all()
+
+
+def test_agg_with_more_than_one_prompt_per_step():
+    """Short outputs, big batches: f = B/(OSL·dp) > 1 prompts per DP group and step. Steps carry dp·⌊f⌋ or dp·⌈f⌉
+    whole prompts in the proportions that average f."""
+    space = Space(tp=(2,), dp=(4,), ep=(4,), batches=(256,), modes=("agg",), refine=0)
+    res = search("deepseek-v3", "gb200", gpus=8, traffic=Traffic.of(4000, 100), space=space)
+    row = res.table.iloc[0]
+    m = gs.ParallelMapping(tp=2, dp=4, ep=4)
+    f = 1024 / (100 * 4)  # 2.56
+    ctx = 4000 + 50
+    t = [gs.compile_plan("deepseek-v3", gs.Plan([f"prefill:4000x{n}", f"decode:{ctx}x1024"], m), "gb200")
+         .report().forward_s for n in (8, 12)]
+    tpot = 0.44 * t[0] + 0.56 * t[1]
+    assert f - 2 == pytest.approx(0.56)
+    assert row["tpot_ms"] == pytest.approx(tpot * 1e3, rel=1e-9)
+    assert row["ttft_ms"] == pytest.approx(t[1] * 1e3, rel=1e-9) and row["prefill_batch"] == 12
+    assert not res.skipped
