@@ -84,7 +84,10 @@ class Ledger:
 
 
 def layer_token_sets(graph: Graph) -> dict:
-    """The token set each (stage, layer) runs on: its attention's, else its KV writer's, else the most common."""
+    """The token sets each (stage, layer) runs on, most telling first: its attentions', else its KV writers',
+    else the most common. A layer may run one path per request kind (DeepSeek-V3's MLA: an up-projected
+    prefill attention, an absorbed decode attention): a request counts with the first set that selects any of
+    its tokens."""
     sets: dict = {}
     for op in graph.ops:
         if op.token_set and op.stream == "compute":  # copies and collectives are not a layer's work
@@ -95,7 +98,7 @@ def layer_token_sets(graph: Graph) -> dict:
         ops = [op for op in graph.ops if (op.stage, op.layer) == key]
         attn = [op.token_set for op in ops if op.kind == "attention"]
         kv = [op.token_set for op in ops if caches & set(op.writes)]  # a KV projection stage: what it writes
-        out[key] = attn[0] if attn else kv[0] if kv else cnt.most_common(1)[0][0]
+        out[key] = list(dict.fromkeys(attn or kv or [cnt.most_common(1)[0][0]]))
     return out
 
 
@@ -109,17 +112,18 @@ def ledger_for(compile_logical, requests: Sequence[Request], *, chunk: int | Non
     first = [parts[0] for _, parts in chunked]
     graph = compile_logical(tuple(r.kind for r in first), first)
     tsm = graph.token_set_map
-    layer_sets = [(key, tsm[ts]) for key, ts in layer_token_sets(graph).items()
+    layer_sets = [(key, [tsm[t] for t in names]) for key, names in layer_token_sets(graph).items()
                   if key[1] is not None]  # embedding, head: not layers of the token x layer count
     rows = []
     for s in range(depth):
         step = [parts[min(s, len(parts) - 1)] for _, parts in chunked]
         a = workload_of(step).arrays()
-        for (stage, layer), ts in layer_sets:
+        for (stage, layer), candidates in layer_sets:
             for g, ((name, parts), r) in enumerate(zip(chunked, step)):
-                rule = ts.rule(r.kind)
-                if rule == "none" or s >= len(parts):
+                ts = next((t for t in candidates if t.rule(r.kind) != "none"), None)
+                if ts is None or s >= len(parts):
                     continue
+                rule = ts.rule(r.kind)
                 lo, hi = interval(rule, a, g, np)
                 n = int(round(float(hi[0] - lo[0])))
                 if n:

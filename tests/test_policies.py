@@ -176,3 +176,13 @@ def test_decoder_replay_tail_swa_history_starts_at_the_tail():
     assert flops == per_pair * (128 * 129 // 2 + topk)
     kv = s.components[0, i, COMPONENTS.index("bytes_kv")]
     assert kv == 128 * 512 + min(topk, 1000) * 288
+
+
+def test_ledger_counts_every_request_kind_when_a_layer_has_one_path_per_kind():
+    """DeepSeek-V3's MLA runs an up-projected attention for prefill and an absorbed one for decode: a mixed
+    batch's ledger has both (it used to drop the decode rows). Closed form: tokens x 61 layers."""
+    from graphsim.ledger import ledger
+
+    led = ledger("deepseek-v3", ["prefill:512", "decode:1024x2"])
+    assert led.trunk_total("prefill:512") == 512 * 61
+    assert led.trunk_total("decode:1024x2") == 2 * 61
