@@ -273,6 +273,8 @@ def test_cli_acceptance_json(model, hw, capsys):
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
     assert d["schema_version"] == 1 and d["command"] == "search"
+    assert d["skipped"] == []  # every program of the default space builds and prices (a failure drops a mapping)
+    assert {b["mode"] for b in d["best"]} >= {"agg"}
     assert set(d) == _doc_keys("")
     assert d["best"], f"{model} meets TTFT 2 s / TPOT 30 ms on 8x {hw} at SOL"
     assert set(d["best"][0]) == _doc_keys("best[].")
