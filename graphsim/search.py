@@ -30,6 +30,7 @@ a fixed rate.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -319,6 +320,7 @@ def policies_of(choice: Mapping, acceptance: tuple) -> Policies:
     return Policies(**kw)
 
 
+@functools.lru_cache(maxsize=4096)
 def policy_text(p: Policies) -> str:
     """The policies that differ from the defaults, e.g. ``fusion=single-pass,overlap=two-batch``."""
     base = Policies()
@@ -516,11 +518,18 @@ class _Search:
         dec = self.group("decode", mapping, policies)
         if dec.error:
             return []
+        t = self.traffic
+        replicas = self.gpus // mapping.gpus
+        if not (dec.headroom_bytes >= 0).any():
+            # fits at no batch: no mixed program is built; its rows carry the decode step as a lower bound of
+            # TPOT and TTFT, only to say by how much memory falls short
+            return [self._row("agg", policies, mapping, replicas, mapping.dp, mapping, replicas, int(dec.batch[r]),
+                              int(dec.verify[r]), dec.forward_s[r], dec.forward_s[r] / dec.emitted[r],
+                              replicas * dec.batch[r] * dec.emitted[r] / dec.forward_s[r], replicas * mapping.gpus,
+                              dec.headroom_bytes[r]) for r in range(dec.batch.size)]
         mix = self.group("mixed", mapping, policies)
         if mix.error:
             return []
-        t = self.traffic
-        replicas = self.gpus // mapping.gpus
         e, f, C = dec.emitted, mix.prompts, len(t.isl)
         # steps carry dp·⌊f⌋ or dp·⌈f⌉ prompts, in the proportions that average f (⌊f⌋ = 0: a decode-only step)
         t_lo = np.where(np.floor(f) == 0, dec.forward_s, mix.forward_s[:, :C] @ t.w)
