@@ -212,18 +212,28 @@ def _write_table(path: str, df) -> None:
 
 
 class _Progress:
-    """``search: N programs`` on stderr, updated in place."""
+    """A bar of programs evaluated on stderr (rich; its total grows as each search stage plans its programs)."""
 
     def __init__(self):
-        self.n = 0
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("search: programs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=Console(stderr=True), transient=False)
+        self.bar.start()
+        self.task = self.bar.add_task("search", total=0)
+        self.total = 0
+
+    def expect(self, n: int) -> None:
+        self.total += n
+        self.bar.update(self.task, total=self.total)
 
     def __call__(self, k: int) -> None:
-        self.n += k
-        sys.stderr.write(f"\rsearch: {self.n} programs evaluated")
-        sys.stderr.flush()
+        self.bar.advance(self.task, k)
 
     def close(self) -> None:
-        sys.stderr.write("\n")
+        self.bar.update(self.task, total=self.bar.tasks[0].completed)  # planned programs skipped: done anyway
+        self.bar.stop()
 
 
 def _traffic_text(t) -> str:

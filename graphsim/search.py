@@ -650,7 +650,8 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
            progress: Callable[[int], None] | None = None) -> SearchResult:
     """Search deployments of ``model`` on ``gpus`` GPUs of ``hw`` for ``traffic`` under ``sla``; the best
     ``top`` deployments (by output tokens/s per GPU among those meeting the SLA), the Pareto front and why the
-    others lost. ``cache_dir`` keeps every evaluated program (a rerun resumes from it)."""
+    others lost. ``cache_dir`` keeps every evaluated program (a rerun resumes from it). ``progress(n)`` is called
+    as programs are evaluated; if it has ``expect(n)``, that is called first with how many more are planned."""
     import pandas as pd
 
     from .fit import DEFAULT_RESERVE_GIB
@@ -734,7 +735,26 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
                         space_d, stats)
 
 
+def _planned(s: _Search, dec_maps, pre_maps, variants, space: Space) -> int:
+    """How many programs :func:`_assemble` will evaluate that are not evaluated yet (for a progress bar; a
+    replica that fits at no batch skips its mixed program, so this is an upper bound)."""
+    keys = set()
+    for choice in variants:
+        pol = policies_of(choice, space.acceptance)
+        dpol = attrs.evolve(pol, **{f: getattr(Policies(), f) for f in PREFILL_ONLY})
+        if "agg" in space.modes:
+            for m in dec_maps:
+                if s.gpus % m.gpus == 0:
+                    keys |= {("decode", m, dpol), ("mixed", m, pol)}
+        if "disagg" in space.modes and pre_maps:
+            keys |= {("prefill", m, pol) for m in pre_maps}
+            keys |= {("decode", m, dpol) for m in dec_maps if m.gpus < s.gpus}
+    return len(keys - set(s.groups))
+
+
 def _assemble(s: _Search, dec_maps, pre_maps, variants, space: Space, axes) -> list[dict]:
+    if s.progress is not None and hasattr(s.progress, "expect"):
+        s.progress.expect(_planned(s, dec_maps, pre_maps, variants, space))
     rows = []
     for choice in variants:
         pol = policies_of(choice, space.acceptance)
