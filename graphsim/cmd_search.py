@@ -88,8 +88,9 @@ def register(sub) -> None:
     sp.add_argument("--prefill-batch", default=None, metavar="P[,P...]",
                     help="prompts per DP rank in a disaggregated prefill forward (default 1,2,4,8)")
     sp.add_argument("--policy", action="append", default=[], metavar="FIELD=V1[,V2...]",
-                    help="a policy axis and its values, base first (repeatable), e.g. fusion=unfused,single-pass; "
-                         "default: fusion, overlap, decoder_replay and engram with the values the model supports")
+                    help="a policy axis and its values, base first (repeatable): replaces that default axis or adds "
+                         "one, e.g. attention_precision=auto,fp8; one value holds it fixed (overlap=none). Default "
+                         "axes: fusion, overlap, decoder_replay, engram with the values the model supports")
     sp.add_argument("--acceptance", default="", metavar="A1,...,AK",
                     help="search speculative decoding (MTP-K, or DSpark with K = its draft block) at these "
                          "per-position acceptances; without it speculation stays off")

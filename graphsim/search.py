@@ -174,8 +174,9 @@ class Space:
     """What is searched. ``tp``/``dp``/``ep``: allowed degrees (None: every degree the model and GPU count
     accept; TP·CP groups stay inside one NVLink domain); ``pp``/``cp`` default to 1 (pipeline decode is priced
     as a fill–drain forward, and CP is prefill-only: opt in). ``batches``: decode requests per DP rank;
-    ``prefill_batches``: prompts per DP rank in a disaggregated prefill forward. ``policies``: field -> values
-    (None: :data:`POLICY_AXES` with the values the model supports). ``acceptance``: a_1..a_K to search
+    ``prefill_batches``: prompts per DP rank in a disaggregated prefill forward. ``policies``: (field, values)
+    pairs replacing or adding to the default axes (:data:`POLICY_AXES` with the values the model supports;
+    one value holds a field fixed). ``acceptance``: a_1..a_K to search
     speculative decoding (MTP-K, or DSpark with K = its block). ``refine``: how many of the best deployments'
     mappings get the policy stage."""
 
@@ -287,16 +288,14 @@ def policy_axes(model, space: Space) -> list[tuple[str, tuple]]:
     from .pipeline import BASE_SUPPORT
 
     support = {**BASE_SUPPORT, **model.POLICY_SUPPORT, "overlap": ("none", "two-batch")}
-    if space.policies is not None:
-        axes = [(f, tuple(v)) for f, v in space.policies]
-        for f, vals in axes:
-            allowed = support.get(f)
-            if allowed is not None:
-                bad = [v for v in vals if v not in allowed]
-                require(not bad, f"policy.{f}", f"{model.name} supports {f} in {allowed}, got {bad[0]!r}"
-                        if bad else "")
-    else:
-        axes = [(f, support[f]) for f in POLICY_AXES if len(support.get(f, ())) > 1]
+    axes = {f: support[f] for f in POLICY_AXES if len(support.get(f, ())) > 1}
+    for f, vals in space.policies or ():  # a given axis replaces the default one (one value: held fixed)
+        allowed = support.get(f)
+        if allowed is not None:
+            bad = [v for v in vals if v not in allowed]
+            require(not bad, f"policy.{f}", f"{model.name} supports {f} in {allowed}, got {bad[0]!r}" if bad else "")
+        axes[f] = tuple(vals)
+    axes = list(axes.items())
     spec = ["off"]
     if space.acceptance:
         k = len(space.acceptance)
@@ -393,8 +392,11 @@ class _Search:
         self.groups: dict = {}
         self.skipped: list = []
         self.compiled = self.cached = 0
+        # everything a cached program depends on: the model's whole state (config, weight formats, redundant
+        # experts), the descriptor, profile, view, traffic and the grids
+        state = {k: repr(v) for k, v in sorted(model.__getstate__().items())}
         self.identity = hashlib.sha256(json.dumps(
-            [model.name, getattr(model, "raw", None), attrs.asdict(hw), profile and attrs.asdict(profile),
+            [state, attrs.asdict(hw), profile and attrs.asdict(profile),
              view and attrs.asdict(view), traffic.to_dict(), reserve_gib, space.batches, space.prefill_batches,
              space.acceptance], default=str, sort_keys=True).encode()).hexdigest()
 

@@ -150,8 +150,10 @@ def test_speculative_rows_divide_the_step_by_expected_emitted_tokens():
     acc = (0.9, 0.8, 0.7, 0.6, 0.5)
     res = search("deepseek-v4.1-flash", "gb300", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30),
                  space=Space(tp=(1,), dp=(8,), ep=(8,), modes=("agg",), batches=(2,), prefill_batches=(1,),
-                             policies=(("fusion", ("unfused",)),), acceptance=acc, refine=1))
-    spec = res.table[res.table["verify"] > 0]
+                             policies=(("fusion", ("unfused",)), ("overlap", ("none",)), ("engram", ("hbm",)),
+                                       ("decoder_replay", ("off",))), acceptance=acc, refine=1))
+    assert [a["field"] for a in res.space["policy_axes"]] == ["fusion", "overlap", "decoder_replay", "engram", "spec"]
+    spec = res.table[(res.table["verify"] > 0) & (res.table["policies"] == "dspark=on")]
     assert set(spec["verify"]) == {1, 2, 3, 4, 5}
     e = AcceptanceProfile.constant(acc).expected_emitted_table()[0]
     pol = policies_of({"spec": "dspark"}, acc)
