@@ -83,15 +83,45 @@ def _view_args(p: argparse.ArgumentParser) -> None:
                         "framework (older, reported per op) or uncovered (none)")
 
 
-def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
-    """One plan's flags, in groups: model & hardware, mapping, requests, policies, view."""
+def model_hw_args(p, *, weights: bool = True, profile: bool = True):
+    """The ``model & hardware`` group: ``--model`` (+ ``--weights``/``--redundant-experts``), ``--hw`` and
+    ``--profile``; returns the group for a command's own additions."""
     g = p.add_argument_group("model & hardware")
     g.add_argument("--model", required=True,
                    help="shipped model name (graphsim models), a config.json path or a checkpoint directory (HF layout)")
-    _model_args(g)
+    if weights:
+        _model_args(g)
     g.add_argument("--hw", default="gb200", help="hardware descriptor name (graphsim hw list) or TOML path (default gb200)")
-    g.add_argument("--profile", default=None,
-                   help="efficiency profile name or TOML derating the peaks (default: SOL, no derating)")
+    if profile:
+        g.add_argument("--profile", default=None,
+                       help="efficiency profile name or TOML derating the peaks (default: SOL, no derating)")
+    return g
+
+
+def int_list(text: str | None, field: str) -> tuple | None:
+    """``"1,2,4"`` -> (1, 2, 4); None stays None; anything else is a one-line error naming ``field``."""
+    if text is None:
+        return None
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise GraphsimError(field, f"{text!r} is not a comma-separated list of integers") from None
+    if not vals:
+        raise GraphsimError(field, "give at least one integer")
+    return vals
+
+
+def float_list(text: str, field: str) -> tuple:
+    """``"0.9,0.8"`` -> (0.9, 0.8) ("" -> ()); anything else is a one-line error naming ``field``."""
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise GraphsimError(field, f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
+    """One plan's flags, in groups: model & hardware, mapping, requests, policies, view."""
+    model_hw_args(p)
     mapping_args(p)
     if requests:
         r = p.add_argument_group("requests", "KIND:LEN[xCOUNT][@CACHED]: prefill:2048 is a 2,048-token prompt; "
@@ -156,10 +186,7 @@ def _compile(a, requests=None):
 
     from . import ParallelMapping, Plan, Policies, Request, compile_plan, load_profile
 
-    try:
-        acc = tuple(float(x) for x in a.acceptance.split(",") if x.strip())
-    except ValueError:
-        raise GraphsimError("acceptance", f"expected comma-separated numbers, got {a.acceptance!r}") from None
+    acc = float_list(a.acceptance, "acceptance")
     algos = {}
     for item in a.algorithm:
         k, sep, v = item.partition("=")

@@ -23,15 +23,8 @@ def parse_mapping(text: str):
     return ParallelMapping(**axes)
 
 
-def _ints(text: str, field: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x]
-    except ValueError:
-        raise GraphsimError(field, f"{text!r} is not a comma-separated list of integers") from None
-
-
 def register(sub) -> None:
-    from .cli import _view_args, add_command, output_args
+    from .cli import _view_args, add_command, model_hw_args, output_args
 
     p = add_command(sub, "disagg", help="disaggregated prefill/decode pools: TTFT, ITL, tokens/s per GPU and user",
                     description="A prefill pool and a decode pool, each with its own mapping, batch and replicas; "
@@ -42,11 +35,7 @@ def register(sub) -> None:
                               "tp=4,ep=4 --decode tp=4,ep=4 --decode-batch 16,64,256",
                               "graphsim disagg --model deepseek-v4.1-flash --isl 8192 --osl 1024 --prefill dp=8,ep=8 "
                               "--decode tp4-ep4 --decode tp=8,ep=8 --kv global+swa --json -o disagg.json"])
-    g = p.add_argument_group("model & hardware")
-    g.add_argument("--model", required=True,
-                   help="shipped model name (graphsim models), a config.json path or a checkpoint directory")
-    g.add_argument("--hw", default="gb200", help="hardware descriptor name or TOML path (default gb200)")
-    g.add_argument("--profile", default=None, help="efficiency profile name or TOML (default: SOL)")
+    model_hw_args(p, weights=False)
     g = p.add_argument_group("requests")
     g.add_argument("--isl", type=int, required=True, metavar="TOKENS", help="prompt tokens per request")
     g.add_argument("--osl", type=int, required=True, metavar="TOKENS", help="output tokens per request")
@@ -98,6 +87,7 @@ def disagg_json(a, res, best) -> dict:
 
 
 def run(a) -> None:
+    from .cli import int_list, view_spec
     from .disagg import Pool, frontier, sweep
     from .outputs import check_output, emit, json_document
     from .pipeline import Policies
@@ -106,8 +96,7 @@ def run(a) -> None:
     pol = Policies(overlap=a.overlap)
     pre = Pool(parse_mapping(a.prefill), a.prefill_batch, a.prefill_replicas, pol)
     decs = [Pool(parse_mapping(d), b, a.decode_replicas, pol) for d in a.decode
-            for b in _ints(a.decode_batch, "decode-batch")]
-    from .cli import view_spec
+            for b in int_list(a.decode_batch, "decode_batch")]
 
     res = sweep(a.model, a.hw, [pre], decs, isl=a.isl, osl=a.osl, kv=a.kv, link=a.link, profile=a.profile,
                 view=view_spec(a))

@@ -6,7 +6,7 @@ GiB = 2.0**30
 
 
 def register(sub) -> None:
-    from .cli import _model_args, add_command, mapping_args, output_args
+    from .cli import add_command, mapping_args, model_hw_args, output_args
 
     p = add_command(sub, "fit", help="memory per device: fits or not, largest batch and context",
                     description="Memory per device for one mapping: weights by group, KV cache, workspace and "
@@ -16,11 +16,7 @@ def register(sub) -> None:
                     examples=["graphsim fit --model deepseek-v4.1-flash --hw gb200 --tp 4",
                               "graphsim fit --model deepseek-v3 --hw h200 --tp 8 --context 32768 --batch 64 --json",
                               "graphsim fit --model llama-3.1-70b --hw h100 --tp 4 --pp 2 -o fit.txt"])
-    g = p.add_argument_group("model & hardware")
-    g.add_argument("--model", required=True,
-                   help="shipped model name (graphsim models), a config.json path or a checkpoint directory")
-    _model_args(g)
-    g.add_argument("--hw", default="gb200", help="hardware descriptor name or TOML path (default gb200)")
+    model_hw_args(p, profile=False)
     mapping_args(p)
     g = p.add_argument_group("requests")
     g.add_argument("--context", type=int, default=131072, metavar="TOKENS",

@@ -11,18 +11,6 @@ from .errors import GraphsimError
 TABLE_SUFFIXES = (".parquet", ".csv")
 
 
-def _ints(text: str | None, field: str):
-    if text is None:
-        return None
-    try:
-        vals = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise GraphsimError(field, f"{text!r} is not a comma-separated list of integers") from None
-    if not vals:
-        raise GraphsimError(field, "give at least one integer")
-    return vals
-
-
 def _policies(items: list[str]):
     if not items:
         return None
@@ -34,13 +22,15 @@ def _policies(items: list[str]):
             raise GraphsimError("policy", f"expected FIELD=V1[,V2...], e.g. fusion=unfused,single-pass; got {item!r}")
         field = k.strip().replace("-", "_")
         if field == "prefetch_distance":
-            vals = _ints(v, "policy.prefetch_distance")
+            from .cli import int_list
+
+            vals = int_list(v, "policy.prefetch_distance")
         out[field] = vals
     return tuple(out.items())
 
 
 def register(sub) -> None:
-    from .cli import _model_args, _view_args, add_command, output_args
+    from .cli import _view_args, add_command, model_hw_args, output_args
 
     p = add_command(
         sub, "search", help="find the best deployment under an SLA: agg/disagg, mappings, batches, policies",
@@ -54,14 +44,9 @@ def register(sub) -> None:
                   "--tpot 30 --json",
                   "graphsim search --model deepseek-v3 --hw gb200 --gpus 16 --isl 8000 --osl 500 --modes disagg "
                   "--tp 1,2 -o results.parquet"])
-    g = p.add_argument_group("model & hardware")
-    g.add_argument("--model", required=True,
-                   help="shipped model name (graphsim models), a config.json path or a checkpoint directory")
-    _model_args(g)
-    g.add_argument("--hw", default="gb200", help="hardware descriptor name or TOML path (default gb200)")
+    g = model_hw_args(p)
     g.add_argument("--gpus", type=int, required=True, metavar="N",
                    help="GPUs to deploy on: aggregated replicas use all of them, disaggregated pools at most N")
-    g.add_argument("--profile", default=None, help="efficiency profile name or TOML (default: SOL, no derating)")
     g.add_argument("--reserve-gib", type=float, default=None, metavar="GIB",
                    help="runtime reserve per GPU in the memory check (default graphsim.fit.DEFAULT_RESERVE_GIB)")
     t = p.add_argument_group("traffic", "one request class (--isl/--osl) or a distribution (--lengths)")
@@ -118,16 +103,14 @@ def register(sub) -> None:
 
 
 def _space(a):
+    from .cli import float_list, int_list
     from .search import DEFAULT_BATCHES, DEFAULT_PREFILL_BATCHES, Space
 
-    try:
-        acc = tuple(float(x) for x in a.acceptance.split(",") if x.strip())
-    except ValueError:
-        raise GraphsimError("acceptance", f"expected comma-separated numbers, got {a.acceptance!r}") from None
+    acc = float_list(a.acceptance, "acceptance")
     modes = tuple(m.strip() for m in a.modes.split(",") if m.strip())
-    return Space(modes=modes, tp=_ints(a.tp, "tp"), dp=_ints(a.dp, "dp"), ep=_ints(a.ep, "ep"), pp=_ints(a.pp, "pp"),
-                 cp=_ints(a.cp, "cp"), batches=_ints(a.batch, "batch") or DEFAULT_BATCHES,
-                 prefill_batches=_ints(a.prefill_batch, "prefill_batch") or DEFAULT_PREFILL_BATCHES,
+    return Space(modes=modes, tp=int_list(a.tp, "tp"), dp=int_list(a.dp, "dp"), ep=int_list(a.ep, "ep"),
+                 pp=int_list(a.pp, "pp"), cp=int_list(a.cp, "cp"), batches=int_list(a.batch, "batch") or DEFAULT_BATCHES,
+                 prefill_batches=int_list(a.prefill_batch, "prefill_batch") or DEFAULT_PREFILL_BATCHES,
                  policies=_policies(a.policy), acceptance=acc, refine=a.refine, exhaustive=a.exhaustive,
                  max_replica_gpus=a.max_replica_gpus)
 
