@@ -84,6 +84,8 @@ def register(sub) -> None:
     sp.add_argument("--exhaustive", action="store_true",
                     help="policy stage: every combination of the policy axes instead of one axis at a time + the "
                          "best of each combined")
+    sp.add_argument("--jobs", type=int, default=1, metavar="N",
+                    help="evaluate programs on N worker processes (default 1; the same results)")
     sp.add_argument("--max-replica-gpus", type=int, default=None, metavar="N",
                     help="largest replica (GPUs of one mapping) to try (default --gpus)")
     _view_args(p)
@@ -152,7 +154,8 @@ def run(a) -> None:
     bar = _Progress() if show else None
     try:
         r = search(load_model_args(a), a.hw, gpus=a.gpus, traffic=traffic, sla=sla, space=space, top=a.top,
-                   profile=a.profile, view=view_spec(a), reserve_gib=a.reserve_gib, cache_dir=cache, progress=bar)
+                   profile=a.profile, view=view_spec(a), reserve_gib=a.reserve_gib, cache_dir=cache, progress=bar,
+                   jobs=a.jobs)
     finally:
         if bar:
             bar.close()

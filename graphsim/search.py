@@ -385,10 +385,12 @@ class _Cache:
 
 
 class _Search:
-    def __init__(self, model, hw, gpus, traffic, sla, space, profile, view, reserve_gib, cache, progress):
+    def __init__(self, model, hw, gpus, traffic, sla, space, profile, view, reserve_gib, cache=None, progress=None,
+                 jobs: int = 1):
         self.model, self.hw, self.gpus, self.traffic, self.sla, self.space = model, hw, gpus, traffic, sla, space
         self.profile, self.view, self.reserve_gib = profile, view, reserve_gib
-        self.cache, self.progress = cache, progress
+        self.cache, self.progress, self.jobs = cache or _Cache(None), progress, jobs
+        self.args = (model, hw, gpus, traffic, sla, space, profile, view, reserve_gib)  # what a worker rebuilds
         self.groups: dict = {}
         self.skipped: list = []
         self.compiled = self.cached = 0
@@ -402,29 +404,61 @@ class _Search:
 
     # -- one program ---------------------------------------------------------------------------------------
     def group(self, kind: str, mapping: ParallelMapping, policies: Policies) -> Group:
-        if kind == "decode":
-            policies = attrs.evolve(policies, **{f: getattr(Policies(), f) for f in PREFILL_ONLY})
-        key = (kind, mapping, policies)
+        key = _key(kind, mapping, policies)
         if key in self.groups:
             return self.groups[key]
-        digest = hashlib.sha256(f"{self.identity}|{kind}|{mapping}|{policies!r}".encode()).hexdigest()[:24]
-        d = self.cache.get(digest)
+        d = self.cache.get(self._digest(key))
         if d is not None:
-            g = Group.from_json(d, mapping, policies)
-            self.cached += 1
-        else:
-            try:
-                g = self._evaluate(kind, mapping, policies)
-            except GraphsimError as e:
-                g = _failed(kind, mapping, policies, str(e))
+            return self._store(key, Group.from_json(d, mapping, key[2]), computed=False)
+        try:
+            g = self._evaluate(*key)
+        except GraphsimError as e:
+            g = _failed(*key, str(e))
+        return self._store(key, g, computed=True)
+
+    def _digest(self, key) -> str:
+        kind, mapping, policies = key
+        return hashlib.sha256(f"{self.identity}|{kind}|{mapping}|{policies!r}".encode()).hexdigest()[:24]
+
+    def _store(self, key, g: Group, computed: bool) -> Group:
+        if computed:
             self.compiled += 1
-            self.cache.put(digest, g.to_json())
+            self.cache.put(self._digest(key), g.to_json())
+        else:
+            self.cached += 1
         if g.error:
-            self.skipped.append({"what": f"{kind} {mapping} {policy_text(policies)}", "error": g.error})
+            self.skipped.append({"what": f"{key[0]} {key[1]} {policy_text(key[2])}", "error": g.error})
         self.groups[key] = g
         if self.progress:
             self.progress(1)
         return g
+
+    def prefetch(self, keys: list) -> None:
+        """Evaluate the programs of ``keys`` that are neither evaluated nor cached on ``jobs`` spawned worker
+        processes, one mapping per task (a mixed program needs its decode program); each worker keeps its
+        model's build cache across tasks. The programs, and so the rows, are the same as evaluated here."""
+        by_map: dict = {}
+        for key in keys:
+            if key in self.groups:
+                continue
+            d = self.cache.get(self._digest(key))
+            if d is not None:
+                self._store(key, Group.from_json(d, key[1], key[2]), computed=False)
+            else:
+                by_map.setdefault(key[1], []).append(key)
+        if self.jobs <= 1 or len(by_map) < 2:
+            return
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        ctx = mp.get_context("spawn")  # JAX is not fork-safe once initialised
+        with ProcessPoolExecutor(min(self.jobs, len(by_map)), mp_context=ctx, initializer=_worker_init,
+                                 initargs=(self.args,)) as ex:
+            tasks = [ex.submit(_worker_run, sorted(ks, key=lambda k: k[0] == "mixed")) for ks in by_map.values()]
+            for fut in as_completed(tasks):
+                for key, d in fut.result():
+                    if key not in self.groups:
+                        self._store(key, Group.from_json(d, key[1], key[2]), computed=True)
 
     def _evaluate(self, kind, mapping, policies) -> Group:
         from .fit import MemoryModel
@@ -611,6 +645,34 @@ class _Search:
                 "_pmap": pmap, "_dmap": dmap}
 
 
+def _key(kind: str, mapping: ParallelMapping, policies: Policies) -> tuple:
+    """A program's key: a decode program ignores the prefill-only policies (one compile serves them all)."""
+    if kind == "decode":
+        policies = attrs.evolve(policies, **{f: getattr(Policies(), f) for f in PREFILL_ONLY})
+    return (kind, mapping, policies)
+
+
+_WORKER: list = []  # a worker process's _Search
+
+
+def _worker_init(args) -> None:
+    _WORKER[:] = [_Search(*args)]
+
+
+def _worker_run(keys: list) -> list:
+    """Evaluate ``keys`` (one mapping's programs, decode first) in a worker; a replica that fits at no batch
+    gets no mixed program, as :meth:`_Search.agg_rows` decides here."""
+    s, out = _WORKER[0], []
+    for key in keys:
+        if key[0] == "mixed":
+            dec = s.group(*_key("decode", key[1], key[2]))
+            if dec.error or not (dec.headroom_bytes >= 0).any():
+                continue
+        g = s.group(*key)
+        out.append((key, g.to_json()))
+    return out
+
+
 def _failed(kind, mapping, policies, error) -> Group:
     z = np.zeros(0)
     return Group(kind, mapping, policies, z, z, z, z, z, z, error=" ".join(error.split()))
@@ -649,11 +711,13 @@ def pareto_flags(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: Space = Space(), top: int = 5,
            profile=None, view=None, reserve_gib: float | None = None, cache_dir: str | Path | None = None,
-           progress: Callable[[int], None] | None = None) -> SearchResult:
+           progress: Callable[[int], None] | None = None, jobs: int = 1) -> SearchResult:
     """Search deployments of ``model`` on ``gpus`` GPUs of ``hw`` for ``traffic`` under ``sla``; the best
     ``top`` deployments (by output tokens/s per GPU among those meeting the SLA), the Pareto front and why the
     others lost. ``cache_dir`` keeps every evaluated program (a rerun resumes from it). ``progress(n)`` is called
-    as programs are evaluated; if it has ``expect(n)``, that is called first with how many more are planned."""
+    as programs are evaluated; if it has ``expect(n)``, that is called first with how many more are planned.
+    ``jobs`` > 1 evaluates programs on that many spawned worker processes (the same results; a script using it
+    needs the ``if __name__ == "__main__":`` guard, as for any spawned process)."""
     import pandas as pd
 
     from .fit import DEFAULT_RESERVE_GIB
@@ -668,8 +732,9 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
     hw = load_hw(hw) if isinstance(hw, str) else hw
     profile = load_profile(profile) if isinstance(profile, str) else profile
     reserve = DEFAULT_RESERVE_GIB if reserve_gib is None else reserve_gib
+    check_int("jobs", jobs, 1, 1024)
     s = _Search(model, hw, gpus, traffic, sla, space, profile, view, reserve,
-                _Cache(Path(cache_dir) if cache_dir else None), progress)
+                _Cache(Path(cache_dir) if cache_dir else None), progress, jobs)
     axes = policy_axes(model, space)
     base = {f: v[0] for f, v in axes}
     dec_maps = mappings(model, hw, gpus, space, "decode")
@@ -733,30 +798,33 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
              "rows_meeting_sla": int(df["meets_sla"].sum()), "pareto_points": int(df["pareto"].sum()),
              "wall_s": time.perf_counter() - t0}
     return SearchResult(model.name, hw.name, gpus, traffic, sla, (view.name if view is not None else "sol"),
-                        profile.name if profile else "sol", table, best_rows, pareto, rejected, reasons, s.skipped,
+                        profile.name if profile else "sol", table, best_rows, pareto, rejected, reasons,
+                        sorted(s.skipped, key=lambda x: (x["what"], x["error"])),
                         space_d, stats)
 
 
-def _planned(s: _Search, dec_maps, pre_maps, variants, space: Space) -> int:
-    """How many programs :func:`_assemble` will evaluate that are not evaluated yet (for a progress bar; a
-    replica that fits at no batch skips its mixed program, so this is an upper bound)."""
-    keys = set()
+def _planned(s: _Search, dec_maps, pre_maps, variants, space: Space) -> list:
+    """The programs :func:`_assemble` will need that are not evaluated yet, in order (a replica that fits at no
+    batch skips its mixed program, so this is an upper bound)."""
+    keys: dict = {}
     for choice in variants:
         pol = policies_of(choice, space.acceptance)
-        dpol = attrs.evolve(pol, **{f: getattr(Policies(), f) for f in PREFILL_ONLY})
         if "agg" in space.modes:
             for m in dec_maps:
                 if s.gpus % m.gpus == 0:
-                    keys |= {("decode", m, dpol), ("mixed", m, pol)}
+                    keys.update(dict.fromkeys([_key("decode", m, pol), _key("mixed", m, pol)]))
         if "disagg" in space.modes and pre_maps:
-            keys |= {("prefill", m, pol) for m in pre_maps}
-            keys |= {("decode", m, dpol) for m in dec_maps if m.gpus < s.gpus}
-    return len(keys - set(s.groups))
+            keys.update(dict.fromkeys(_key("prefill", m, pol) for m in pre_maps))
+            keys.update(dict.fromkeys(_key("decode", m, pol) for m in dec_maps if m.gpus < s.gpus))
+    return [k for k in keys if k not in s.groups]
 
 
 def _assemble(s: _Search, dec_maps, pre_maps, variants, space: Space, axes) -> list[dict]:
+    planned = _planned(s, dec_maps, pre_maps, variants, space)
     if s.progress is not None and hasattr(s.progress, "expect"):
-        s.progress.expect(_planned(s, dec_maps, pre_maps, variants, space))
+        s.progress.expect(len(planned))
+    if s.jobs > 1:
+        s.prefetch(planned)
     rows = []
     for choice in variants:
         pol = policies_of(choice, space.acceptance)

@@ -350,3 +350,13 @@ def test_agg_with_more_than_one_prompt_per_step():
     assert row["tpot_ms"] == pytest.approx(tpot * 1e3, rel=1e-9)
     assert row["ttft_ms"] == pytest.approx(t[1] * 1e3, rel=1e-9) and row["prefill_batch"] == 12
     assert not res.skipped
+
+
+def test_worker_processes_give_the_same_search():
+    """jobs=2 evaluates the programs on spawned workers: the same table, ranking and front as in-process."""
+    space = Space(tp=(2,), ep=(2, 4), batches=(8, 64), prefill_batches=(1,), refine=1)
+    one = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30), space=space)
+    two = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30), space=space, jobs=2)
+    assert one.table.equals(two.table)
+    assert one.best == two.best and one.rejected == two.rejected and one.skipped == two.skipped
+    assert one.stats["programs_compiled"] == two.stats["programs_compiled"]
