@@ -21,10 +21,14 @@ def _policies(items: list[str]):
         if not sep or not k.strip() or not vals:
             raise GraphsimError("policy", f"expected FIELD=V1[,V2...], e.g. fusion=unfused,single-pass; got {item!r}")
         field = k.strip().replace("-", "_")
-        if field == "prefetch_distance":
-            from .cli import int_list
+        from .cli import float_list, int_list
+        from .pipeline import Policies
 
-            vals = int_list(v, "policy.prefetch_distance")
+        default = getattr(Policies(), field, None)  # numeric fields take numbers (unknown fields: Space says so)
+        if isinstance(default, int) and not isinstance(default, bool):
+            vals = int_list(v, f"policy.{field}")
+        elif isinstance(default, float):
+            vals = float_list(v, f"policy.{field}")
         out[field] = vals
     return tuple(out.items())
 
@@ -46,7 +50,8 @@ def register(sub) -> None:
                   "--tp 1,2 -o results.parquet"])
     g = model_hw_args(p)
     g.add_argument("--gpus", type=int, required=True, metavar="N",
-                   help="GPUs to deploy on: aggregated replicas use all of them, disaggregated pools at most N")
+                   help="GPUs to deploy on: floor(N / replica size) aggregated replicas, or prefill + decode pools of "
+                        "at most N; tokens/s per GPU counts the GPUs a deployment uses")
     g.add_argument("--reserve-gib", type=float, default=None, metavar="GIB",
                    help="runtime reserve per GPU in the memory check (default graphsim.fit.DEFAULT_RESERVE_GIB)")
     t = p.add_argument_group("traffic", "one request class (--isl/--osl) or a distribution (--lengths)")
@@ -66,8 +71,10 @@ def register(sub) -> None:
         sp.add_argument(f"--{ax}", default=None, metavar="N[,N...]",
                         help=f"{what}-parallel degrees to try (default: every degree the model accepts)")
     sp.add_argument("--pp", default="1", metavar="N[,N...]",
-                    help="pipeline degrees (default 1; pipeline decode is priced as a fill-drain forward)")
-    sp.add_argument("--cp", default="1", metavar="N[,N...]", help="context-parallel degrees for prefill (default 1)")
+                    help="pipeline degrees (default 1; give 1,2 to add 2: pipeline decode is priced as a fill-drain "
+                         "forward)")
+    sp.add_argument("--cp", default="1", metavar="N[,N...]",
+                    help="context-parallel degrees for prefill pools (default 1; give 1,2 to add 2)")
     sp.add_argument("--batch", default=None, metavar="B[,B...]",
                     help="decode requests per attention-DP rank (default 1,2,4,...,512)")
     sp.add_argument("--prefill-batch", default=None, metavar="P[,P...]",
@@ -135,7 +142,7 @@ def run(a) -> None:
         traffic = Traffic.of(a.isl, a.osl)
     sla = SLA(a.ttft, a.tpot, a.min_user_tps)
     space = _space(a)
-    table_out = a.output if a.output and a.output.endswith(TABLE_SUFFIXES) else None
+    table_out = a.output if a.output and a.output.lower().endswith(TABLE_SUFFIXES) else None
     text_out = a.output if a.output and not table_out else None
     if table_out:
         output_path(table_out, suffixes=TABLE_SUFFIXES, regular=True)
@@ -188,7 +195,7 @@ def _write_table(path: str, df) -> None:
 
     tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        if path.endswith(".parquet"):
+        if path.lower().endswith(".parquet"):
             df.to_parquet(tmp, index=False)
         else:
             df.to_csv(tmp, index=False)

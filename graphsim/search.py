@@ -7,7 +7,7 @@ The serving model (docs/search.md says the same, with the launch-flag table):
 * **traffic**: request classes (ISL, OSL, weight); one class from ``isl``/``osl``. Decode runs at the
   token-weighted mean context Σw·osl·(isl + osl/2) / Σw·osl; memory must hold every request of a batch at its
   full length (the weighted mean of isl + osl — one class: isl + osl);
-* **aggregated** (``agg``): ``gpus / n`` replicas of an ``n``-GPU mapping, each running ``B`` requests. A
+* **aggregated** (``agg``): ``gpus // n`` replicas of an ``n``-GPU mapping, each running ``B`` requests. A
   new prompt is prefilled whole in one step *together with* the running decodes (mixed batches: vLLM's
   chunked prefill, SGLang's mixed chunks), so prefill and decode share each weight read — the fastest
   schedule, as a SOL must assume. Per step every request gets E tokens (1, or the expected emitted tokens of
@@ -17,8 +17,9 @@ The serving model (docs/search.md says the same, with the launch-flag table):
 * **disaggregated** (``disagg``): ``x`` prefill replicas (``p`` prompts per forward) and ``y`` decode
   replicas (``B`` requests) with x·n_p + y·n_d ≤ the GPUs (as :mod:`graphsim.disagg`): TTFT = T_pre(p) + the
   KV hand-over, TPOT = T_dec(B)/E, system rate = min(x·p/T_pre, y·B·E/(ōsl·T_dec)) requests/s, tokens/s per
-  GPU over the GPUs used. For each pair of pools the replica counts near rate balance (and the most decode
-  replicas that fit) are tried;
+  GPU over the GPUs used. For each pair of pools and batch, the replica counts near rate balance (and the
+  most decode replicas that fit) are tried and the best tokens/s per GPU kept (fewest GPUs on a tie: TTFT and
+  TPOT do not depend on the counts);
 * every forward time is graphsim's (the view and profile the search runs under), evaluated for all batch
   sizes of a (kind, mapping, policies) program in one vectorized call; each program is compiled once.
 
@@ -43,7 +44,7 @@ import attrs
 import numpy as np
 
 from .errors import GraphsimError, require
-from .limits import MAX_CONTEXT, MAX_RANKS, MAX_REQUESTS, check_int
+from .limits import MAX_CONTEXT, MAX_RANKS, MAX_REQUESTS, check_int, check_number
 from .pipeline import Plan, Policies, compile_plan
 from .plan import ParallelMapping
 
@@ -83,8 +84,8 @@ class Traffic:
             for v in getattr(self, f):
                 check_int(f"traffic.{f}", v, 1, MAX_CONTEXT)
         for w in self.weight:
-            require(isinstance(w, (int, float)) and math.isfinite(w) and w > 0, "traffic.weight",
-                    f"must be a positive number, got {w!r}")
+            require(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) and w > 0,
+                    "traffic.weight", f"must be a positive number, got {w!r}")
 
     @staticmethod
     def of(isl: int, osl: int) -> "Traffic":
@@ -114,10 +115,14 @@ class Traffic:
             require(isinstance(r, Mapping) and "isl" in r and "osl" in r, "lengths",
                     f"row {i} needs isl and osl columns")
             w = r.get("weight", r.get("count", 1.0))
+            vals = (r["isl"], r["osl"], w)
+            require(not any(isinstance(v, bool) for v in vals), "lengths", f"row {i}: true/false is not a number")
             try:
                 key, w = (int(r["isl"]), int(r["osl"])), float(w)
-            except (TypeError, ValueError):
+                whole = all(float(r[k]) == int(r[k]) for k in ("isl", "osl"))
+            except (TypeError, ValueError, OverflowError):
                 raise GraphsimError("lengths", f"row {i}: isl/osl must be integers, weight a number") from None
+            require(whole, "lengths", f"row {i}: isl/osl must be whole token counts, got {r['isl']!r}, {r['osl']!r}")
             merged[key] = merged.get(key, 0.0) + w
         require(bool(merged), "lengths", f"{p.name} has no rows")
         keys = sorted(merged)
@@ -126,6 +131,7 @@ class Traffic:
     @property
     def w(self) -> np.ndarray:
         w = np.asarray(self.weight, dtype=np.float64)
+        w = w / w.max()  # first to the largest: a sum of huge weights would overflow
         return w / w.sum()
 
     @property
@@ -136,7 +142,8 @@ class Traffic:
     def decode_context(self) -> int:
         """Token-weighted mean context of a decode step."""
         i, o = np.asarray(self.isl, dtype=np.float64), np.asarray(self.osl, dtype=np.float64)
-        return max(1, int(round(float((self.w * o) @ (i + o / 2.0)) / float(self.w @ o))))
+        # one class: isl + osl // 2, the context graphsim.disagg decodes at
+        return max(1, int(float((self.w * o) @ (i + np.floor(o / 2.0))) / float(self.w @ o)))
 
     @property
     def fit_context(self) -> int:
@@ -206,6 +213,8 @@ class Space:
             for x in v:
                 check_int(f, x, 1, cap)
         check_int("refine", self.refine, 0, 1000)
+        if self.max_replica_gpus is not None:
+            check_int("max_replica_gpus", self.max_replica_gpus, 1, MAX_RANKS)
         for a in self.acceptance:
             require(isinstance(a, float) and 0.0 <= a <= 1.0, "acceptance", f"each a_i in [0, 1], got {a!r}")
         if self.policies is not None:
@@ -232,19 +241,26 @@ class Group:
     forward_s: np.ndarray  #: decode (R,); prefill (R, classes)
     emitted: np.ndarray  #: tokens a request gets per decode step (R,); ones for prefill
     headroom_bytes: np.ndarray  #: HBM left per device (R,) (host-table shortfall counted as negative)
+    workspace_bytes: np.ndarray  #: the largest op's activations per device (R,), part of the headroom
     prompts: np.ndarray  #: mixed rows: prompts admitted per DP group and step, f (R,); zeros otherwise
     error: str = ""
 
-    ARRAYS = ("batch", "verify", "forward_s", "emitted", "headroom_bytes", "prompts")
+    ARRAYS = ("batch", "verify", "forward_s", "emitted", "headroom_bytes", "workspace_bytes", "prompts")
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "error": self.error,
                 **{k: np.asarray(getattr(self, k)).tolist() for k in self.ARRAYS}}
 
     @staticmethod
-    def from_json(d: dict, mapping, policies) -> "Group":
-        arr = {k: np.asarray(d[k], dtype=np.float64) for k in Group.ARRAYS}
-        return Group(d["kind"], mapping, policies, error=d["error"], **arr)
+    def from_json(d: dict, mapping, policies) -> "Group | None":
+        """The group a cache file holds, or None when it is not one of this version's (recompute it)."""
+        try:
+            arr = {k: np.asarray(d[k], dtype=np.float64) for k in Group.ARRAYS}
+            ok = isinstance(d["kind"], str) and isinstance(d["error"], str) and \
+                len({len(v) for k, v in arr.items() if k != "forward_s"} | {len(arr["forward_s"])}) == 1
+        except (KeyError, TypeError, ValueError):
+            return None
+        return Group(d["kind"], mapping, policies, error=d["error"], **arr) if ok else None
 
 
 def _divisors(n: int) -> list[int]:
@@ -300,9 +316,10 @@ def policy_axes(model, space: Space) -> list[tuple[str, tuple]]:
     if space.acceptance:
         k = len(space.acceptance)
         if "on" in support.get("dspark", ()):
+            d = getattr(getattr(model, "cfg", None), "dspark_block_size", k)
+            require(k == d, "acceptance", f"{model.name}'s DSpark drafts {d} positions: give {d} values a_1..a_{d}")
             spec.append("dspark")
-        if 0 < k <= model.max_mtp():
-            spec.append(f"mtp{k}")
+        spec += [f"mtp{j}" for j in range(1, min(k, model.max_mtp()) + 1)]  # every depth: a shallower may win
     if len(spec) > 1:
         axes.append(("spec", tuple(spec)))
     return axes
@@ -315,7 +332,8 @@ def policies_of(choice: Mapping, acceptance: tuple) -> Policies:
     if spec == "dspark":
         kw.update(dspark="on", acceptance=acceptance)
     elif spec.startswith("mtp"):
-        kw.update(mtp=int(spec[3:]), acceptance=acceptance)
+        k = int(spec[3:])
+        kw.update(mtp=k, acceptance=tuple(acceptance[:k]))
     return Policies(**kw)
 
 
@@ -396,9 +414,11 @@ class _Search:
         self.compiled = self.cached = 0
         # everything a cached program depends on: the model's whole state (config, weight formats, redundant
         # experts), the descriptor, profile, view, traffic and the grids
+        from . import __version__
+
         state = {k: repr(v) for k, v in sorted(model.__getstate__().items())}
         self.identity = hashlib.sha256(json.dumps(
-            [state, attrs.asdict(hw), profile and attrs.asdict(profile),
+            [__version__, Group.ARRAYS, state, attrs.asdict(hw), profile and attrs.asdict(profile),
              view and attrs.asdict(view), traffic.to_dict(), reserve_gib, space.batches, space.prefill_batches,
              space.acceptance], default=str, sort_keys=True).encode()).hexdigest()
 
@@ -407,14 +427,18 @@ class _Search:
         key = _key(kind, mapping, policies)
         if key in self.groups:
             return self.groups[key]
-        d = self.cache.get(self._digest(key))
-        if d is not None:
-            return self._store(key, Group.from_json(d, mapping, key[2]), computed=False)
+        g = self._cached(key)
+        if g is not None:
+            return self._store(key, g, computed=False)
         try:
             g = self._evaluate(*key)
         except GraphsimError as e:
             g = _failed(*key, str(e))
         return self._store(key, g, computed=True)
+
+    def _cached(self, key) -> Group | None:
+        d = self.cache.get(self._digest(key))
+        return Group.from_json(d, key[1], key[2]) if isinstance(d, dict) else None
 
     def _digest(self, key) -> str:
         kind, mapping, policies = key
@@ -441,9 +465,9 @@ class _Search:
         for key in keys:
             if key in self.groups:
                 continue
-            d = self.cache.get(self._digest(key))
-            if d is not None:
-                self._store(key, Group.from_json(d, key[1], key[2]), computed=False)
+            g = self._cached(key)
+            if g is not None:
+                self._store(key, g, computed=False)
             else:
                 by_map.setdefault(key[1], []).append(key)
         if self.jobs <= 1 or len(by_map) < 2:
@@ -516,7 +540,8 @@ class _Search:
         headroom = self.hw.hbm_capacity_bytes - total
         if policies.engram == "host" and mm.tables > self.hw.host_mem_bytes:
             headroom = np.minimum(headroom, self.hw.host_mem_bytes - mm.tables)
-        return Group(kind, mapping, policies, batch, verify, fwd, em, headroom, np.zeros_like(batch))
+        return Group(kind, mapping, policies, batch, verify, fwd, em, headroom, np.asarray(work, np.float64),
+                     np.zeros_like(batch))
 
     def _mixed(self, mapping, policies, kmax: int) -> Group:
         """Aggregated steps that prefill prompts together with the running decode batch. A replica admits
@@ -547,7 +572,11 @@ class _Search:
         wl = Workload(("prefill", "decode"), count, new, past)
         fwd = np.asarray(c.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64).reshape(R, 2 * C)
         require(bool(np.all(np.isfinite(fwd))), "view", f"no mixed-step time for {mapping} under this view")
-        return Group("mixed", mapping, policies, dec.batch, dec.verify, fwd, dec.emitted, dec.headroom_bytes, f)
+        # memory: the decode batch's KV and weights as the decode program has them, the largest op's
+        # activations of the heaviest step (the prompts' activations dwarf one decode token's)
+        work = _workspace(c, wl).reshape(R, 2 * C).max(axis=1)
+        headroom = dec.headroom_bytes + dec.workspace_bytes - np.maximum(dec.workspace_bytes, work)
+        return Group("mixed", mapping, policies, dec.batch, dec.verify, fwd, dec.emitted, headroom, work, f)
 
     # -- deployments -----------------------------------------------------------------------------------------
     def agg_rows(self, mapping, policies) -> list[dict]:
@@ -579,7 +608,7 @@ class _Search:
             rows.append(self._row("agg", policies, mapping, replicas, int(prompts[r]), mapping, replicas,
                                   int(dec.batch[r]), int(dec.verify[r]), ttft[r], tpot[r],
                                   replicas * dec.batch[r] / tpot[r], replicas * mapping.gpus,
-                                  dec.headroom_bytes[r]))
+                                  mix.headroom_bytes[r]))
         return rows
 
     def disagg_rows(self, pre_groups: list, dec_groups: list) -> list[dict]:
@@ -611,19 +640,27 @@ class _Search:
                     kv_cache[key] = transfer_seconds(self.model, self.hw, Pool(g.mapping, int(g.batch[r])),
                                                      Pool(d.mapping, 1), int(max(t.isl)))[0]
                 ttft = tp + kv_cache[key]
-                for x in range(1, (self.gpus - n_d) // n_p + 1):
-                    ymax = (self.gpus - x * n_p) // n_d
-                    for j in range(d.batch.size):
-                        if d.headroom_bytes[j] < 0 and j:  # the smallest batch stays: "memory" is reported
-                            continue
-                        yb = x * rate_p / rate_d[j]
-                        for y in sorted({min(ymax, max(1, math.floor(yb))), min(ymax, max(1, math.ceil(yb))), ymax}):
-                            used = x * n_p + y * n_d
-                            rate = min(x * rate_p, y * rate_d[j])
-                            rows.append(self._row(
-                                "disagg", d.policies, g.mapping, x, int(g.batch[r]), d.mapping, y, int(d.batch[j]),
-                                int(d.verify[j]), ttft, tpot[j], rate * t.mean_osl, used,
-                                min(g.headroom_bytes[r], d.headroom_bytes[j]), prefill_policies=g.policies))
+                xs = np.arange(1, (self.gpus - n_d) // n_p + 1, dtype=np.float64)
+                if xs.size == 0:
+                    continue
+                ymax = np.floor((self.gpus - xs * n_p) / n_d)
+                for j in range(d.batch.size):
+                    if d.headroom_bytes[j] < 0 and j:  # the smallest batch stays: "memory" is reported
+                        continue
+                    # replica counts near rate balance and the most decode replicas that fit; TTFT and TPOT do not
+                    # depend on them, so one row per pool pair and batch: the best tokens/s per GPU, fewest GPUs
+                    yb = xs * rate_p / rate_d[j]
+                    ys = np.clip(np.stack([np.floor(yb), np.ceil(yb), ymax]), 1.0, ymax)
+                    xx = np.broadcast_to(xs, ys.shape)
+                    used = xx * n_p + ys * n_d
+                    per_gpu = np.minimum(xx * rate_p, ys * rate_d[j]) / used
+                    i = np.lexsort((used.ravel(), -per_gpu.ravel()))[0]
+                    x, y = int(xx.ravel()[i]), int(ys.ravel()[i])
+                    rows.append(self._row(
+                        "disagg", d.policies, g.mapping, x, int(g.batch[r]), d.mapping, y, int(d.batch[j]),
+                        int(d.verify[j]), ttft, tpot[j], per_gpu.ravel()[i] * used.ravel()[i] * t.mean_osl,
+                        int(used.ravel()[i]), min(g.headroom_bytes[r], d.headroom_bytes[j]),
+                        prefill_policies=g.policies))
         return rows
 
     def _row(self, mode, policies, pmap, prep, pbatch, dmap, drep, dbatch, verify, ttft_s, tpot_s, out_tps, gpus,
@@ -643,6 +680,17 @@ class _Search:
                 "output_tokens_per_s": float(out_tps), "memory_headroom_gib": float(headroom) / GiB,
                 "fits": bool(headroom >= 0), "_policies": policies, "_prefill_policies": prefill_policies or policies,
                 "_pmap": pmap, "_dmap": dmap}
+
+
+def _workspace(c, wl) -> np.ndarray:
+    """The largest activation bytes of one op per device at each point of ``wl`` (as graphsim.fit counts it)."""
+    from .ir import COMPONENT_INDEX
+    from .lowering.features import feature_matrix
+
+    prog = c.program
+    act = prog.coef[: len(prog.features), :, COMPONENT_INDEX["bytes_act"]]
+    feats = feature_matrix(prog.features, prog.graph.token_set_map, wl.kinds, wl.arrays(), np)
+    return (feats @ act).max(axis=1)
 
 
 def _key(kind: str, mapping: ParallelMapping, policies: Policies) -> tuple:
@@ -675,7 +723,7 @@ def _worker_run(keys: list) -> list:
 
 def _failed(kind, mapping, policies, error) -> Group:
     z = np.zeros(0)
-    return Group(kind, mapping, policies, z, z, z, z, z, z, error=" ".join(error.split()))
+    return Group(kind, mapping, policies, z, z, z, z, z, z, z, error=" ".join(error.split()))
 
 
 def _pareto_min_max(items: list, lo: Callable, hi: Callable) -> list:
@@ -701,11 +749,11 @@ def pareto_flags(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """True where no other point is at least as good on both x and y (higher is better) and better on one."""
     order = np.lexsort((-y, -x))
     flags = np.zeros(x.size, dtype=bool)
-    best = -np.inf
+    best, at = -np.inf, None
     for i in order:
-        if y[i] > best:
+        if y[i] > best or (y[i] == best and x[i] == at):  # an identical point is as non-dominated as its twin
             flags[i] = True
-            best = y[i]
+            best, at = y[i], x[i]
     return flags
 
 
@@ -732,6 +780,7 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
     hw = load_hw(hw) if isinstance(hw, str) else hw
     profile = load_profile(profile) if isinstance(profile, str) else profile
     reserve = DEFAULT_RESERVE_GIB if reserve_gib is None else reserve_gib
+    check_number("reserve_gib", reserve, 0.0, 1 << 20)
     check_int("jobs", jobs, 1, 1024)
     s = _Search(model, hw, gpus, traffic, sla, space, profile, view, reserve,
                 _Cache(Path(cache_dir) if cache_dir else None), progress, jobs)
@@ -757,8 +806,10 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
         rows += extra
         choices += variants
     if not rows:
-        raise GraphsimError("search", "no deployment could be evaluated: " +
-                            "; ".join(sorted({x["error"] for x in s.skipped}))[:300])
+        why = "; ".join(sorted({x["error"] for x in s.skipped}))[:300] or (
+            "disaggregated serving needs a prefill and a decode pool: a decode mapping smaller than --gpus and a "
+            "prefill mapping in what is left" if space.modes == ("disagg",) else "no mapping fits the space")
+        raise GraphsimError("search", f"no deployment could be evaluated: {why}")
     df = pd.DataFrame(rows)
     miss = [_meets(r, sla) for r in rows]
     df["meets_sla"] = [not any(m.values()) for m in miss]
@@ -811,7 +862,7 @@ def _planned(s: _Search, dec_maps, pre_maps, variants, space: Space) -> list:
         pol = policies_of(choice, space.acceptance)
         if "agg" in space.modes:
             for m in dec_maps:
-                if s.gpus % m.gpus == 0:
+                if m.gpus <= s.gpus:
                     keys.update(dict.fromkeys([_key("decode", m, pol), _key("mixed", m, pol)]))
         if "disagg" in space.modes and pre_maps:
             keys.update(dict.fromkeys(_key("prefill", m, pol) for m in pre_maps))
@@ -830,7 +881,7 @@ def _assemble(s: _Search, dec_maps, pre_maps, variants, space: Space, axes) -> l
         pol = policies_of(choice, space.acceptance)
         if "agg" in space.modes:
             for m in dec_maps:
-                if s.gpus % m.gpus == 0:  # aggregated replicas use every GPU
+                if m.gpus <= s.gpus:  # gpus // n replicas; tokens/s per GPU over the GPUs used, as for disagg
                     rows += s.agg_rows(m, pol)
         if "disagg" in space.modes and pre_maps:
             pre = [g for g in (s.group("prefill", m, pol) for m in pre_maps) if not g.error]
@@ -902,14 +953,18 @@ def _spec_text(p: Policies) -> str:
 
 def _rank(df, top: int):
     """Top deployments (best batch each), and the reason each other deployment lost."""
-    order = df.sort_values("tokens_per_s_per_gpu", ascending=False)
+    # ties: the shorter TTFT, then TPOT, then fewer GPUs (a stable sort keeps the table order after that)
+    order = df.assign(_neg=-df["tokens_per_s_per_gpu"]).sort_values(
+        ["_neg", "ttft_ms", "tpot_ms", "gpus"], kind="mergesort").drop(columns="_neg")
     ok = order[order["meets_sla"]]
-    # one row per mapping (its best policies and batch): policy variants of a ranked mapping are listed as lost
-    best_idx = ok.drop_duplicates(["mode", "mapping"]).head(top)
+    # one row per pool mapping(s) (its best policies, batch and replica counts): policy variants of a ranked
+    # mapping are listed as lost
+    pools = ["mode", "prefill_mapping", "decode_mapping"]
+    best_idx = ok.drop_duplicates(pools).head(top)
     best = best_idx.to_dict("records")
     best_names = set(best_idx["deployment"])
     cutoff = best[-1]["tokens_per_s_per_gpu"] if best else None
-    rank_of = {(b["mode"], b["mapping"]): i + 1 for i, b in enumerate(best)}
+    rank_of = {tuple(b[k] for k in pools): i + 1 for i, b in enumerate(best)}
     rejected, reasons = [], {k: 0 for k in REASONS}
     for name, g in order.groupby("deployment", sort=False):
         if name in best_names:
@@ -917,7 +972,7 @@ def _rank(df, top: int):
         if g["meets_sla"].any():
             g = g[g["meets_sla"]]
             r = g.iloc[0]
-            k = rank_of.get((r["mode"], r["mapping"]))
+            k = rank_of.get(tuple(r[c] for c in pools))
             if k is not None:
                 reason = "variant"
                 detail = (f"{r['tokens_per_s_per_gpu']:.1f} tok/s/GPU at best, below the policies ranked #{k} "
@@ -927,18 +982,20 @@ def _rank(df, top: int):
                 detail = f"{r['tokens_per_s_per_gpu']:.1f} tok/s/GPU at best, below #{len(best)}'s {cutoff:.1f}"
         else:
             fits = g[g["fits"]]
+            timely = fits[fits["why"] != "ttft"]  # fits and meets TTFT: it misses TPOT or the user speed
             if fits.empty:
                 reason, r = "memory", g.iloc[0]
                 detail = f"does not fit at any batch ({-g['memory_headroom_gib'].max():.1f} GiB short at the smallest)"
+            elif timely.empty:
+                reason, r = "ttft", fits.iloc[0]
+                detail = f"TTFT {fits['ttft_ms'].min():.0f} ms at best"
             else:
-                r = fits.iloc[0]
+                r = timely.iloc[0]
                 reason = r["why"]
-                if reason == "ttft":
-                    detail = f"TTFT {fits['ttft_ms'].min():.0f} ms at best"
-                elif reason == "tpot":
-                    detail = f"TPOT {fits['tpot_ms'].min():.1f} ms at best"
+                if reason == "tpot":
+                    detail = f"TPOT {timely['tpot_ms'].min():.1f} ms at best (meeting TTFT)"
                 else:
-                    detail = f"{fits['tokens_per_s_per_user'].max():.1f} tok/s/user at best"
+                    detail = f"{timely['tokens_per_s_per_user'].max():.1f} tok/s/user at best (meeting TTFT)"
         reasons[reason] += 1
         rejected.append({"deployment": name, "mode": r["mode"], "mapping": r["mapping"], "policies": r["policies"],
                          "reason": reason, "detail": detail,
