@@ -100,8 +100,6 @@ class MemoryModel:
         self.model, self.hw, self.mapping, self.policies = self.c.model, self.c.hw, mapping, policies
         self.reserve = reserve_gib * GiB
         self.weights, self.tables = self._weights()
-        prog = self.c.program
-        self._act = prog.coef[: len(prog.features), :, COMPONENT_INDEX["bytes_act"]]
 
     def _weights(self) -> tuple[dict, float]:
         """HBM-resident bytes by group on the most loaded device, and its Engram table bytes."""
@@ -124,9 +122,17 @@ class MemoryModel:
             wl = Workload(("decode",), b[:, None], n[:, None], ctx[:, None])
         else:
             wl = Workload(("prefill",), b[:, None], ctx[:, None], np.zeros_like(b)[:, None])
-        prog = self.c.program
-        feats = feature_matrix(prog.features, prog.graph.token_set_map, wl.kinds, wl.arrays(), np)
-        return (feats @ self._act).max(axis=1)
+        return op_workspace(self.c.program, wl)
+
+    def headroom(self, batch, context: int, workspace) -> np.ndarray:
+        """HBM left per device for each batch (requests at ``context`` tokens, ``workspace`` bytes of
+        activations each): :meth:`fit`'s headroom over arrays, a host-table shortfall counted as negative."""
+        b = np.asarray(batch, dtype=np.float64)
+        total = sum(self.weights.values()) + b * self.kv_per_request(context) + workspace + self.reserve
+        room = self.hw.hbm_capacity_bytes - total
+        if self.policies.engram == "host" and self.tables > self.hw.host_mem_bytes:
+            room = np.minimum(room, self.hw.host_mem_bytes - self.tables)
+        return room
 
     def fit(self, batch: int, context: int) -> FitResult:
         check_int("batch", batch, 1, MAX_REQUESTS)
@@ -151,6 +157,13 @@ class MemoryModel:
     def max_context(self, batch: int = 1) -> int:
         """Largest context at which ``batch`` requests fit, at most :attr:`context_cap`; 0 if none."""
         return _largest(lambda n: self._fits(batch, n), self.context_cap)
+
+
+def op_workspace(program, workload) -> np.ndarray:
+    """The largest activation bytes one op moves per device, at each point of ``workload``."""
+    act = program.coef[: len(program.features), :, COMPONENT_INDEX["bytes_act"]]
+    feats = feature_matrix(program.features, program.graph.token_set_map, workload.kinds, workload.arrays(), np)
+    return (feats @ act).max(axis=1)
 
 
 def _largest(ok, cap: int) -> int:

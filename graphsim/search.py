@@ -516,7 +516,6 @@ class _Search:
                              compiled=c)
             ctx = t.fit_context
             work = mm.workspace(batch, ctx, new)
-            kv = batch * mm.kv_per_request(ctx)
         else:
             per_rank = [p for p in sorted(set(self.space.prefill_batches) | {1})
                         if policies.overlap == "none" or p >= 2]
@@ -534,12 +533,8 @@ class _Search:
                              compiled=c)
             ctx = int(isl.max())
             work = mm.workspace(batch, ctx)
-            kv = batch * mm.kv_per_request(ctx)
         require(bool(np.all(np.isfinite(fwd))), "view", f"no {kind} time for {mapping} under this view")
-        total = sum(mm.weights.values()) + kv + work + mm.reserve
-        headroom = self.hw.hbm_capacity_bytes - total
-        if policies.engram == "host" and mm.tables > self.hw.host_mem_bytes:
-            headroom = np.minimum(headroom, self.hw.host_mem_bytes - mm.tables)
+        headroom = mm.headroom(batch, ctx, work)
         return Group(kind, mapping, policies, batch, verify, fwd, em, headroom, np.asarray(work, np.float64),
                      np.zeros_like(batch))
 
@@ -574,7 +569,9 @@ class _Search:
         require(bool(np.all(np.isfinite(fwd))), "view", f"no mixed-step time for {mapping} under this view")
         # memory: the decode batch's KV and weights as the decode program has them, the largest op's
         # activations of the heaviest step (the prompts' activations dwarf one decode token's)
-        work = _workspace(c, wl).reshape(R, 2 * C).max(axis=1)
+        from .fit import op_workspace
+
+        work = op_workspace(c.program, wl).reshape(R, 2 * C).max(axis=1)
         headroom = dec.headroom_bytes + dec.workspace_bytes - np.maximum(dec.workspace_bytes, work)
         return Group("mixed", mapping, policies, dec.batch, dec.verify, fwd, dec.emitted, headroom, work, f)
 
@@ -682,17 +679,6 @@ class _Search:
                 "_pmap": pmap, "_dmap": dmap}
 
 
-def _workspace(c, wl) -> np.ndarray:
-    """The largest activation bytes of one op per device at each point of ``wl`` (as graphsim.fit counts it)."""
-    from .ir import COMPONENT_INDEX
-    from .lowering.features import feature_matrix
-
-    prog = c.program
-    act = prog.coef[: len(prog.features), :, COMPONENT_INDEX["bytes_act"]]
-    feats = feature_matrix(prog.features, prog.graph.token_set_map, wl.kinds, wl.arrays(), np)
-    return (feats @ act).max(axis=1)
-
-
 def _key(kind: str, mapping: ParallelMapping, policies: Policies) -> tuple:
     """A program's key: a decode program ignores the prefill-only policies (one compile serves them all)."""
     if kind == "decode":
@@ -791,18 +777,18 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
     require(bool(dec_maps), "gpus", f"no mapping of {model.name} fits the space on {gpus} GPUs "
             "(check --tp/--dp/--ep/--pp and the model's head/expert counts)")
     choices = [base]
-    rows = _assemble(s, dec_maps, pre_maps, [base], space, axes)  # stage 1: every mapping, base policies
+    rows = _assemble(s, dec_maps, pre_maps, [base], space)  # stage 1: every mapping, base policies
     if space.refine and len(axes):
         maps = _leaders(rows, sla, space.refine)
         variants = _variants(axes, base, space.exhaustive)
         extra = _assemble(s, [m for m in dec_maps if m in maps["decode"]], [m for m in pre_maps if m in maps["prefill"]],
-                          variants, space, axes)
+                          variants, space)
         # the best value of each axis together (for each leading mapping set)
         combo = _combine(extra + rows, axes, base, sla)
         if combo not in variants and combo != base:
             variants.append(combo)
             extra += _assemble(s, [m for m in dec_maps if m in maps["decode"]],
-                               [m for m in pre_maps if m in maps["prefill"]], [combo], space, axes)
+                               [m for m in pre_maps if m in maps["prefill"]], [combo], space)
         rows += extra
         choices += variants
     if not rows:
@@ -870,7 +856,7 @@ def _planned(s: _Search, dec_maps, pre_maps, variants, space: Space) -> list:
     return [k for k in keys if k not in s.groups]
 
 
-def _assemble(s: _Search, dec_maps, pre_maps, variants, space: Space, axes) -> list[dict]:
+def _assemble(s: _Search, dec_maps, pre_maps, variants, space: Space) -> list[dict]:
     planned = _planned(s, dec_maps, pre_maps, variants, space)
     if s.progress is not None and hasattr(s.progress, "expect"):
         s.progress.expect(len(planned))

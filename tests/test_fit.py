@@ -135,3 +135,20 @@ def test_disagg_frontier_and_cli(capsys):
                "--decode-batch", "256,1024"])
     out = capsys.readouterr().out
     assert rc == 0 and "tok/s/GPU" in out and "*" in out
+
+
+def test_vectorized_headroom_is_fit_over_arrays():
+    """MemoryModel.headroom (what graphsim search uses per batch) equals fit()'s headroom point by point; with
+    host-resident Engram tables too."""
+    import numpy as np
+
+    from graphsim import ParallelMapping, Policies
+    from graphsim.fit import MemoryModel
+
+    for model, pol in (("deepseek-v3", Policies()), ("deepseek-v4.1-flash", Policies(engram="host"))):
+        mm = MemoryModel(model, "gb200", ParallelMapping(tp=4, ep=4), pol)
+        b = np.array([1.0, 64.0, 4096.0])
+        room = mm.headroom(b, 8192, mm.workspace(b, 8192))
+        ref = [mm.fit(int(x), 8192) for x in b]
+        np.testing.assert_allclose(room, [r.headroom_bytes for r in ref], rtol=1e-12)
+        assert [bool(x >= 0) for x in room] == [r.fits for r in ref]
