@@ -52,6 +52,8 @@ COMPONENTS = (
     "bytes_disk",
     "hops_nvlink",
     "hops_scaleout",
+    "hops_nvlink_ll",
+    "hops_nvlink_simple",
 )
 COMPONENT_INDEX = {c: i for i, c in enumerate(COMPONENTS)}
 HBM_COMPONENTS = ("bytes_weight", "bytes_kv", "bytes_act")
@@ -570,6 +572,10 @@ class Op:
     #: copies share the original's tensor writes, each for its own tokens
     origin: str = ""
     info: OpInfo = OpInfo()
+    #: alternative costs of one op, ``(label, Cost)`` pairs (a collective's algorithm x protocol): the op takes
+    #: the fastest at each evaluated point. Empty, or the first is ``cost`` (what memory, measured tables and
+    #: component totals read); passes that change ``cost`` change every alternative alike (:func:`map_cost`).
+    alts: tuple = attrs.field(default=(), converter=tuple)
 
     def __attrs_post_init__(self):
         require(isinstance(self.name, str) and bool(self.name), "op.name", "must be a non-empty string")
@@ -591,7 +597,7 @@ class Op:
 _OP_FIELDS = tuple(a.name for a in attrs.fields(Op))
 #: Fields :func:`replace_op` sets without attrs' converters, checked here as ``Op`` checks them.
 _OP_FAST = {"name", "kind", "stage", "cost", "layer", "token_set", "precision", "reads", "writes", "comm", "params",
-            "formula", "device", "origin", "info"}
+            "formula", "device", "origin", "info", "alts"}
 
 
 def replace_op(op: Op, **changes) -> Op:
@@ -614,7 +620,7 @@ def replace_op(op: Op, **changes) -> Op:
             clash = INFO_FIELDS.intersection([k for k, _ in params])
         require(not clash, f"op[{changes.get('name', op.name)}].params",
                 f"{sorted(clash)} are typed facts: give them in info")
-    for f in ("reads", "writes", "comm"):
+    for f in ("reads", "writes", "comm", "alts"):
         if f in changes and type(changes[f]) is not tuple:
             changes[f] = tuple(changes[f])
     return _copy_op(op, changes)
@@ -633,6 +639,17 @@ def _op_copier():
 
 
 _copy_op = _op_copier()
+
+
+def map_cost(op: Op, fn, **changes) -> Op:
+    """``op`` with ``fn`` applied to its cost and to each alternative's (``changes`` besides): how a pass that
+    rescales costs (a half batch, a micro-batch) keeps an op's alternatives its own."""
+    if op.alts:
+        changes["alts"] = tuple((label, fn(c)) for label, c in op.alts)
+        changes["cost"] = changes["alts"][0][1]
+    else:
+        changes["cost"] = fn(op.cost)
+    return replace_op(op, **changes)
 
 
 @attrs.frozen
@@ -817,12 +834,14 @@ class Graph:
         if not {op.stage for op in ops} <= set(self.stages):
             return False
         used_ts = {op.token_set for op in ops}
-        costs = {id(c): c for c in [op.cost for op in ops]}  # shared Cost objects checked once
+        costs = {id(c): c for c in [op.cost for op in ops] + [c for op in ops for _, c in op.alts]}  # shared: once
         used_ts.update(f.token_set for c in costs.values() for _, f, _ in c.terms)
         used_ts.discard("")
         if not used_ts <= ts.keys():
             return False
         if not set().union(*[op.reads for op in ops], *[op.writes for op in ops]) <= tensors.keys():
+            return False
+        if any(op.alts and op.alts[0][1] != op.cost for op in ops):
             return False
         get = names.get
         for e in self.edges:
@@ -841,11 +860,17 @@ class Graph:
             require(op.stage in stages, f"op[{op.name}].stage", f"unknown stage {op.stage!r}; stages: {self.stages}")
             if op.token_set:
                 require(op.token_set in ts, f"op[{op.name}].token_set", f"unknown token set {op.token_set!r}")
-            for f in op.cost.features():
+            for f in (*op.cost.features(), *(f for _, c in op.alts for f in c.features())):
                 if f.token_set:
                     require(f.token_set in ts, f"op[{op.name}].cost", f"feature {f} uses unknown token set")
             for t in (*op.reads, *op.writes):
                 require(t in tensors, f"op[{op.name}]", f"tensor {t!r} is not declared")
+            if op.alts:
+                require(all(isinstance(l, str) and isinstance(c, Cost) for l, c in op.alts), f"op[{op.name}].alts",
+                        "must be (label, Cost) pairs")
+                require(op.alts[0][1] == op.cost, f"op[{op.name}].alts",
+                        "the first alternative must be the op's cost (a pass changed one and not the other: "
+                        "use ir.map_cost)")
         for e in self.edges:
             require(e.src in names, "edge.src", f"unknown op {e.src!r}")
             require(e.dst in names, "edge.dst", f"unknown op {e.dst!r}")

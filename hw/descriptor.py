@@ -173,6 +173,17 @@ class HardwareSpec:
     scaleout_latency_s: float = attrs.field(converter=_as_float, validator=_number(0.0, 1.0, lo_open=False, unit="s"))
     power_w: float = attrs.field(converter=_as_float, validator=_number(0.0, unit="W"))
     sources: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_sources, validator=_source_pairs)
+    #: per-step NVLink latency of the LL and Simple protocols (``nvlink_latency_s`` is LL128's): a collective runs
+    #: each algorithm at whichever protocol is fastest for its message (LL carries 8 B of data per 16 B on the
+    #: wire, LL128 120 of 128 B, Simple all). Absent: LL128's (no faster protocol known).
+    nvlink_ll_latency_s: float = attrs.field(default=attrs.Factory(lambda s: s.nvlink_latency_s, takes_self=True),
+                                             converter=_as_float, validator=_number(0.0, 1.0, lo_open=False, unit="s"))
+    nvlink_simple_latency_s: float = attrs.field(
+        default=attrs.Factory(lambda s: s.nvlink_latency_s, takes_self=True), converter=_as_float,
+        validator=_number(0.0, 1.0, lo_open=False, unit="s"))
+    #: bandwidth per GPU and direction of the NVLink switch's in-network reduction (NVLink SHARP / NVLS: multimem
+    #: loads that reduce in the switch, stores it replicates); 0 = the switch has none
+    nvls_bw: float = attrs.field(default=0.0, converter=_as_float, validator=_number(0.0, lo_open=False, unit="B/s"))
 
     def resolve_precision(self, precision: str) -> str:
         """The precision that actually runs for ``precision`` on this chip (itself, or its fallback)."""
@@ -206,6 +217,8 @@ class HardwareSpec:
             bytes_disk=self.disk_bw * prof.disk,
             hops_nvlink=self.nvlink_latency_s,
             hops_scaleout=self.scaleout_latency_s,
+            hops_nvlink_ll=self.nvlink_ll_latency_s,
+            hops_nvlink_simple=self.nvlink_simple_latency_s,
         )
         return out
 
@@ -253,7 +266,8 @@ _UNITS = {
     "hbm_capacity_bytes": "bytes", "hbm_bw": "B/s", "nvlink_bw": "B/s", "nvlink_domain": "GPUs",
     "scaleout_bw": "B/s", "host_mem_bytes": "bytes", "host_bw": "B/s", "c2c_bw": "B/s", "exp_rate": "exp/s",
     "disk_bw": "B/s",
-    "nvlink_latency_s": "s", "scaleout_latency_s": "s", "power_w": "W",
+    "nvlink_latency_s": "s", "nvlink_ll_latency_s": "s", "nvlink_simple_latency_s": "s", "nvls_bw": "B/s",
+    "scaleout_latency_s": "s", "power_w": "W",
 }
 
 

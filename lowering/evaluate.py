@@ -62,6 +62,15 @@ class Schedule:
     #: SOURCE_NAMES codes); None in the SOL view
     sol_duration: np.ndarray | None = None
     source: np.ndarray | None = None
+    #: per op, the index in ``Op.alts`` of the alternative that ran (the fastest; 0 for ops without)
+    choice: np.ndarray | None = None
+    #: op index -> (its alternatives, P) SOL durations, for the ops that have alternatives
+    alternatives: dict | None = None
+
+    def algorithm(self, i: int, point: int = 0) -> str:
+        """The label of the alternative op ``i`` ran at (``one_shot/LL``), "" for an op without alternatives."""
+        alts = self.graph.ops[i].alts
+        return alts[int(self.choice[point, i])][0] if alts and self.choice is not None else ""
 
     @property
     def forward(self) -> np.ndarray:
@@ -127,13 +136,27 @@ def evaluate_reference(program: CostProgram, workload: Workload, ut, overhead=0.
     for i, op in enumerate(g.ops):
         for c, f, v in op.cost.terms:
             comp[:, i, kidx[c]] += v * feats[:, fidx[f]]
-    dur = _durations_from_components(comp, ut[:, None, :], np.asarray(overhead, dtype=np.float64).reshape(-1, 1), np)
+    ov = np.asarray(overhead, dtype=np.float64).reshape(-1, 1)
+    dur = _durations_from_components(comp, ut[:, None, :], ov, np)
+    # ops with alternatives: each at its fastest at every point (the first of equals), with its components
+    choice = np.zeros((P, n), dtype=np.int64)
+    alt_dur: dict = {}  # op -> (alternatives, P) durations
+    rows = np.arange(P)
+    for i, op in enumerate(g.ops):
+        if not op.alts:
+            continue
+        cs = np.zeros((len(op.alts), P, len(COMPONENTS)))
+        for j, (_, cost) in enumerate(op.alts):
+            for c, f, v in cost.terms:
+                cs[j, :, kidx[c]] += v * feats[:, fidx[f]]
+        ds = _durations_from_components(cs, ut[None, :, :], ov[None, :, 0], np)  # (alternatives, P)
+        pick = np.argmin(ds, axis=0)
+        choice[:, i], comp[:, i], dur[:, i] = pick, cs[pick, rows], ds[pick, rows]
+        alt_dur[i] = ds
     sol_dur = source = None
     if view is not None:
-        first = np.zeros(program.n_classes, dtype=np.int64)
-        first[program.op_class[::-1]] = np.arange(n)[::-1]
         vf = feature_matrix(view.features, g.token_set_map, workload.kinds, a, np) if view.features else np.zeros((P, 0))
-        cls_view, flags = view.apply(dur[:, first], vf, np)
+        cls_view, flags = view.apply(class_durations(program, dur, alt_dur), vf, np)
         sol_dur, dur, source = dur, cls_view[:, program.op_class], flags[:, program.op_class]
     start = np.zeros((P, n))
     finish = np.zeros((P, n))
@@ -145,7 +168,18 @@ def evaluate_reference(program: CostProgram, workload: Workload, ut, overhead=0.
             start[:, i] = pf[np.arange(P), j]
             argpred[:, i] = np.asarray(ps)[j]
         finish[:, i] = start[:, i] + dur[:, i]
-    return Schedule(g, dur, start, finish, comp, ut, argpred, sol_dur, source)
+    return Schedule(g, dur, start, finish, comp, ut, argpred, sol_dur, source, choice, alt_dur)
+
+
+def class_durations(program: CostProgram, dur: np.ndarray, alt_dur: dict) -> np.ndarray:
+    """(P, C) per cost class: the duration of its first op, and of each alternative class its op's alternative."""
+    n = program.n_ops
+    first = np.zeros(program.n_classes, dtype=np.int64)
+    first[program.op_class[::-1]] = np.arange(n)[::-1]
+    out = dur[:, first]
+    for a, p, j in zip(program.alt_class.tolist(), program.alt_primary.tolist(), program.alt_index.tolist()):
+        out[:, a] = alt_dur[int(first[p])][j]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -256,9 +290,7 @@ def reference_outputs(program: CostProgram, workload: Workload, ut, overhead=0.0
         of = np.array([kinds.index(op.kind) for op in program.graph.ops])
         res["kinds"] = np.stack([dur[:, of == j].sum(axis=1) for j in range(len(kinds))], axis=1)
     if "classes" in outputs:
-        first = np.zeros(program.n_classes, dtype=np.int64)
-        first[program.op_class[::-1]] = np.arange(program.n_ops)[::-1]
-        res["classes"] = dur[:, first]
+        res["classes"] = class_durations(program, dur, s.alternatives or {})
     if "workspace" in outputs:
         act = s.components[:, :, COMPONENT_INDEX["bytes_act"]]
         res["workspace"] = act.max(axis=1) if act.shape[1] else np.zeros(workload.points)

@@ -69,6 +69,9 @@ class Layout:
     #: JAX blocks: (lo, hi, {group: features}, {group: ((feature, component), ...)}) over kernel classes
     blocks: tuple = ()
     coef: np.ndarray = None  # (F, C, K) the program's coefficients in kernel class order
+    #: ops with alternatives: (class, (its alternatives' classes, ...)) in kernel class ids; the class takes
+    #: the least of the durations at each point (:func:`least`)
+    alts: tuple = ()
 
     #: what a traced kernel bakes in (slot patterns, blocks, sparsity of the count matrices, shapes): programs
     #: with equal signatures and features share one compiled kernel (set by :func:`layout`)
@@ -86,6 +89,7 @@ class Layout:
             h.update((a != 0).tobytes() + repr(a.shape).encode())
         h.update(repr((self.level_kind.shape, self.level_preds.shape, self.reach, self.width, self.n_side)).encode())
         h.update(self.order.tobytes())
+        h.update(repr(self.alts).encode())
         h.update(repr([(lo, hi, sorted(fs.items()), sorted(ps.items())) for lo, hi, fs, ps in self.blocks]).encode())
         return h.hexdigest()
 
@@ -110,6 +114,10 @@ class Layout:
             g = s.group
             d[f"g{g}.feat"], d[f"g{g}.comp"], d[f"g{g}.coef"] = s.feat, s.comp, s.coef.astype(dtype)
             d[f"g{g}.ffeat"] = s.ffeat
+        if self.alts:  # the coefficients of each op with alternatives and of its alternatives, and its op count
+            idx = [c for p, a in self.alts for c in (p, *a)]
+            d["alt_coef"] = self.coef[:, idx, :].astype(dtype)
+            d["alt_count"] = self.kind_of_op_counts.sum(axis=0)[[p for p, _ in self.alts]].astype(dtype)
         for b, (lo, hi, _, pairs) in enumerate(self.blocks):  # per-point unit times: one weight per (f, k)
             for g, fk in pairs.items():
                 f, k = np.array(fk).T
@@ -258,10 +266,14 @@ def layout(program: CostProgram, kinds: tuple) -> Layout:
                 pairs[g] = tuple((int(f), int(k)) for f in f_used for k in comps if sub[f, :, k].any())
         blocks.append((lo, hi, feats, pairs))
         lo = hi
+    by_primary: dict = {}
+    for a, p in zip(program.alt_class.tolist(), program.alt_primary.tolist()):
+        by_primary.setdefault(int(kernel_class[p]), []).append(int(kernel_class[a]))
+    act = coef[:, :, COMPONENT_INDEX["bytes_act"]].copy()
+    act[:, [a for al in by_primary.values() for a in al]] = 0.0  # an alternative is no op's workspace
     lay = Layout(nf, C, tuple(groups), kind_counts, level_kind, level_preds, level_save, n_side, R, W, stage_counts,
-                 kind_of_op_counts,
-                 coef[:, :, COMPONENT_INDEX["bytes_act"]].copy(), np.einsum("fck,c->fk", coef, per_class), order,
-                 tuple(blocks), coef)
+                 kind_of_op_counts, act, np.einsum("fck,c->fk", coef, per_class), order,
+                 tuple(blocks), coef, tuple((p, tuple(a)) for p, a in sorted(by_primary.items())))
     return attrs.evolve(lay, signature=lay._signature())
 
 
@@ -428,9 +440,23 @@ def run(lay: Layout, consts: dict, features, token_sets, kinds, arrays, ut, ut0,
         cls = (xp.concatenate(blocks) if blocks else xp.zeros((0, P), dtype=dtype)) if "classes" in outputs else None
         parts = [M[:, lo:hi] @ b for (lo, hi, _, _), b in zip(lay.blocks, blocks)]
         prods = sum(parts[1:], parts[0]) if parts else xp.zeros((M.shape[0], P), dtype=dtype)
+        if lay.alts:  # the ops with alternatives: their rows' least, as a correction of the products
+            starts = [lo for lo, _, _, _ in lay.blocks]
+
+            def row(c):  # (static indices: slices of one block)
+                b = int(np.searchsorted(starts, c, side="right")) - 1
+                return blocks[b][c - starts[b]]
+
+            alt_rows = [[row(c) for c in (p, *a)] for p, a in lay.alts]
+            least_rows = [_least(r, xp) for r in alt_rows]
+            prim = np.array([p for p, _ in lay.alts])
+            prods = prods + M[:, prim] @ xp.stack([m - r[0] for m, r in zip(least_rows, alt_rows)])
+            if cls is not None:
+                cls = cls.at[prim].set(xp.stack(least_rows))
     else:
-        cls = _class_array(lay, consts, feats, ut, ut0, overhead, varying, arrays, token_sets, kinds, view, xp,
-                           dtype)
+        raw, cls = _class_array(lay, consts, feats, ut, ut0, overhead, varying, arrays, token_sets, kinds, view, xp,
+                                dtype)
+        alt_rows = [[raw[c] for c in (p, *a)] for p, a in lay.alts]
         prods = M @ cls
     rows, at = {}, 0
     for name, m in wanted:
@@ -445,18 +471,60 @@ def run(lay: Layout, consts: dict, features, token_sets, kinds, arrays, ut, ut0,
     if "workspace" in outputs:
         res["workspace"] = xp.max(consts["act"].T @ feats, axis=0) if lay.n_classes else xp.zeros(P, dtype=dtype)
     if "components" in outputs:
-        res["components"] = (consts["totals"].T @ feats).T
+        comp = consts["totals"].T @ feats
+        if lay.alts:  # each op with alternatives counts the components of the one that ran
+            comp = comp + _chosen_components(lay, consts, feats, alt_rows, xp)
+        res["components"] = comp.T
     return {k: res[k] for k in outputs}
 
 
-def _class_array(lay, consts, feats, ut, ut0, overhead, varying, arrays, token_sets, kinds, view, xp, dtype):
-    """(C, P) class durations as one array: the SOL roofline, then a measured view's tables."""
-    if xp is np:
-        cls = class_durations(lay, consts, feats, ut, ut0, overhead, varying, xp)
-    else:
-        cls = xp.concatenate(class_blocks(lay, consts, feats, ut, ut0, overhead, varying, xp))
-    if view is None:
+def _least(rows: list, xp):
+    out = rows[0]
+    for r in rows[1:]:
+        out = xp.minimum(out, r)
+    return out
+
+
+def least(lay: Layout, cls, xp):
+    """(C, P) class durations with each op's class at the least of its own and its alternatives' rows."""
+    if not lay.alts:
         return cls
+    prim = np.array([p for p, _ in lay.alts])
+    best = xp.stack([_least([cls[c] for c in (p, *a)], xp) for p, a in lay.alts])
+    if hasattr(cls, "at"):
+        return cls.at[prim].set(best)
+    out = cls.copy()
+    out[prim] = best
+    return out
+
+
+def _chosen_components(lay: Layout, consts: dict, feats, rows: list, xp):
+    """(K, P): per op with alternatives, (its alternative that ran at each point - its first) x its op count;
+    the first of equal durations runs (as ``np.argmin`` picks)."""
+    coef, count = consts["alt_coef"], consts["alt_count"]
+    out, j = 0.0, 0
+    for g, r in enumerate(rows):
+        comps = [coef[:, j + i, :].T @ feats for i in range(len(r))]  # (K, P) each
+        j += len(r)
+        d, chosen = r[0], comps[0]
+        for ri, ci in zip(r[1:], comps[1:]):
+            better = ri < d
+            d = xp.where(better, ri, d)
+            chosen = xp.where(better[None, :], ci, chosen)
+        out = out + count[g] * (chosen - comps[0])
+    return out
+
+
+def _class_array(lay, consts, feats, ut, ut0, overhead, varying, arrays, token_sets, kinds, view, xp, dtype):
+    """(C, P) class durations as one array: the SOL roofline (each op at its fastest alternative), then a
+    measured view's tables. Returns the roofline before the alternatives' least too."""
+    if xp is np:
+        raw = class_durations(lay, consts, feats, ut, ut0, overhead, varying, xp)
+    else:
+        raw = xp.concatenate(class_blocks(lay, consts, feats, ut, ut0, overhead, varying, xp))
+    cls = least(lay, raw, xp)
+    if view is None:
+        return raw, cls
     from .features import feature_matrix  # a measured view: class durations from its tables
 
     P = feats.shape[1]
@@ -467,7 +535,7 @@ def _class_array(lay, consts, feats, ut, ut0, overhead, varying, arrays, token_s
     if V is not None:
         rep = np.argsort(lay.order)[np.argmax(E, axis=1)]
         cls = cls.at[rep].add(V) if hasattr(cls, "at") else _add_rows(cls, rep, V)
-    return cls
+    return raw, cls
 
 
 def _add_rows(cls, rows, V):

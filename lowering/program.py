@@ -26,7 +26,7 @@ def component_group(c: str) -> int:
     if c in ("bytes_weight", "bytes_kv", "bytes_act"):
         return GROUPS.index("hbm")
     return GROUPS.index({"exps": "sfu", "bytes_nvlink": "nvlink", "bytes_scaleout": "scaleout", "bytes_c2c": "c2c",
-                         "bytes_disk": "disk", "hops_nvlink": "latency", "hops_scaleout": "latency"}[c])
+                         "bytes_disk": "disk"}.get(c) or ("latency" if c.startswith("hops_") else c))
 
 
 COMPONENT_GROUP = np.array([component_group(c) for c in COMPONENTS])
@@ -50,6 +50,12 @@ class CostProgram:
     sched_preds: tuple  # full-graph predecessors per op (op indices)
     stage_of_op: np.ndarray
     stages: tuple
+    #: ops with alternative costs (``Op.alts``): per alternative beyond the first, its own class
+    #: (``alt_class``, no op counts it) and the class of its op (``alt_primary``), whose duration is the least
+    #: of its own and its alternatives' at each point; ``alt_index``: the alternative's index in ``Op.alts``
+    alt_class: np.ndarray = np.zeros(0, dtype=np.int64)
+    alt_primary: np.ndarray = np.zeros(0, dtype=np.int64)
+    alt_index: np.ndarray = np.zeros(0, dtype=np.int64)
 
     @property
     def n_ops(self) -> int:
@@ -69,6 +75,8 @@ def lower(graph: Graph, class_key=None) -> CostProgram:
     # features are numbered as a walk over every op's terms would number them).
     cost_id: dict = {}
     op_cost = [cost_id.setdefault(op.cost, len(cost_id)) for op in graph.ops]
+    # an op's other alternatives are rows too (after every op's own: the ops' features keep their numbers)
+    op_alts = [tuple(cost_id.setdefault(c, len(cost_id)) for _, c in op.alts[1:]) for op in graph.ops]
     costs = list(cost_id)
     feats: dict = {}
     for cost in costs:
@@ -86,13 +94,22 @@ def lower(graph: Graph, class_key=None) -> CostProgram:
     op_class = np.empty(n_ops, dtype=np.int64)
     first: list[int] = []  # a distinct cost of each class
     for i in range(n_ops):
-        key = (cost_row[op_cost[i]], class_key(i) if class_key else "")
+        # an op with alternatives shares its class only with ops of the same alternatives
+        key = (cost_row[op_cost[i]], tuple(cost_row[a] for a in op_alts[i]), class_key(i) if class_key else "")
         k = keys.get(key)
         if k is None:
             k = keys[key] = len(keys)
             first.append(op_cost[i])
         op_class[i] = k
-    n_classes = len(keys)
+    alts: list[tuple[int, int, int]] = []  # (alternative's class, its op's class, index in Op.alts)
+    done: set = set()
+    for i in range(n_ops):
+        if op_alts[i] and op_class[i] not in done:
+            done.add(op_class[i])
+            for j, a in enumerate(op_alts[i]):
+                alts.append((len(first), int(op_class[i]), j + 1))
+                first.append(a)
+    n_classes = len(first)
     coef = np.zeros((nf, n_classes, nk))
     if n_classes:
         coef[:] = rows[first].transpose(1, 0, 2)
@@ -103,9 +120,11 @@ def lower(graph: Graph, class_key=None) -> CostProgram:
         pairs[key] = pairs.get(key, 0) + 1
     seg_pairs = np.array([(c, s, n) for (c, s), n in sorted(pairs.items())], dtype=np.int64).reshape(-1, 3)
     stage_index = {s: j for j, s in enumerate(graph.stages)}
+    alt = np.array(alts, dtype=np.int64).reshape(-1, 3)
     return CostProgram(graph, tuple(feats) or (), coef, op_class, n_classes, int(segments.max()) + 1 if n_ops else 0,
                        seg_pairs, seg_preds, segments, preds,
-                       np.array([stage_index[o.stage] for o in graph.ops], dtype=np.int64), tuple(graph.stages))
+                       np.array([stage_index[o.stage] for o in graph.ops], dtype=np.int64), tuple(graph.stages),
+                       alt[:, 0].copy(), alt[:, 1].copy(), alt[:, 2].copy())
 
 
 def _preds(graph: Graph) -> tuple:

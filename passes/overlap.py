@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import attrs
 
-from graphsim.ir import Cost, Edge, Graph, Op, replace_op
+from graphsim.ir import Cost, Edge, Graph, Op, map_cost, replace_op
 
 from .pipeline import NO_CONTEXT, PassContext
 
@@ -50,11 +50,12 @@ def two_batch_overlap(graph: Graph, ctx: PassContext = NO_CONTEXT) -> Graph:
     order = [(i, h) for unit in _units(graph.ops) for h in HALVES for i in unit]
     half: dict[Cost, Cost] = {}  # each distinct cost halved once (repeated layers repeat their costs)
     for op in graph.ops:
-        if op.cost not in half:
-            half[op.cost] = scale_batch(op.cost, 0.5)
+        for c in (op.cost, *(c for _, c in op.alts)):
+            if c not in half:
+                half[c] = scale_batch(c, 0.5)
     src = graph.ops
-    ops = tuple(replace_op(op, name=f"{op.name}.{h}", cost=half[op.cost], params=op.params + (("half", h),),
-                           origin=op.origin or op.name)
+    ops = tuple(map_cost(op, half.__getitem__, name=f"{op.name}.{h}", params=op.params + (("half", h),),
+                         origin=op.origin or op.name)
                 for op, h in ((src[i], h) for i, h in order))
     edges = tuple(Edge(f"{e.src}.{h}", f"{e.dst}.{h}", e.kind) for h in HALVES for e in graph.edges)
     return graph.evolve(ops=ops, edges=edges)

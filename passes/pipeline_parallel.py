@@ -32,7 +32,7 @@ import attrs
 import numpy as np
 
 from graphsim.errors import GraphsimError, require
-from graphsim.ir import Cost, Edge, Feature, Graph, Op, OpInfo
+from graphsim.ir import Cost, Edge, Feature, Graph, Op, OpInfo, map_cost
 
 from .overlap import scale_batch
 from .pipeline import PassContext
@@ -127,7 +127,7 @@ def pipeline_parallel(graph: Graph, ctx: PassContext) -> Graph:
     meta = attrs.evolve(graph.meta, pp_stages=sizes, pp_micro_batches=m)
     if chunked(plan, m):
         return _grid(graph, stage, sends, m).evolve(meta=attrs.evolve(meta, pp_split="causal-chunks"))
-    scaled = graph.evolve(ops=tuple(attrs.evolve(op, cost=scale_batch(op.cost, 1.0 / m)) for op in graph.ops))
+    scaled = graph.evolve(ops=tuple(map_cost(op, lambda c: scale_batch(c, 1.0 / m)) for op in graph.ops))
     sends = [attrs.evolve(s, cost=scale_batch(s.cost, 1.0 / m)) for s in sends]
     chain = _assemble(scaled, stage, sends, None, m)
     meta = attrs.evolve(meta, pp_split="requests")
@@ -233,9 +233,9 @@ def _grid(graph: Graph, stage: np.ndarray, sends: list[Op], m: int) -> Graph:
         incoming = ""
         for s in range(pp):
             names = {i: graph.ops[i].name + suffix for i in members[s]}
-            ops += [attrs.evolve(graph.ops[i], name=names[i], cost=chunk_batch(graph.ops[i].cost, j, m), device=s,
-                                 params=graph.ops[i].params + ((("micro_batch", j),) if j else ()),
-                                 origin=(graph.ops[i].origin or graph.ops[i].name) if j else graph.ops[i].origin)
+            ops += [map_cost(graph.ops[i], lambda c: chunk_batch(c, j, m), name=names[i], device=s,
+                             params=graph.ops[i].params + ((("micro_batch", j),) if j else ()),
+                             origin=(graph.ops[i].origin or graph.ops[i].name) if j else graph.ops[i].origin)
                     for i in members[s]]
             edges += [Edge(names[idx[e.src]], names[idx[e.dst]], e.kind) for e in inner if stage[idx[e.src]] == s]
             if incoming:

@@ -35,19 +35,43 @@ TP_REPLICATED_KINDS = ("indexer",)
 #: Cache roles context parallelism all-gathers (SWA needs only a W-position halo: neglected).
 CP_GATHERED_ROLES = ("kv_cache", "index_cache")
 
-#: Algorithms per collective. ``hierarchical`` all-to-all sends a routed token once per remote NVLink domain
-#: and forwards it inside the domain over NVLink (DeepEP normal kernels); ``direct`` sends every
-#: (token, expert) pair to its rank.
+#: Algorithms per collective. Inside one NVLink domain (a full-bandwidth switch): ``ring`` and ``tree`` are
+#: NCCL's; ``one_shot`` sends (or reads) every peer's whole buffer in one step and reduces locally (TensorRT-LLM /
+#: vLLM custom all-reduce; for all-gather / reduce-scatter: each shard straight to its peer); ``two_shot`` is a
+#: direct reduce-scatter then a direct all-gather; ``nvls`` reduces in the NVLink switch (NVLink SHARP: multimem
+#: loads reduce there, multimem stores are replicated there). ``hierarchical`` all-to-all sends a routed token
+#: once per remote NVLink domain and forwards it inside the domain over NVLink (DeepEP normal kernels);
+#: ``direct`` sends every (token, expert) pair to its rank.
 ALGORITHMS = {
-    "all_reduce": ("ring", "tree"),
-    "all_gather": ("ring", "tree"),
-    "reduce_scatter": ("ring", "tree"),
+    "all_reduce": ("ring", "tree", "one_shot", "two_shot", "nvls"),
+    "all_gather": ("ring", "tree", "one_shot", "nvls"),
+    "reduce_scatter": ("ring", "tree", "one_shot", "nvls"),
     "all_to_all": ("direct", "hierarchical"),
     "p2p": ("direct",),
 }
-#: What ``auto`` means: bandwidth-optimal rings, deduplicated all-to-all.
+#: NCCL's protocols: wire bytes per data byte (LL: a flag per 8 B word, 16 B on the wire; LL128: 8 B of flag
+#: per 128 B line; Simple: data only, one synchronization per chunk) and the latency component of one NVLink
+#: step (``HardwareSpec.nvlink_ll_latency_s`` / ``nvlink_latency_s`` / ``nvlink_simple_latency_s``).
+PROTOCOLS = {"ll": (2.0, "hops_nvlink_ll"), "ll128": (128 / 120, "hops_nvlink"), "simple": (1.0, "hops_nvlink_simple")}
+PROTOCOL_LABEL = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
+#: In-switch reduction moves plain loads and stores (no flags in the data): Simple only.
+SIMPLE_ONLY = ("nvls",)
+#: What ``link_cost(..., "auto")`` prices (the bandwidth view :mod:`.layout` compares layouts by): rings,
+#: deduplicated all-to-all.
 DEFAULT_ALGORITHM = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter": "ring",
                      "all_to_all": "hierarchical", "p2p": "direct"}
+
+
+def _allowed(collective: str) -> tuple:
+    algos = ALGORITHMS[collective]
+    return (*algos, *(f"{a}/{p}" for a in algos for p in PROTOCOLS if a not in SIMPLE_ONLY or p == "simple"))
+
+
+def check_algorithm(collective: str, algo: str, field: str) -> None:
+    """``auto``, an algorithm (at its fastest protocol) or ``algorithm/protocol``; else a one-line error."""
+    require(algo == "auto" or algo in _allowed(collective), field,
+            f"unknown algorithm {algo!r} for {collective}; allowed: auto, {', '.join(ALGORITHMS[collective])}, "
+            f"each optionally /{'|/'.join(PROTOCOLS)} (e.g. ring/ll128)")
 
 
 def check_algorithms(value) -> tuple:
@@ -60,8 +84,7 @@ def check_algorithms(value) -> tuple:
         raise GraphsimError("policies.algorithms", f"must map collective -> algorithm, got {value!r}") from None
     for coll, algo in pairs:
         require(coll in ALGORITHMS, "policies.algorithms", f"unknown collective {coll!r}; known: {sorted(ALGORITHMS)}")
-        require(algo in ALGORITHMS[coll], f"policies.algorithms.{coll}",
-                f"unknown algorithm {algo!r}; allowed: {ALGORITHMS[coll]}")
+        check_algorithm(coll, algo, f"policies.algorithms.{coll}")
     return pairs
 
 
@@ -138,60 +161,133 @@ def members_in_domain(n: int, stride: int, domain: int) -> int:
     return min(n, math.ceil(domain / stride))
 
 
+def _lg(x: float) -> int:
+    return math.ceil(math.log2(x)) if x > 1 else 0
+
+
+def _shape(collective: str, algo: str, n: int, g: int, top_k: int, nvls: float):
+    """(NVLink bytes, scale-out bytes) per payload byte and (NVLink, scale-out) steps of one algorithm over n
+    ranks, g of them in rank 0's NVLink domain; None where the topology does not run it. See :func:`link_cost`
+    for the formulas; ``nvls``: NVLink bytes per in-switch byte (nvlink_bw / nvls_bw; 0: no in-switch reduction)."""
+    N = n / g
+    crossing = g < n
+    if collective in ("all_reduce", "all_gather", "reduce_scatter"):
+        twice = 2 if collective == "all_reduce" else 1  # an all-reduce is a reduce-scatter + an all-gather
+        if crossing:  # hierarchical: NVLink inside each domain, 1/g of the data over each rank's NIC
+            if algo == "ring":
+                return twice * (g - 1) / g, twice * (N - 1) / N / g, twice * (g - 1), twice * (N - 1)
+            if algo == "tree":
+                return twice * (g - 1) / g, twice / g, twice * _lg(g), twice * _lg(N)
+            return None
+        if algo == "ring":
+            return twice * (n - 1) / n, 0.0, twice * (n - 1), 0
+        if algo == "tree":
+            return float(twice), 0.0, twice * _lg(n), 0
+        if algo == "one_shot":  # all-reduce: every peer's whole buffer; AG / RS: each shard once, straight
+            return ((n - 1.0) if twice == 2 else (n - 1) / n), 0.0, 1, 0
+        if algo == "two_shot":
+            return (2 * (n - 1) / n, 0.0, 2, 0) if twice == 2 else None
+        if algo == "nvls" and nvls:
+            # all-reduce: each rank sends the (n-1)/n of its buffer the others reduce and its reduced 1/n to be
+            # replicated, and receives the same: S each way in two steps (ld_reduce, st); AG / RS: the (n-1)/n
+            # it receives (sends) — the switch replicates (reduces) the rest
+            return (nvls if twice == 2 else nvls * (n - 1) / n), 0.0, twice, 0
+        return None
+    if collective == "all_to_all":
+        if algo == "hierarchical" and top_k:
+            if crossing:  # once per remote domain over the NIC, then forwarded inside it over NVLink
+                return (g - 1) / g, (N - 1) * (1 - (1 - 1 / N) ** top_k) / top_k, 1, 1
+            return (n - 1) * (1 - (1 - 1 / n) ** top_k) / top_k, 0.0, 1, 0  # once to each distinct remote rank
+        if algo == "hierarchical":
+            return None  # without routing, the same as direct
+        return ((g - 1) / n, (n - g) / n, *((0, 1) if crossing else (1, 0)))
+    return (0.0, 1.0, 0, 1) if crossing else (1.0, 0.0, 1, 0)  # p2p between two ranks
+
+
+def _priced(payload: Cost, shape, wire: float, hop: str) -> Cost:
+    nv, so, h_nv, h_so = shape
+    bytes_ = payload.component("bytes_act")
+    terms = [("bytes_nvlink", f, v * nv * wire) for f, v in bytes_ if nv]
+    terms += [("bytes_scaleout", f, v * so * wire) for f, v in bytes_ if so]
+    terms += [(k, ONE, h) for k, h in ((hop, h_nv), ("hops_scaleout", h_so)) if h]
+    return Cost(tuple(terms))
+
+
 def link_cost(collective: str, n: int, in_domain: int, payload: Cost, algorithm: str = "auto",
               top_k: int = 0) -> tuple[Cost, str]:
-    """Link bytes and hops of one collective per rank. ``payload`` is the per-rank size S (``bytes_act``
-    terms): all-reduce input, all-gather/reduce-scatter full output, all-to-all send buffer, p2p message.
+    """Link bytes and hops of one collective per rank at one algorithm (``auto``: the bandwidth-optimal
+    :data:`DEFAULT_ALGORITHM`), data at full wire efficiency and steps at the LL128 latency — the bandwidth
+    view that :mod:`.layout` compares layouts by and pipeline sends use. What a collective op costs is the
+    fastest of :func:`link_alternatives`. ``payload`` is the per-rank size S (``bytes_act`` terms): all-reduce
+    input, all-gather/reduce-scatter full output, all-to-all send buffer, p2p message.
 
-    With all n ranks in one NVLink domain (g = ``in_domain`` ≥ n) the textbook per-rank volumes apply:
-    ring all-reduce 2(n-1)/n·S in 2(n-1) steps, tree 2S in 2⌈log2 n⌉; ring all-gather / reduce-scatter
-    (n-1)/n·S in n-1 steps, tree S in ⌈log2 n⌉; all-to-all (n-1)/n·S in one step; p2p S.
+    With all n ranks in one NVLink domain (g = ``in_domain`` ≥ n) the per-rank volumes and steps are:
+    all-reduce ring 2(n-1)/n·S in 2(n-1) steps, tree 2S in 2⌈log2 n⌉, one-shot (n-1)·S in 1, two-shot
+    2(n-1)/n·S in 2, in-switch (NVLS) S in 2; all-gather / reduce-scatter ring (n-1)/n·S in n-1 steps, tree S in
+    ⌈log2 n⌉, one-shot and NVLS (n-1)/n·S in 1; all-to-all (n-1)/n·S in one step; p2p S.
     Across N = n/g domains, rings and trees are hierarchical — the intra-domain phase over NVLink, the
     inter-domain phase on 1/g of the data over each rank's own NIC (g NICs per domain share it):
     all-reduce ring: NVLink 2(g-1)/g·S, scale-out 2(N-1)/N·S/g; all-gather ring: (g-1)/g·S and
     (N-1)/N·S/g; trees: 2(g-1)/g·S (or (g-1)/g·S) and 2S/g (or S/g), with log2 step counts.
     All-to-all direct: (g-1)/n·S over NVLink and (n-g)/n·S over the NIC, in parallel; hierarchical (needs
     ``top_k``): each token crosses once per remote domain it is routed to, (N-1)·(1-(1-1/N)^k)·S/k over
-    the NIC, and is forwarded inside the domain, (g-1)/g·S over NVLink; inside one domain it is sent once
-    to each distinct remote rank holding one of its k experts, (n-1)·(1-(1-1/n)^k)·S/k (DeepEP's
+    the NIC, and is forwarded inside the domain, (g-1)/g·S over NVLink (one step each); inside one domain it
+    is sent once to each distinct remote rank holding one of its k experts, (n-1)·(1-(1-1/n)^k)·S/k (DeepEP's
     per-rank deduplication; the combine returns one locally reduced row per token and rank).
     """
     algo = DEFAULT_ALGORITHM[collective] if algorithm == "auto" else algorithm
-    require(algo in ALGORITHMS[collective], f"collective[{collective}].algorithm",
-            f"unknown algorithm {algo!r}; allowed: {ALGORITHMS[collective]}")
+    require(algo in ALGORITHMS[collective] and algo not in SIMPLE_ONLY, f"collective[{collective}].algorithm",
+            f"unknown algorithm {algo!r}; allowed: {[a for a in ALGORITHMS[collective] if a not in SIMPLE_ONLY]}")
     g = min(in_domain, n)
-    N = n / g
-    crossing = g < n
+    shape = _shape(collective, algo, n, g, top_k, 0.0)
+    if shape is None:  # (one-shot / two-shot across domains, hierarchical without routing): direct / ring
+        algo = "direct" if collective == "all_to_all" else "ring"
+        shape = _shape(collective, algo, n, g, top_k, 0.0)
+    where = f"{g} of {n} in one NVLink domain" if g < n else "one NVLink domain"
+    return _priced(payload, shape, 1.0, "hops_nvlink"), f"{collective}/{algo} over {n} ranks ({where})"
 
-    def lg(x: float) -> int:
-        return math.ceil(math.log2(x)) if x > 1 else 0
 
-    if collective in ("all_reduce", "all_gather", "reduce_scatter"):
-        twice = 2 if collective == "all_reduce" else 1  # an all-reduce is a reduce-scatter + an all-gather
-        if not crossing:
-            nv, h_nv = ((twice * (n - 1) / n, twice * (n - 1)) if algo == "ring" else (float(twice), twice * lg(n)))
-            so, h_so = 0.0, 0
-        elif algo == "ring":
-            nv, so, h_nv, h_so = twice * (g - 1) / g, twice * (N - 1) / N / g, twice * (g - 1), twice * (N - 1)
-        else:
-            nv, so, h_nv, h_so = twice * (g - 1) / g, twice / g, twice * lg(g), twice * lg(N)
-    elif collective == "all_to_all":
-        if algo == "hierarchical" and crossing and top_k:
-            nv, so = (g - 1) / g, (N - 1) * (1 - (1 - 1 / N) ** top_k) / top_k
-        elif algo == "hierarchical" and top_k:  # one domain: a token goes once to each distinct remote rank
-            nv, so = (n - 1) * (1 - (1 - 1 / n) ** top_k) / top_k, 0.0
-        else:
-            nv, so = (g - 1) / n, (n - g) / n
-            algo = "direct"
-        h_nv, h_so = (0, 1) if crossing else (1, 0)
-    else:  # p2p between two ranks
-        nv, so, h_nv, h_so = (0.0, 1.0, 0, 1) if crossing else (1.0, 0.0, 1, 0)
-    bytes_ = payload.component("bytes_act")
-    terms = [("bytes_nvlink", f, v * nv) for f, v in bytes_ if nv]
-    terms += [("bytes_scaleout", f, v * so) for f, v in bytes_ if so]
-    terms += [(k, ONE, h) for k, h in (("hops_nvlink", h_nv), ("hops_scaleout", h_so)) if h]
-    where = f"{g} of {n} in one NVLink domain" if crossing else "one NVLink domain"
-    return Cost(tuple(terms)), f"{collective}/{algo} over {n} ranks ({where})"
+def link_alternatives(collective: str, n: int, in_domain: int, payload: Cost, algorithm: str = "auto",
+                      top_k: int = 0, nvls: float = 0.0) -> tuple[tuple[str, Cost], ...]:
+    """``(label, Cost)`` for every algorithm x protocol the topology runs (``algorithm``: ``auto``, one algorithm
+    at each protocol, or ``algorithm/protocol``), labelled ``ring/LL128``; the op takes the fastest at each
+    evaluated point. Per algorithm, :func:`link_cost`'s volumes and steps (one-shot / two-shot / NVLS inside one
+    NVLink domain only; NVLS where the switch reduces, ``nvls`` > 0, at Simple); per protocol, the volumes times
+    its wire bytes per data byte and each NVLink step at its latency. Alternatives no better than another in
+    every term (ring vs two-shot inside a switch: same bytes, more steps) are dropped."""
+    g = min(in_domain, n)
+    algo, _, proto = algorithm.partition("/")
+    # a forced algorithm the topology does not run (one-shot across domains): the default one, then the plain one
+    tries = (ALGORITHMS[collective],) if algo == "auto" else \
+        ((algo,), (DEFAULT_ALGORITHM[collective],), ("direct" if collective == "all_to_all" else "ring",))
+    out: list[tuple[str, Cost]] = []
+    for algos in tries:
+        for a in algos:
+            shape = _shape(collective, a, n, g, top_k, nvls)
+            if shape is None:
+                continue
+            for p, (wire, hop) in PROTOCOLS.items():
+                if (proto and p != proto) or (a in SIMPLE_ONLY and p != "simple"):
+                    continue
+                out.append((f"{a}/{PROTOCOL_LABEL[p]}", _priced(payload, shape, wire, hop)))
+        if out:
+            break
+    return _undominated(out)
+
+
+def _undominated(alts: list) -> tuple:
+    """Drop alternatives that no point can prefer: another is at most as costly in every term (the first of
+    equals stays)."""
+    terms = [{(c, f): v for c, f, v in cost.terms} for _, cost in alts]
+
+    def covers(a: dict, b: dict) -> bool:  # a <= b in every term
+        return all(b.get(k, 0.0) >= v for k, v in a.items())
+
+    keep = []
+    for i, t in enumerate(terms):
+        if not any(covers(terms[j], t) and (j < i or not covers(t, terms[j])) for j in range(len(terms)) if j != i):
+            keep.append(alts[i])
+    return tuple(keep)
 
 
 def _payload_divisor(group: str, m: ParallelMapping, top_k: int) -> float:
@@ -253,6 +349,8 @@ def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *,
     the link rates that pick a MoE block's token layout."""
     check_mapping(graph, mapping)
     algos = dict(getattr(policies, "algorithms", ()) or ())
+    # NVLink bytes per in-switch byte where the switch reduces (NVLS), else 0 (unknown hardware: none)
+    nvls = hw.nvlink_bw / hw.nvls_bw if hw is not None and hw.nvls_bw > 0 else 0.0
     imb = float(getattr(policies, "ep_imbalance", 1.0))
     layout = layout_of(graph, mapping, nvlink_domain, policies, hw)
     tensors = graph.tensor_map
@@ -295,31 +393,32 @@ def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *,
             if n <= 1:
                 continue
             algo = algos.get(spec.collective, spec.algorithm)
-            require(algo == "auto" or algo in ALGORITHMS[spec.collective], f"op[{op.name}].comm",
-                    f"{spec.collective} has no algorithm {algo!r}; allowed: {ALGORITHMS[spec.collective]}")
+            check_algorithm(spec.collective, algo, f"op[{op.name}].comm")
             lkey = (spec.collective, spec.payload, group, algo, hot, top_k)
             if lkey not in linked:
                 payload = _imbalanced(spec.payload, hot) * (1.0 / _payload_divisor(group, mapping, top_k))
                 in_domain = members_in_domain(n, group_stride(group, mapping), nvlink_domain)
-                cost_c, how = link_cost(spec.collective, n, in_domain, payload, algo, top_k)
-                linked[lkey] = cost_c, how, _link_factor(cost_c, payload)
-            cost_c, how, factor = linked[lkey]
+                options = link_alternatives(spec.collective, n, in_domain, payload, algo, top_k, nvls)
+                linked[lkey] = options, _label(spec.collective, n, in_domain, options), \
+                    _link_factor(options[0][1], payload)
+            options, how, factor = linked[lkey]
+            cost_c, alts = options[0][1], (options if len(options) > 1 else ())
             info = OpInfo(collective=spec.collective, ranks=n, link_factor=factor)
             if spec.phase:  # an MoE token exchange: its rows' shape, for measured dispatch / combine tables
                 info = attrs.evolve(info, role=spec.phase, payload_format=spec.payload_format, hidden=op.info.hidden,
                                     top_k=op.info.top_k, experts=op.info.experts)
             name = f"{op.name}.{spec.collective}" + (f".{i}" if len(needs) > 1 else "")
             if op.kind == "collective" and len(needs) == 1:
-                base = replace_op(base, cost=cost_c, formula=how, info=attrs.evolve(base.info, **{
+                base = replace_op(base, cost=cost_c, alts=alts, formula=how, info=attrs.evolve(base.info, **{
                     k: getattr(info, k) for k in ("collective", "ranks", "link_factor", "role", "payload_format")}))
                 continue
             cop = Op(name, "collective", op.stage, cost_c, op.layer, "comm", op.token_set, "",
-                     frozenset(), (), (), (), (("group", group), ("note", spec.note)), how, info=info)
+                     frozenset(), (), (), (), (("group", group), ("note", spec.note)), how, info=info, alts=alts)
             if spec.merge:
                 key = (op.layer, spec.merge, spec.collective, n, group_stride(group, mapping))
                 if key in merged:  # the earlier one's data rides in this one: it costs nothing
                     j = merged[key]
-                    ops[j] = replace_op(ops[j], cost=Cost(), formula=f"merged into {name}")
+                    ops[j] = replace_op(ops[j], cost=Cost(), alts=(), formula=f"merged into {name}")
                 merged[key] = len(ops) + len(before) + 1 + len(after) if spec.where == "after" else len(ops) + len(before)
             (before if spec.where == "before" else after).append(cop)
         if op.kind == "collective" and not base.cost.terms and op.comm:
@@ -336,6 +435,16 @@ def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *,
         ops.extend(after)
     meta = attrs.evolve(graph.meta, mapping=str(mapping), moe_layout=tuple(sorted(set(layout.moe.values()))))
     return graph.evolve(ops=tuple(ops), edges=(*_rewired(graph.edges, heads, tails), *chains), meta=meta)
+
+
+def _label(collective: str, n: int, in_domain: int, options: tuple) -> str:
+    """``all_reduce over 4 ranks (one NVLink domain): fastest of one_shot/LL, ...`` (the op's formula; reports
+    name the one that ran at the evaluated point)."""
+    g = min(in_domain, n)
+    where = f"{g} of {n} in one NVLink domain" if g < n else "one NVLink domain"
+    if len(options) == 1:
+        return f"{collective}/{options[0][0]} over {n} ranks ({where})"
+    return f"{collective} over {n} ranks ({where}): fastest of {', '.join(label for label, _ in options)}"
 
 
 def _link_factor(cost: Cost, payload: Cost) -> float:

@@ -16,8 +16,16 @@ H3, K3 = 7168, 8  # DeepSeek-V3 hidden, top-k (V41_FACTS §13)
 H41, K41, N41 = 5120, 6, 4  # DeepSeek-V4.1 hidden, top-k, mHC streams (V41_FACTS §1)
 
 
+#: The table counts the data each collective moves: rings and (deduplicated) all-to-alls at the Simple protocol
+#: (every wire byte is data). Without this the op runs at its fastest algorithm x protocol at the point, and an
+#: LL protocol's flags double its wire bytes (tests/test_algorithms.py holds that choice).
+DATA_MOVED = {"all_reduce": "ring/simple", "all_gather": "ring/simple", "reduce_scatter": "ring/simple",
+              "all_to_all": "hierarchical/simple"}
+
+
 def _layer(model, mapping, request="decode:4096x64", layer=5, hw="gb200", **pol):
     """Per collective of one layer: (collective, NVLink bytes per token of the batch) and the compiled plan."""
+    pol.setdefault("algorithms", DATA_MOVED)
     c = gs.compile_plan(model, gs.Plan([request], mapping, gs.Policies(**pol)), hw)
     s = c.schedule()
     T = sum(r.count * r.new_tokens for r in c.plan.requests)

@@ -17,6 +17,10 @@ from graphsim.passes.sharding import QUERY_FEATURES, apply_mapping, layout_of, l
 
 S = 1000.0  # payload bytes per rank
 PAY = Cost.of(ONE, bytes_act=S)
+#: Tests of the data a collective moves force the bandwidth-view algorithms at Simple (every wire byte is data);
+#: by default an op runs at its fastest algorithm x protocol (tests/test_algorithms.py)
+DATA = gs.Policies(algorithms={"all_reduce": "ring/simple", "all_gather": "ring/simple",
+                               "reduce_scatter": "ring/simple", "all_to_all": "hierarchical/simple"})
 
 
 def comps(cost: Cost) -> dict:
@@ -75,16 +79,25 @@ def test_members_in_domain():
 
 
 def test_collective_time_by_hand(gb200):
-    # a TP8 all-reduce of 64 tokens x 7168 bf16 on GB200: 2·7/8·S / 900 GB/s + 14 NVLink steps x 1.9 us
+    # a TP8 all-reduce of 64 tokens x 7168 bf16 on GB200. It used to be priced as a ring at LL128 only
+    # (2·7/8·S / 900 GB/s + 14 steps x 1.9 us = 28.4 us); it now runs at its fastest algorithm x protocol:
+    # two-shot (direct reduce-scatter + all-gather) at LL, 2·7/8·S x 2 wire bytes per data byte / 900 GB/s +
+    # 2 steps x 0.6 us = 4.77 us (one-shot LL128: 7·S·128/120 / 900 GB/s + 1.9 us = 9.5 us; no NVLS without hw)
     b = GraphBuilder("ar")
     b.token_set("all")
     with b.stage("s"):
         b.collective("ar", "all_reduce", "tp", Cost.of(Feature("tokens", "all"), bytes_act=7168 * 2.0))
     g = apply_mapping(b.build(), gs.ParallelMapping(tp=8), gb200.nvlink_domain)
     wl = gs.Workload(("decode",), [[64]], [[1]], [[100]])
-    t = evaluate_reference(lower(g), wl, unit_time(gb200.rates())).forward[0]
+    s = evaluate_reference(lower(g), wl, unit_time(gb200.rates()))
     S_ = 64 * 7168 * 2.0
-    assert t == pytest.approx(2 * 7 / 8 * S_ / 900e9 + 14 * 1.9e-6, rel=1e-12)
+    assert s.forward[0] == pytest.approx(2 * 7 / 8 * S_ * 2 / 900e9 + 2 * 0.6e-6, rel=1e-12)
+    assert s.algorithm(0) == "two_shot/LL"
+    # forced back to the old ring, at LL128: the old number
+    g = apply_mapping(b.build(), gs.ParallelMapping(tp=8), gb200.nvlink_domain,
+                      policies=gs.Policies(algorithms={"all_reduce": "ring/ll128"}))
+    t = evaluate_reference(lower(g), wl, unit_time(gb200.rates())).forward[0]
+    assert t == pytest.approx(2 * 7 / 8 * S_ * 128 / 120 / 900e9 + 14 * 1.9e-6, rel=1e-12)
 
 
 def test_algorithm_choice_on_the_plan(gb200):
@@ -92,8 +105,14 @@ def test_algorithm_choice_on_the_plan(gb200):
     ring = gs.compile_plan("deepseek-v3", plan({}), gb200)
     tree = gs.compile_plan("deepseek-v3", plan({"all_reduce": "tree"}), gb200)
     name = "layers.3.wo.all_reduce"
-    assert comps(ring.graph.op(name).cost)["hops_nvlink"] == 14 and comps(tree.graph.op(name).cost)["hops_nvlink"] == 6
-    assert "all_reduce/tree" in tree.graph.op(name).formula
+    # auto: the fastest of every algorithm x protocol; a forced algorithm runs at its fastest protocol
+    # (its steps on that protocol's latency), algorithm/protocol forces both
+    assert {label.split("/")[0] for label, _ in ring.graph.op(name).alts} == {"one_shot", "two_shot", "nvls"}
+    assert [comps(c)["hops_nvlink_ll"] for label, c in tree.graph.op(name).alts if label == "tree/LL"] == [6]
+    assert [label for label, _ in tree.graph.op(name).alts] == ["tree/LL", "tree/LL128", "tree/Simple"]
+    assert "tree/LL" in tree.graph.op(name).formula
+    one = gs.compile_plan("deepseek-v3", plan({"all_reduce": "ring/ll128"}), gb200).graph.op(name)
+    assert one.alts == () and comps(one.cost)["hops_nvlink"] == 14 and "all_reduce/ring/LL128" in one.formula
     with pytest.raises(gs.GraphsimError, match="policies.algorithms.all_to_all"):
         gs.Policies(algorithms={"all_to_all": "ring"})
 
@@ -176,8 +195,8 @@ def _a2a(graph, layer=3):
 
 def test_ep_dispatch_bytes_scale_with_topk_and_precision():
     m = gs.ParallelMapping(dp=8, ep=8)
-    g8 = apply_mapping(_v3().build(("decode",)), m, 72)
-    g4 = apply_mapping(_v3(num_experts_per_tok=4).build(("decode",)), m, 72)
+    g8 = apply_mapping(_v3().build(("decode",)), m, 72, policies=DATA)
+    g4 = apply_mapping(_v3(num_experts_per_tok=4).build(("decode",)), m, 72, policies=DATA)
     d8, c8 = _a2a(g8)
     d4, c4 = _a2a(g4)
     # per token per rank (1/world of the tokens): sent once to each distinct remote rank among its k experts'
@@ -186,7 +205,7 @@ def test_ep_dispatch_bytes_scale_with_topk_and_precision():
     assert coef(g8) == pytest.approx(7 * (1 - (7 / 8) ** 8) * 7168 * 1.0 / 8)  # FP8 dispatch
     assert c8 == pytest.approx(2 * d8)  # BF16 combine
     assert d8 / d4 == pytest.approx((1 - (7 / 8) ** 8) / (1 - (7 / 8) ** 4))  # top-8 vs top-4 distinct ranks
-    direct = apply_mapping(_v3().build(("decode",)), m, 72, policies=gs.Policies(algorithms={"all_to_all": "direct"}))
+    direct = apply_mapping(_v3().build(("decode",)), m, 72, policies=gs.Policies(algorithms={"all_to_all": "direct/simple"}))
     assert _a2a(direct)[0] == pytest.approx(8 * 7168 * 1.0 / 8 * 7 / 8)  # every (token, expert) pair: k(n-1)/n
 
 
@@ -258,8 +277,8 @@ def test_cp_is_prefill_only_and_vision_rejects_pp_cp(gb200):
 
 def test_context_parallel_prefill(gb200):
     # cp=2 halves query work, keeps per-request KV reads whole and all-gathers each layer's new latent KV
-    one = gs.compile_plan("deepseek-v3", gs.Plan(["prefill:32768"], gs.ParallelMapping(tp=8)), gb200)
-    two = gs.compile_plan("deepseek-v3", gs.Plan(["prefill:32768"], gs.ParallelMapping(tp=8, cp=2)), gb200)
+    one = gs.compile_plan("deepseek-v3", gs.Plan(["prefill:32768"], gs.ParallelMapping(tp=8), DATA), gb200)
+    two = gs.compile_plan("deepseek-v3", gs.Plan(["prefill:32768"], gs.ParallelMapping(tp=8, cp=2), DATA), gb200)
     a, b = one.schedule(), two.schedule()
     k = COMPONENTS.index
     att = lambda c, s: s.components[0, c.graph.op_index["layers.5.attn_prefill"]]
@@ -374,7 +393,8 @@ def test_expert_tp_reduce_payload(ep, share):
     # TP8 over the MoE: without EP every rank holds a slice of every expert for all T tokens, so its
     # all-reduce carries as much as the attention output's; with EP4 (expert-TP 2) only the tokens routed
     # to the rank's experts, T·(1-(1-1/ep)^k)
-    g = apply_mapping(gs.load_model("deepseek-v3").build(("decode",)), gs.ParallelMapping(tp=8, ep=ep), 72)
+    g = apply_mapping(gs.load_model("deepseek-v3").build(("decode",)), gs.ParallelMapping(tp=8, ep=ep), 72,
+                      policies=DATA)
     wo = comps(g.op("layers.3.wo.all_reduce").cost)["bytes_nvlink"]
     moe = g.op("layers.3.moe.experts.all_reduce.2")  # the op's third CommSpec (after dispatch, combine)
     assert dict(moe.params)["group"] == "moe_tp"
