@@ -293,6 +293,15 @@ def reference_outputs(program: CostProgram, workload: Workload, ut, overhead=0.0
         res["classes"] = class_durations(program, dur, s.alternatives or {})
     if "workspace" in outputs:
         act = s.components[:, :, COMPONENT_INDEX["bytes_act"]]
+        alt = [i for i, op in enumerate(program.graph.ops) if op.alts]
+        if alt:  # an op's workspace is its own cost's (what memory reads), whichever alternative ran
+            g = program.graph
+            feats = feature_matrix(program.features, g.token_set_map, workload.kinds, workload.arrays(), np)
+            fidx = {f: j for j, f in enumerate(program.features)}
+            act = act.copy()
+            for i in alt:
+                act[:, i] = sum((v * feats[:, fidx[f]] for c, f, v in g.ops[i].cost.terms if c == "bytes_act"),
+                                np.zeros(workload.points))
         res["workspace"] = act.max(axis=1) if act.shape[1] else np.zeros(workload.points)
     if "components" in outputs:
         res["components"] = s.components.sum(axis=1)

@@ -270,7 +270,8 @@ def layout(program: CostProgram, kinds: tuple) -> Layout:
     for a, p in zip(program.alt_class.tolist(), program.alt_primary.tolist()):
         by_primary.setdefault(int(kernel_class[p]), []).append(int(kernel_class[a]))
     act = coef[:, :, COMPONENT_INDEX["bytes_act"]].copy()
-    act[:, [a for al in by_primary.values() for a in al]] = 0.0  # an alternative is no op's workspace
+    # an op's workspace is its own cost's (what memory reads), whichever alternative runs
+    act[:, [a for al in by_primary.values() for a in al]] = 0.0
     lay = Layout(nf, C, tuple(groups), kind_counts, level_kind, level_preds, level_save, n_side, R, W, stage_counts,
                  kind_of_op_counts, act, np.einsum("fck,c->fk", coef, per_class), order,
                  tuple(blocks), coef, tuple((p, tuple(a)) for p, a in sorted(by_primary.items())))

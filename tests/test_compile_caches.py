@@ -169,18 +169,32 @@ def _lower_row_by_row(graph: Graph):
     from graphsim.ir import COMPONENT_INDEX, COMPONENTS
 
     feats: dict = {}
-    for op in graph.ops:
-        for f in op.cost.features():
+    for cost in [op.cost for op in graph.ops] + [c for op in graph.ops for _, c in op.alts[1:]]:
+        for f in cost.features():
             feats.setdefault(f, len(feats))
-    rows = np.zeros((len(graph.ops), max(len(feats), 1), len(COMPONENTS)))
-    for i, op in enumerate(graph.ops):
-        for c, f, v in op.cost.terms:
-            rows[i, feats[f], COMPONENT_INDEX[c]] += v
+
+    def row(cost):
+        r = np.zeros((max(len(feats), 1), len(COMPONENTS)))
+        for c, f, v in cost.terms:
+            r[feats[f], COMPONENT_INDEX[c]] += v
+        return r
+
+    rows = [row(op.cost) for op in graph.ops]
+    # an op with alternatives (a collective's algorithm x protocol) is keyed by all of them; each alternative
+    # beyond its first is a class of its own, after the ops' classes
     keys: dict = {}
-    op_class = np.array([keys.setdefault(rows[i].tobytes(), len(keys)) for i in range(len(graph.ops))])
-    coef = np.zeros((rows.shape[1], len(keys), rows.shape[2]))
+    op_class = np.array([keys.setdefault((rows[i].tobytes(), *(row(c).tobytes() for _, c in op.alts[1:])), len(keys))
+                         for i, op in enumerate(graph.ops)])
+    alt_rows, seen = [], set()
+    for i, op in enumerate(graph.ops):  # in the order of each class's first op
+        if op_class[i] not in seen:
+            seen.add(op_class[i])
+            alt_rows += [row(c) for _, c in op.alts[1:]]
+    coef = np.zeros((rows[0].shape[0] if rows else 1, len(keys) + len(alt_rows), len(COMPONENTS)))
     for i in range(len(graph.ops)):
         coef[:, op_class[i], :] = rows[i]
+    for j, r in enumerate(alt_rows):
+        coef[:, len(keys) + j, :] = r
     return tuple(feats), coef, op_class
 
 

@@ -3,7 +3,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from graphsim.builder import GraphBuilder
-from graphsim.ir import COMPONENTS, ONE, Cost, Feature
+from graphsim.ir import COMPONENTS, ONE, Cost, Feature, replace_op
 from graphsim.lowering.evaluate import evaluate, evaluate_reference, unit_time
 from graphsim.lowering.program import lower
 from graphsim.workload import Workload
@@ -105,22 +105,44 @@ def test_random_dags_jax_equals_numpy(data):
             cost = Cost.of(Feature("tokens", "all"), flops_bf16=k * (i % 3 + 1), bytes_act=7.0 * (i % 2)) + Cost.of(ONE, hops_nvlink=1)
             names_.append(b.op(f"o{i}", "gemm", cost, stream=stream, deps=deps))
     g = b.build()
+    # some ops carry alternatives (a collective's algorithm x protocol): fewer steps on a slower link, or more
+    # bytes at a lower latency; the op takes the fastest at each point, so the winner changes with the tokens
+    alt = data.draw(st.lists(st.integers(0, n - 1), max_size=n, unique=True))
+    ops = list(g.ops)
+    for i in alt:
+        k = data.draw(st.sampled_from([0.5, 2.0]))
+        other = Cost.of(Feature("tokens", "all"), bytes_nvlink=k * (i % 2 + 1)) + Cost.of(ONE, hops_nvlink_ll=3)
+        third = Cost.of(Feature("tokens", "all"), bytes_scaleout=4.0 * k) + Cost.of(ONE, hops_nvlink_simple=1)
+        options = (("a", ops[i].cost), ("b", other), ("c", third))[:data.draw(st.integers(2, 3))]
+        ops[i] = replace_op(ops[i], alts=options)
+    g = g.evolve(ops=tuple(ops))
     p = lower(g)
     rng = np.random.default_rng(n)
     P = 64
     wl = Workload(("prefill", "decode"), rng.integers(1, 9, (P, 2)), rng.integers(1, 999, (P, 2)), rng.integers(0, 999, (P, 2)))
     ut = np.tile(unit_time({c: 1e3 if not c.startswith("hops") else 1e-3 for c in COMPONENTS}), (P, 1))
     ut[:, COMPONENTS.index("bytes_act")] *= rng.uniform(0.5, 2, P)
+    ut[:, COMPONENTS.index("bytes_nvlink")] *= rng.uniform(0.5, 2, P)
     ref = evaluate_reference(p, wl, ut, 1e-6)
     stage_busy = ref.duration.sum(axis=1)
-    from graphsim.lowering.evaluate import Evaluator
+    from graphsim.lowering.evaluate import Evaluator, reference_outputs
 
+    outs = ("forward", "stages", "kinds", "classes", "workspace", "components")
+    want = reference_outputs(p, wl, ut, 1e-6, None, outs)
     # both kernel routes: NumPy (few points) and jitted JAX in several chunks incl. a padded one (the level
     # schedule's window, reach and widths vary with the drawn DAG)
     for numpy_points in (1 << 20, 0):
-        jx = Evaluator(p, wl.kinds, chunk=16, numpy_points=numpy_points)(wl, ut, 1e-6)
+        jx = Evaluator(p, wl.kinds, chunk=16, numpy_points=numpy_points)(wl, ut, 1e-6, outputs=outs)
         np.testing.assert_allclose(jx["forward"], ref.forward, rtol=1e-9)
         np.testing.assert_allclose(jx["stages"][:, 0], stage_busy, rtol=1e-9)
+        for k in outs:
+            np.testing.assert_allclose(jx[k], want[k], rtol=1e-9, atol=1e-18, err_msg=k)
+    for i in alt[:3]:  # an op with alternatives takes the fastest: each alternative alone, as a plain op
+        alone = [evaluate_reference(lower(g.evolve(ops=tuple(replace_op(o, cost=c, alts=()) if j == i else o
+                                                             for j, o in enumerate(g.ops)))), wl, ut, 1e-6).duration[:, i]
+                 for _, c in g.ops[i].alts]
+        np.testing.assert_allclose(ref.duration[:, i], np.min(alone, axis=0), rtol=1e-12)
+        assert [g.ops[i].alts[j][0] for j in np.argmin(alone, axis=0)] == [ref.algorithm(i, q) for q in range(P)]
 
 
 def test_reduction_collapses_single_stream_graph_to_one_segment():
