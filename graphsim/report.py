@@ -25,6 +25,8 @@ class Report:
     #: measured views: per op kind SOL / view time, efficiency and sources; shares of the forward by
     #: source; SOL violations; the fallback basis (None in the SOL view)
     coverage: dict | None = None
+    #: per collective and the algorithm x protocol its ops ran at this point: ops and summed time
+    collectives: list = attrs.Factory(list)
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -117,6 +119,10 @@ class Report:
         lines += ["", "op kind          busy        share"]
         for k, v in sorted(self.breakdown.items(), key=lambda kv: -kv[1]):
             lines.append(f"  {k:<14} {_ms(v)}  {100 * v / max(self.forward_s, 1e-30):5.1f} %")
+        if self.collectives:
+            lines += ["", "collective       algorithm           ops   busy"]
+            for r in self.collectives:
+                lines.append(f"  {r['collective']:<14} {r['algorithm']:<18} {r['ops']:4d}  {_ms(r['busy_s'])}")
         if self.coverage:
             lines += ["", *coverage_text(self.coverage)]
         lines += ["", "memory per device"]
@@ -128,7 +134,8 @@ class Report:
                   + ("fits" if m["fits"] else f"does NOT fit by {-m['headroom_gib']:.2f} GiB")]
         lines += ["", f"critical path (top {top} of {len(self.critical_path)} ops by time)"]
         for op in sorted(self.critical_path, key=lambda o: -o["duration_s"])[:top]:
-            lines.append(f"  {op['name']:<34} {op['kind']:<12} {_ms(op['duration_s'])}  {op['bound']}")
+            algo = f"  [{op['algorithm']}]" if op.get("algorithm") else ""
+            lines.append(f"  {op['name']:<34} {op['kind']:<12} {_ms(op['duration_s'])}  {op['bound']}{algo}")
         return "\n".join(lines)
 
 
@@ -158,8 +165,10 @@ def report_json(r: Report) -> dict:
         "op_kinds": [{"kind": k, "busy_s": v} for k, v in r.breakdown.items()],
         "layers": [{"layer": int(k), "busy_s": v} for k, v in r.layers.items()],
         "critical_path": [{**{k: op[k] for k in ("name", "kind", "stage", "layer", "stream", "start_s", "duration_s",
-                                                 "bound", "formula")}, "source": op.get("source", "sol")}
+                                                 "bound", "formula")}, "source": op.get("source", "sol"),
+                           "algorithm": op.get("algorithm", "")}
                           for op in r.critical_path],
+        "collectives": [dict(c) for c in r.collectives],
         "memory": {"weights_by_group": [{"group": g, "size_gib": v} for g, v in m["weights_gib"].items()],
                    **{k: v for k, v in m.items() if k != "weights_gib"}},
         "tokens": dict(r.tokens),
@@ -266,9 +275,18 @@ def make_report(compiled, point: int = 0) -> Report:
     path = [
         {"name": g.ops[i].name, "kind": g.ops[i].kind, "stage": g.ops[i].stage, "layer": g.ops[i].layer,
          "stream": g.ops[i].stream, "start_s": float(start[i]), "duration_s": float(dur[i]), "bound": bounds[i],
-         "formula": g.ops[i].formula}
+         "formula": g.ops[i].formula, "algorithm": sched.algorithm(i, point)}
         for i in sched.critical_path(point)
     ]
+    # which algorithm x protocol each collective ran at (the fastest of its alternatives at this point)
+    ran: dict[tuple, list] = {}
+    for i, op in enumerate(g.ops):
+        if op.alts and op.cost.terms:
+            r = ran.setdefault((op.info.collective or op.kind, sched.algorithm(i, point)), [0, 0.0])
+            r[0] += 1
+            r[1] += float(dur[i])
+    collectives = [{"collective": k[0], "algorithm": k[1], "ops": v[0], "busy_s": v[1]}
+                   for k, v in sorted(ran.items(), key=lambda kv: (kv[0][0], -kv[1][1]))]
     if sched.source is not None:  # a measured view: the bound is its SOL roofline's; where the time came from
         from .measured.view import SOURCE_NAMES
 
@@ -325,7 +343,7 @@ def make_report(compiled, point: int = 0) -> Report:
     if fpm is not None:
         identity["backend"] = fpm["backend"]
         cov = fpm
-    return Report(identity, forward, stages, kinds, layers, path, memory, tokens, traffic, cov)
+    return Report(identity, forward, stages, kinds, layers, path, memory, tokens, traffic, cov, collectives)
 
 
 def coverage(c, sched, point: int = 0) -> dict:

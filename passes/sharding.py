@@ -402,7 +402,7 @@ def apply_mapping(graph: Graph, mapping: ParallelMapping, nvlink_domain: int, *,
                 linked[lkey] = options, _label(spec.collective, n, in_domain, options), \
                     _link_factor(options[0][1], payload)
             options, how, factor = linked[lkey]
-            cost_c, alts = options[0][1], (options if len(options) > 1 else ())
+            cost_c, alts = options[0][1], options  # (one option: its label, no alternative classes)
             info = OpInfo(collective=spec.collective, ranks=n, link_factor=factor)
             if spec.phase:  # an MoE token exchange: its rows' shape, for measured dispatch / combine tables
                 info = attrs.evolve(info, role=spec.phase, payload_format=spec.payload_format, hidden=op.info.hidden,

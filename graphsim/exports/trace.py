@@ -50,6 +50,8 @@ def rank_events(schedule, pid: int, label: str, point: int = 0) -> list[dict]:
             "bound": bounds[i], "formula": op.formula, "stage": op.stage, "layer": op.layer,
             "token_set": op.token_set, "precision": op.precision, "critical": i in path,
         }
+        if op.alts:  # a collective: the algorithm x protocol it ran at (the fastest at this point)
+            args["algorithm"] = schedule.algorithm(i, point)
         if schedule.source is not None:  # a measured view: where this duration came from
             from graphsim.measured.view import SOURCE_NAMES
 
