@@ -175,8 +175,10 @@ def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
     g.add_argument("--pp-micro-batches", type=int, default=0, metavar="N",
                    help="pipeline micro-batches per forward (0 = as many as pipeline stages)")
     g.add_argument("--algorithm", action="append", default=[], metavar="COLLECTIVE=ALGO",
-                   help="collective algorithm override (repeatable): all_reduce, all_gather, reduce_scatter = ring|tree; "
-                        "all_to_all = direct|hierarchical; e.g. all_reduce=tree")
+                   help="force a collective's algorithm (repeatable; default auto: the fastest at each point): "
+                        "all_reduce = ring|tree|one_shot|two_shot|nvls, all_gather, reduce_scatter = "
+                        "ring|tree|one_shot|nvls, all_to_all = direct|hierarchical; each at its fastest protocol, "
+                        "or ALGO/PROTO with PROTO ll|ll128|simple; e.g. all_reduce=tree, all_reduce=ring/ll128")
     _view_args(p)
 
 
