@@ -182,7 +182,8 @@ class HardwareSpec:
         default=attrs.Factory(lambda s: s.nvlink_latency_s, takes_self=True), converter=_as_float,
         validator=_number(0.0, 1.0, lo_open=False, unit="s"))
     #: bandwidth per GPU and direction of the NVLink switch's in-network reduction (NVLink SHARP / NVLS: multimem
-    #: loads that reduce in the switch, stores it replicates); 0 = the switch has none
+    #: loads that reduce in the switch, stores it replicates); 0 = the switch has none. Sharding prices NVLS bytes
+    #: as nvlink_bw / nvls_bw NVLink bytes each (fixed when the graph is built: a sweep of nvlink_bw keeps it)
     nvls_bw: float = attrs.field(default=0.0, converter=_as_float, validator=_number(0.0, lo_open=False, unit="B/s"))
 
     def resolve_precision(self, precision: str) -> str:

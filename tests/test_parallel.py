@@ -206,7 +206,8 @@ def test_ep_dispatch_bytes_scale_with_topk_and_precision():
     assert coef(g8) == pytest.approx(7 * (1 - (7 / 8) ** 8) * 7168 * 1.0 / 8)  # FP8 dispatch
     assert c8 == pytest.approx(2 * d8)  # BF16 combine
     assert d8 / d4 == pytest.approx((1 - (7 / 8) ** 8) / (1 - (7 / 8) ** 4))  # top-8 vs top-4 distinct ranks
-    direct = apply_mapping(_v3().build(("decode",)), m, 72, policies=gs.Policies(algorithms={"all_to_all": "direct/simple"}))
+    direct = apply_mapping(_v3().build(("decode",)), m, 72,
+                           policies=gs.Policies(algorithms={"all_to_all": "direct/simple"}))
     assert _a2a(direct)[0] == pytest.approx(8 * 7168 * 1.0 / 8 * 7 / 8)  # every (token, expert) pair: k(n-1)/n
 
 

@@ -91,7 +91,9 @@ _HW_AXES = {
     "hbm_bw": ("HBM bandwidth (TB/s)", 1e-12), "nvlink_bw": ("NVLink bandwidth (GB/s)", 1e-9),
     "scaleout_bw": ("scale-out bandwidth (GB/s)", 1e-9), "c2c_bw": ("C2C bandwidth (GB/s)", 1e-9),
     "disk_bw": ("disk bandwidth (GB/s)", 1e-9), "exp_rate": ("SFU exponentials (Texp/s)", 1e-12),
-    "nvlink_latency_s": ("NVLink latency (µs)", 1e6), "scaleout_latency_s": ("scale-out latency (µs)", 1e6),
+    "nvlink_latency_s": ("NVLink latency (µs)", 1e6), "nvlink_ll_latency_s": ("NVLink LL latency (µs)", 1e6),
+    "nvlink_simple_latency_s": ("NVLink Simple latency (µs)", 1e6),
+    "scaleout_latency_s": ("scale-out latency (µs)", 1e6),
     "hbm_capacity_bytes": ("HBM capacity (GiB)", 1 / _GiB),
 }
 

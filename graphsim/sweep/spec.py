@@ -25,7 +25,7 @@ GROUP_FIELDS = {
 #: Hardware figures a continuous axis may set: the ones that change rates or capacity, not the graph
 #: (``nvlink_domain`` changes collectives, so it is structural: give another hw file).
 HW_AXES = ("hbm_bw", "nvlink_bw", "scaleout_bw", "c2c_bw", "disk_bw", "exp_rate", "nvlink_latency_s",
-           "scaleout_latency_s", "hbm_capacity_bytes")
+           "nvlink_ll_latency_s", "nvlink_simple_latency_s", "scaleout_latency_s", "hbm_capacity_bytes")
 PROFILE_AXES = ("compute", "sfu", "hbm", "nvlink", "scaleout", "c2c", "disk", "op_overhead_s")
 STRUCT_KEYS = ("model", "hw", "profile", "mapping", "requests", "policies", "view", "measured", "backend", "fpm")
 SPEC_KEYS = ("name", "structure", "axes", "zip", "outputs", "chunk", "precision")
