@@ -506,6 +506,11 @@ def _fill_unmeasured(ctx: _Context, desc: dict) -> None:
     desc["nvlink_latency_s"] = 0.0
     src["nvlink_latency_s"] = ("not measured: one device, no peer hops; 0" if desc["nvlink_domain"] == 1 else
                                "not measured: peer transfer latency is not timed; 0 (a lower bound)")
+    for f in ("nvlink_ll_latency_s", "nvlink_simple_latency_s"):  # the other protocols' steps: the same
+        desc[f] = 0.0
+        src[f] = src["nvlink_latency_s"]
+    desc["nvls_bw"] = 0.0
+    src["nvls_bw"] = "not measured: in-switch reduction is not probed; 0 (none: collectives run without it)"
     desc["scaleout_latency_s"] = 0.0
     src["scaleout_latency_s"] = "not measured: the probe runs no network test; 0 (a lower bound)"
     if ctx.accel:
@@ -527,10 +532,11 @@ def _shape_text(shape: tuple[int, int, int]) -> str:
 #: The TOML's key order: HardwareSpec's field order.
 _FIELD_ORDER = ("name", "description", "peak_flops", "hbm_capacity_bytes", "hbm_bw", "nvlink_bw", "nvlink_domain",
                 "scaleout_bw", "host_mem_bytes", "host_bw", "c2c_bw", "exp_rate", "disk_bw", "nvlink_latency_s",
-                "scaleout_latency_s", "power_w", "sources")
+                "scaleout_latency_s", "power_w", "nvlink_ll_latency_s", "nvlink_simple_latency_s", "nvls_bw", "sources")
 _UNITS = {"hbm_capacity_bytes": "B", "hbm_bw": "B/s", "nvlink_bw": "B/s", "scaleout_bw": "B/s",
           "host_mem_bytes": "B", "host_bw": "B/s", "c2c_bw": "B/s", "exp_rate": "exp/s", "disk_bw": "B/s",
-          "nvlink_latency_s": "s", "scaleout_latency_s": "s", "power_w": "W"}
+          "nvlink_latency_s": "s", "scaleout_latency_s": "s", "power_w": "W", "nvlink_ll_latency_s": "s",
+          "nvlink_simple_latency_s": "s", "nvls_bw": "B/s"}
 
 
 # --------------------------------------------------------------------------------------------------
