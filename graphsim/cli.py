@@ -1,7 +1,8 @@
 """The ``graphsim`` command line (also ``python -m graphsim``).
 
-Exit codes: 0 done; 2 bad input — one line ``graphsim: error: <field>: <what is allowed>`` (argparse's errors
-included; the usage block only with ``--help``); 3 an internal error (a bug: one line asking to rerun with
+Exit codes: 0 done; 1 a check found what it looks for (``measured check``: a table row below its SOL); 2 bad
+input — one line ``graphsim: error: <field>: <what is allowed>`` (argparse's errors included; the usage block
+only with ``--help``); 3 an internal error (a bug: one line asking to rerun with
 ``--debug`` or ``GRAPHSIM_DEBUG=1``, which show its traceback); 130 interrupted.
 """
 from __future__ import annotations
@@ -515,7 +516,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         command = next((x for x in args if not x.startswith("-")), None)  # top-level flags take no values
         a = build_parser(command).parse_args(args)
-        a.fn(a)
+        rc = a.fn(a)
     except GraphsimError as e:
         print("graphsim: error: " + " ".join(str(e).split()), file=sys.stderr)  # always one line
         return 2
@@ -532,7 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"graphsim: internal error: {what} (a bug in graphsim; rerun with --debug or GRAPHSIM_DEBUG=1 "
               "for the traceback)", file=sys.stderr)
         return 3
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":  # `python -m graphsim.cli`: the package's module, so subcommands register on it

@@ -45,11 +45,13 @@ KV_DTYPE = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "fp8_s128": "f
 @attrs.frozen
 class Coord:
     """num / den, each a linear form ((feature, coefficient), ...); ``tri`` reads num/den as a causal pair
-    count per request and returns the prompt length n with n(n+1)/2 pairs (an equal-work prompt)."""
+    count per request and returns the prompt length n with n(n+1)/2 pairs (an equal-work prompt); with a
+    sliding ``window`` W, the length n with Σ_i min(i+1, W) pairs (W(W+1)/2 + (n-W)·W beyond the window)."""
 
     num: tuple
     den: tuple = ()
     tri: bool = False
+    window: int = 0
 
     def features(self) -> tuple:
         return tuple(f for f, _ in self.num + self.den)
@@ -60,7 +62,14 @@ class Coord:
             return num
         den = sum(c * col(f) for f, c in self.den)
         r = xp.where(den > 0, num / xp.where(den > 0, den, 1.0), 0.0)
-        return (xp.sqrt(8.0 * r + 1.0) - 1.0) / 2.0 if self.tri else r
+        if not self.tri:
+            return r
+        n = (xp.sqrt(8.0 * r + 1.0) - 1.0) / 2.0
+        if self.window:
+            w = float(self.window)
+            full = w * (w + 1.0) / 2.0
+            n = xp.where(r > full, w + (r - full) / w, n)
+        return n
 
 
 @attrs.frozen
@@ -254,7 +263,10 @@ def _attention(op: Op, ctx: MapContext):
     else:
         if pairs is None:
             return Miss("attention", "no pair feature")
-        second = ("seq", Coord(((pairs, 1.0),), ((req, 1.0),), tri=True))
+        # a sliding window's pairs grow by W per position beyond the window: inverted as such (the table's
+        # seq is the prompt length at that window)
+        w = int(pairs.params[0]) if pairs.kind == "window_pairs" else 0
+        second = ("seq", Coord(((pairs, 1.0),), ((req, 1.0),), tri=True, window=w))
     if form == "mla":
         return Lookup("mla_generation" if phase == "generation" else "mla_context", phase, where,
                       (("heads", heads),), (("batch", batch), second))
