@@ -125,3 +125,41 @@ def test_check_command_exit_code_and_violations_file(tmp_path, capsys):
     assert main(["measured", "check", bad, "--json"]) == 1
     assert '"violations": 1' in capsys.readouterr().out
     assert main(["measured", "check", bad, "--family", "nope"]) == 2
+
+
+def test_attention_over_an_fp8_cache_reads_the_fp8_cache_rows_at_fp8():
+    """The runtimes label an attention over an FP8 cache bfloat16 / fp8 and run it at FP8 (graphsim's rule for
+    an FP8 cache): an FP8 attention reads those rows, a BF16 one over an FP8 cache reads none."""
+    from graphsim.measured.mapping import attention_dtypes
+
+    assert attention_dtypes("fp8", "fp8") == ("bfloat16", "fp8")
+    assert attention_dtypes("bf16", "fp8") == ()
+    assert attention_dtypes("bf16", "bfloat16") == ("bfloat16",)
+    assert attention_dtypes("bf16", "") == ("bfloat16",)
+
+
+def test_mla_prefill_row_over_an_fp8_cache_is_priced_at_the_fp8_peak():
+    """GB300, MLA prefill of one 32,768-token prompt, 128 heads, FP8 cache (aiconfigurator 0.12 sglang
+    trtllm_mla: 16.28 ms). Causal pairs s(s+1)/2, 2·(192+128)·128 FLOPs each at FP8 5 PF/s
+    (hw/data/gb300.toml) = 8.80 ms — the compute term, above the exponentials' and the bytes'."""
+    hw = _shipped_hw("gb300")
+    pr = PROBES["mla_context"]({"dtype": "bfloat16", "kv_dtype": "fp8", "op": "context"}, {"heads": 128}, hw)
+    rows = pr.workload({"batch": np.array([1]), "seq": np.array([32768])})
+    got, _ = price([pr], rows, np.zeros(1, dtype=np.int64), unit_time(hw.rates()))
+    pairs = 32768 * 32769 / 2
+    assert got[0] == pytest.approx(pairs * 2 * (192 + 128) * 128 / 5e15, rel=1e-12)
+    assert got[0] < 16.28e-3
+
+
+def test_nongated_moe_rows_are_priced_with_two_matrices():
+    """TensorRT-LLM's moe_torch_flow_nongated (ReLU² experts): 2·2·h·i·k·T FLOPs, not SwiGLU's 2·3·h·i·k·T.
+    H200 BF16 at 989 TF/s, h=4096, i=14336, top-2 of 8, 16,384 tokens on one rank: compute-bound."""
+    hw = _shipped_hw("h200")
+    fx = {"hidden": 4096, "inter": 14336, "topk": 2, "experts": 8, "moe_tp": 1, "moe_ep": 1}
+    T = np.array([16384.0])
+    out = {}
+    for ks in ("moe_torch_flow", "moe_torch_flow_nongated"):
+        pr = PROBES["moe"]({"dtype": "bfloat16", "op": "moe", "distribution": "balanced", "kernel_source": ks}, fx, hw)
+        out[ks] = price([pr], pr.workload({"tokens": T}), np.zeros(1, dtype=np.int64), unit_time(hw.rates()))[0][0]
+    assert out["moe_torch_flow"] == pytest.approx(2 * 3 * 4096 * 14336 * 2 * 16384 / 989e12, rel=1e-12)
+    assert out["moe_torch_flow_nongated"] == pytest.approx(2 * 2 * 4096 * 14336 * 2 * 16384 / 989e12, rel=1e-12)

@@ -173,13 +173,27 @@ def _bmm(ident: dict, fx: dict, hw):
     return _probe(g, _shard(g, m, hw), "bmm", m, ("prefill",), lambda c: _tokens(c, "tokens"))
 
 
+def _attention_precision(ident: dict) -> tuple:
+    """(graphsim attention precision, cache format) of an attention row: the math runs at the widest of the
+    row's dtype and its cache's compute precision when the cache is BF16, at FP8 over an FP8 cache — the
+    rule graphsim applies to a model's own cache (``Model.attention_precision`` "auto"; the tables label
+    such kernels bfloat16 / fp8, :func:`graphsim.measured.mapping.attention_dtypes`)."""
+    from graphsim.ir import fmt
+
+    kv = KV_FORMAT.get(ident["kv_dtype"])
+    if kv is None:
+        return None, None
+    prec = fmt(kv).compute if fmt(kv).compute == "fp8" else PRECISION.get(ident["dtype"])
+    return prec, kv
+
+
 def _attention(phase: str):
     def probe(ident: dict, fx: dict, hw):
         from graphsim.models.base import attention_act_bytes
         from graphsim.plan import ParallelMapping
         from graphsim.rules import AttentionShape, gqa_attention
 
-        prec, kv = PRECISION.get(ident["dtype"]), KV_FORMAT.get(ident["kv_dtype"])
+        prec, kv = _attention_precision(ident)
         if prec is None or kv is None:
             return f"no graphsim precision for dtype {ident['dtype']!r} / kv {ident['kv_dtype']!r}"
         heads, kvh, d, w = (int(fx[c]) for c in ("heads", "kv_heads", "head_dim", "window"))
@@ -214,7 +228,7 @@ def _mla(phase: str):
         from graphsim.pipeline import Policies
         from graphsim.plan import ParallelMapping
 
-        prec, kv = PRECISION.get(ident["dtype"]), KV_FORMAT.get(ident["kv_dtype"])
+        prec, kv = _attention_precision(ident)
         if prec is None or kv is None:
             return f"no graphsim precision for dtype {ident['dtype']!r} / kv {ident['kv_dtype']!r}"
         heads = int(fx["heads"])
@@ -224,7 +238,7 @@ def _mla(phase: str):
         if tp == 1:
             cfg["num_attention_heads"] = heads
         model = DeepSeekV3(cfg, kv_format=kv)
-        pol = Policies(attention_precision=prec)
+        pol = Policies()  # attention precision "auto": the model's own rule for its cache
         kinds = ("prefill",) if phase == "context" else ("decode",)
         g = model.build(kinds, policies=pol)
         m = ParallelMapping(tp=tp)
@@ -234,15 +248,22 @@ def _mla(phase: str):
     return probe
 
 
-def _moe_graph(ident_dtype_format: str, fx: dict, hidden: int, experts: int, topk: int, inter: int):
-    from graphsim.rules import MoEShape, moe
+def _moe_graph(ident_dtype_format: str, fx: dict, hidden: int, experts: int, topk: int, inter: int,
+               act: str = "silu"):
+    from graphsim.rules import MoEShape, activation, moe
 
     b = _builder()
     with b.stage("probe"):
-        w = b.weight("moe.experts", experts * 3 * hidden * inter, ident_dtype_format)
+        w = b.weight("moe.experts", experts * activation(act)[0] * hidden * inter, ident_dtype_format)
         r = b.weight("router", hidden * experts, "bf16")
-        moe(b, "", "all", hidden, MoEShape(experts, topk, inter), experts=w, router=r)
+        moe(b, "", "all", hidden, MoEShape(experts, topk, inter, act=act), experts=w, router=r)
     return b.build()
+
+
+def _moe_act(ident: dict) -> str:
+    """The experts' activation: gated SwiGLU unless the kernel names itself non-gated (TensorRT-LLM's
+    ``moe_torch_flow_nongated``: Nemotron-3/H's ReLU² experts, two matrices instead of three)."""
+    return "relu2" if "nongated" in ident.get("kernel_source", "") else "silu"
 
 
 def _moe(ident: dict, fx: dict, hw):
@@ -254,7 +275,7 @@ def _moe(ident: dict, fx: dict, hw):
     h, i, k, e, mtp, mep = (int(fx[c]) for c in ("hidden", "inter", "topk", "experts", "moe_tp", "moe_ep"))
     if e % mep or k > e:
         return f"{e} experts over EP {mep}"
-    g = _moe_graph(wf, fx, h, e, k, i)
+    g = _moe_graph(wf, fx, h, e, k, i, _moe_act(ident))
     m = ParallelMapping(tp=mtp * mep, ep=mep)  # the MoE side: moe_tp = world / ep
     return _probe(g, _shard(g, m, hw), "moe.experts", m, ("prefill",), lambda c: _tokens(c, "tokens"))
 
@@ -307,7 +328,7 @@ PROBES: dict[str, Callable] = {"gemm": _gemm, "bmm": _bmm, "attention_context": 
 #: identity columns a probe depends on (beyond the device): probes are shared across frameworks
 PROBE_IDENTITY = {"gemm": ("dtype",), "bmm": ("dtype",), "attention_context": ("dtype", "kv_dtype"),
                   "attention_generation": ("dtype", "kv_dtype"), "mla_context": ("dtype", "kv_dtype"),
-                  "mla_generation": ("dtype", "kv_dtype"), "moe": ("dtype",), "collective": ("op",),
+                  "mla_generation": ("dtype", "kv_dtype"), "moe": ("dtype", "nongated"), "collective": ("op",),
                   "moe_a2a": ("op", "dtype")}
 
 #: families whose probe is sharded over several ranks (the descriptor's NVLink domain and links enter the
@@ -509,7 +530,8 @@ def _scan_partition(part, hwut, probes: dict, tol: float, count: Callable):
     order = np.argsort(inv, kind="stable")
     bounds = np.searchsorted(inv[order], np.arange(len(shapes) + 1))
     ident = part.identity
-    pkey = (hw.name if fam in BY_DEVICE else "", fam) + tuple(ident.get(c, "") for c in PROBE_IDENTITY[fam])
+    pkey = (hw.name if fam in BY_DEVICE else "", fam) + tuple(
+        _moe_act(ident) if c == "nongated" else ident.get(c, "") for c in PROBE_IDENTITY[fam])
     sol = np.full(n, np.nan)
     use: list = []  # probes that serve some rows
     which = np.full(n, -1, dtype=np.int64)
