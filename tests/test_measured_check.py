@@ -145,6 +145,7 @@ def test_mla_prefill_row_over_an_fp8_cache_is_priced_at_the_fp8_peak():
     hw = _shipped_hw("gb300")
     pr = PROBES["mla_context"]({"dtype": "bfloat16", "kv_dtype": "fp8", "op": "context"}, {"heads": 128}, hw)
     rows = pr.workload({"batch": np.array([1]), "seq": np.array([32768])})
+    assert pr.lookup.where == (("dtype", ("bfloat16", "fp8")), ("kv_dtype", ("fp8",)))  # the mapping's rows
     got, _ = price([pr], rows, np.zeros(1, dtype=np.int64), unit_time(hw.rates()))
     pairs = 32768 * 32769 / 2
     assert got[0] == pytest.approx(pairs * 2 * (192 + 128) * 128 / 5e15, rel=1e-12)

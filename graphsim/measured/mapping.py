@@ -271,6 +271,10 @@ def _attention(op: Op, ctx: MapContext):
     batch = Coord(((req, 1.0 / dp),))
     kv_fmt = next((ctx.tensors[t].format for t in op.reads if t in ctx.tensors), None)
     kv_dt = KV_DTYPE.get(getattr(kv_fmt, "name", ""), "")
+    if not kv_dt and form == "mla_mha":
+        # MLA's prefill attends the K/V it up-projected at its own precision, not the latent cache: the
+        # tables' kv dtype of such a kernel is that precision's (an FP8 attention keeps an FP8 cache)
+        kv_dt = {"fp8": "fp8", "bf16": "bfloat16"}.get(op.precision, "")
     dts = attention_dtypes(op.precision, kv_dt)
     if not dts:
         return Miss("attention", f"{op.precision} attention over an FP8 cache: the tables' kernels over an FP8 cache "
