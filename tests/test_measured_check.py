@@ -12,7 +12,7 @@ import pytest
 
 from graphsim.cli import main
 from graphsim.lowering.evaluate import evaluate_reference, unit_time
-from graphsim.measured.check import PROBES, Rows, price, scan
+from graphsim.measured.check import PROBES, Rows, _moe_act, price, scan
 from graphsim.measured.mapping import Coord
 from graphsim.pipeline import _shipped_hw
 
@@ -160,7 +160,31 @@ def test_nongated_moe_rows_are_priced_with_two_matrices():
     T = np.array([16384.0])
     out = {}
     for ks in ("moe_torch_flow", "moe_torch_flow_nongated"):
-        pr = PROBES["moe"]({"dtype": "bfloat16", "op": "moe", "distribution": "balanced", "kernel_source": ks}, fx, hw)
+        ident = {"dtype": "bfloat16", "op": "moe", "distribution": "balanced", "kernel_source": ks}
+        pr = PROBES["moe"]({**ident, "act": _moe_act(ident, fx)}, fx, hw)
         out[ks] = price([pr], pr.workload({"tokens": T}), np.zeros(1, dtype=np.int64), unit_time(hw.rates()))[0][0]
     assert out["moe_torch_flow"] == pytest.approx(2 * 3 * 4096 * 14336 * 2 * 16384 / 989e12, rel=1e-12)
     assert out["moe_torch_flow_nongated"] == pytest.approx(2 * 2 * 4096 * 14336 * 2 * 16384 / 989e12, rel=1e-12)
+
+
+def test_a_shape_timed_non_gated_anywhere_is_non_gated_everywhere(tmp_path):
+    """The tables carry no activation; a shape TensorRT-LLM times with its non-gated kernel is a non-gated
+    model's (Nemotron-3), so another runtime's rows at that shape are priced with two matrices too."""
+    from graphsim.measured.check import nongated_shapes
+    from graphsim.measured.schema import COMMON
+    from graphsim.measured.store import Store
+
+    rows = []
+    for fw, ks in (("trtllm", "moe_torch_flow_nongated"), ("sglang", "sglang_fused_moe_triton")):
+        r = {c: "" for c in COMMON}
+        r.update(device="h200", framework=fw, version="1", kernel_source=ks, family="moe", op="moe", dtype="bfloat16",
+                 boundary="kernel", distribution="balanced", tokens=16384, hidden=2688, inter=1856, topk=6,
+                 experts=128, moe_tp=1, moe_ep=1, latency_s=1.0)
+        d = tmp_path / "h200" / "moe" / f"{fw}@1"
+        d.mkdir(parents=True)
+        pd.DataFrame([r]).to_parquet(d / "moe.parquet", index=False)
+    ng = nongated_shapes(Store(tmp_path))
+    assert ng == {(2688, 1856, 6, 128)}
+    fx = {"hidden": 2688, "inter": 1856, "topk": 6, "experts": 128}
+    assert _moe_act({"kernel_source": "sglang_fused_moe_triton"}, fx, ng) == "relu2"
+    assert _moe_act({"kernel_source": "sglang_fused_moe_triton"}, {**fx, "topk": 8}, ng) == "silu"

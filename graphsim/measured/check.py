@@ -260,10 +260,40 @@ def _moe_graph(ident_dtype_format: str, fx: dict, hidden: int, experts: int, top
     return b.build()
 
 
-def _moe_act(ident: dict) -> str:
-    """The experts' activation: gated SwiGLU unless the kernel names itself non-gated (TensorRT-LLM's
-    ``moe_torch_flow_nongated``: Nemotron-3/H's ReLU² experts, two matrices instead of three)."""
-    return "relu2" if "nongated" in ident.get("kernel_source", "") else "silu"
+def _moe_act(ident: dict, fixed: dict, nongated: frozenset = frozenset()) -> str:
+    """The experts' activation: gated SwiGLU, unless the kernel names itself non-gated (TensorRT-LLM's
+    ``moe_torch_flow_nongated``: Nemotron-3/H's ReLU² experts, two matrices instead of three) or the row's
+    shape is one that a partition of the store times with such a kernel (:func:`nongated_shapes`)."""
+    shape = tuple(int(fixed.get(c, 0)) for c in MOE_SHAPE)
+    return "relu2" if "nongated" in ident.get("kernel_source", "") or shape in nongated else "silu"
+
+
+#: an MoE row's model shape: what identifies the model (and so its experts' activation) across collectors
+MOE_SHAPE = ("hidden", "inter", "topk", "experts")
+
+
+def nongated_shapes(store: Store) -> frozenset:
+    """MoE shapes (hidden, inter, top-k, experts) that some partition of the store times with a non-gated
+    kernel. The tables carry no activation column; the collectors time each model's own experts (SGLang's
+    and vLLM's switch to ReLU² for Nemotron-3/H by model name) and TensorRT-LLM names its non-gated kernel,
+    so its shapes are the non-gated models'. In aiconfigurator 0.12: Nemotron-3's (2688, 1856, 6, 128),
+    (1024 | 4096, 2688, 22, 512) and (2048 | 8192, 5120, 22, 512)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    out: set = set()
+    want = ["family", "kernel_source", *MOE_SHAPE]
+    for f in store.files:
+        h = store.hint(f)
+        if h is not None and h[1] != "moe":
+            continue
+        if not set(want) <= set(pq.read_schema(f).names):
+            continue
+        t = pq.read_table(f, columns=want)
+        t = t.filter(pc.match_substring(t["kernel_source"].cast("string"), "nongated"))
+        if t.num_rows:
+            out |= set(zip(*(t[c].to_pylist() for c in MOE_SHAPE)))
+    return frozenset(tuple(int(v) for v in s) for s in out)
 
 
 def _moe(ident: dict, fx: dict, hw):
@@ -275,7 +305,7 @@ def _moe(ident: dict, fx: dict, hw):
     h, i, k, e, mtp, mep = (int(fx[c]) for c in ("hidden", "inter", "topk", "experts", "moe_tp", "moe_ep"))
     if e % mep or k > e:
         return f"{e} experts over EP {mep}"
-    g = _moe_graph(wf, fx, h, e, k, i, _moe_act(ident))
+    g = _moe_graph(wf, fx, h, e, k, i, ident.get("act", "silu"))
     m = ParallelMapping(tp=mtp * mep, ep=mep)  # the MoE side: moe_tp = world / ep
     return _probe(g, _shard(g, m, hw), "moe.experts", m, ("prefill",), lambda c: _tokens(c, "tokens"))
 
@@ -328,7 +358,7 @@ PROBES: dict[str, Callable] = {"gemm": _gemm, "bmm": _bmm, "attention_context": 
 #: identity columns a probe depends on (beyond the device): probes are shared across frameworks
 PROBE_IDENTITY = {"gemm": ("dtype",), "bmm": ("dtype",), "attention_context": ("dtype", "kv_dtype"),
                   "attention_generation": ("dtype", "kv_dtype"), "mla_context": ("dtype", "kv_dtype"),
-                  "mla_generation": ("dtype", "kv_dtype"), "moe": ("dtype", "nongated"), "collective": ("op",),
+                  "mla_generation": ("dtype", "kv_dtype"), "moe": ("dtype", "act"), "collective": ("op",),
                   "moe_a2a": ("op", "dtype")}
 
 #: families whose probe is sharded over several ranks (the descriptor's NVLink domain and links enter the
@@ -440,6 +470,7 @@ def scan(root, *, devices=None, families=None, hw_of: Callable | None = None, to
         bad = sorted(want_fam - set(FAMILIES))
         require(not bad, "family", f"unknown {bad}; allowed: {', '.join(FAMILIES)}")
     hw_of = hw_of or _hardware
+    nongated = nongated_shapes(store) if not want_fam or "moe" in want_fam else frozenset()
     probes: dict = {}
     summary: dict = {}
     reasons: dict = {}
@@ -459,7 +490,7 @@ def scan(root, *, devices=None, families=None, hw_of: Callable | None = None, to
                                          **{st: 0 for st in STATUSES}, "violations": 0, "worst": None})
             s["rows"] += len(part.t)
             v = _scan_partition(part, hw_of(dev), probes, tolerance, lambda st, why, n: _count(
-                s, reasons, key, st, why, n))
+                s, reasons, key, st, why, n), nongated)
             if v is not None and len(v):
                 frames.append(v)
                 w = float(v["ratio"].min())
@@ -509,7 +540,7 @@ def _groups(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x[first], inv.reshape(-1)
 
 
-def _scan_partition(part, hwut, probes: dict, tol: float, count: Callable):
+def _scan_partition(part, hwut, probes: dict, tol: float, count: Callable, nongated: frozenset = frozenset()):
     """Price one partition's rows, grouped by fixed shape; the violations as a DataFrame (None if none)."""
     import pandas as pd
 
@@ -530,17 +561,17 @@ def _scan_partition(part, hwut, probes: dict, tol: float, count: Callable):
     order = np.argsort(inv, kind="stable")
     bounds = np.searchsorted(inv[order], np.arange(len(shapes) + 1))
     ident = part.identity
-    pkey = (hw.name if fam in BY_DEVICE else "", fam) + tuple(
-        _moe_act(ident) if c == "nongated" else ident.get(c, "") for c in PROBE_IDENTITY[fam])
+    where = hw.name if fam in BY_DEVICE else ""
     sol = np.full(n, np.nan)
     use: list = []  # probes that serve some rows
     which = np.full(n, -1, dtype=np.int64)
     for j, shape in enumerate(shapes):
         sel = order[bounds[j]:bounds[j + 1]]
         fixed = dict(zip(fixed_cols, (int(x) for x in shape)))
-        key = pkey + tuple(fixed.items())
+        pid = {**ident, "act": _moe_act(ident, fixed, nongated)} if fam == "moe" else ident
+        key = (where, fam) + tuple(pid.get(c, "") for c in PROBE_IDENTITY[fam]) + tuple(fixed.items())
         if key not in probes:
-            probes[key] = PROBES[fam](ident, fixed, hw)
+            probes[key] = PROBES[fam](pid, fixed, hw)
         pr = probes[key]
         why = pr if isinstance(pr, str) else _served(pr.lookup, fam, ident, fixed)
         if why:
