@@ -24,8 +24,7 @@ import numpy as np
 
 from graphsim.errors import require
 
-from .mapping import (A2A_DTYPE, GEMM_WEIGHT_DTYPE, KV_DTYPE, MOE_WEIGHT_DTYPE, PRECISION_DTYPE, Lookup,
-                      MapContext, Miss, lookup_for)
+from .mapping import GEMM_WEIGHT_DTYPE, MOE_WEIGHT_DTYPE, PRECISION_DTYPE, Lookup, MapContext, Miss, lookup_for
 from .schema import FAMILIES, LATENCY, identity_columns
 from .store import Store, read_partitions
 
@@ -40,8 +39,8 @@ UNMATCHED = {"dsv4_attention": "DeepSeek-V4 CSA/HCA attention modules: not match
                                "boundary)",
              "mhc": "mHC pre/post modules: timed as fused modules over several graphsim ops (not priced per row "
                     "yet)",
-             "elementwise": "elementwise tables: priced per row by a later check", "copy": "copy tables: priced "
-             "per row by a later check"}
+             "elementwise": "elementwise tables (graphsim collect ops): not priced by this check yet",
+             "copy": "copy tables (graphsim collect ops): not priced by this check yet"}
 
 
 def _invert(d: dict) -> dict:
