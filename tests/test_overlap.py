@@ -245,28 +245,34 @@ def _v3(policy: str, req: str = "decode:4096x64", **mapping):
                                                   gs.Policies(overlap=policy)), "gb200")
 
 
-def test_v3_shared_expert_hides_the_combine(gb200):
-    """DeepSeek-V3 TP8/EP8 decode on GB200: the shared expert (it reads the MoE block's input) runs while
-    the combine all-to-all is in flight. Each MoE layer saves min(combine, shared expert) against the serial
+@pytest.mark.parametrize("req,mapping,hidden", [
+    ("decode:4096x64", {"tp": 8, "ep": 8}, "combine"),  # 64 requests: the combine hides under the shared expert
+    ("decode:2048x1024", {"dp": 8, "ep": 8}, "shared"),  # 1024: the shared expert hides under the combine
+])
+def test_v3_shared_expert_runs_beside_the_combine(gb200, req, mapping, hidden):
+    """DeepSeek-V3 EP8 decode on GB200: the shared expert (it reads the MoE block's input) runs while the
+    combine all-to-all is in flight. Each MoE layer saves min(combine, shared expert) against the serial
     schedule, and the critical path keeps only the longer of the two."""
-    free, serial = _v3("none"), _v3("serial")
+    free, serial = _v3("none", req, **mapping), _v3("serial", req, **mapping)
     sf, ss = free.schedule(), serial.schedule()
     assert [op.name for op in free.graph.ops] == [op.name for op in serial.graph.ops]
     dur = {op.name: ss.duration[0, i] for i, op in enumerate(serial.graph.ops)}
-    layers = range(3, 61)  # first_k_dense_replace = 3 of 61 layers (config.json)
-    saved = 0.0
-    for i in layers:
+
+    def branches(i):
         p = f"layers.{i}.moe."
-        shared = dur[p + "shared.gate_up"] + dur[p + "shared.swiglu"] + dur[p + "shared.down"]
-        saved += min(dur[p + "experts.all_to_all.1"], shared)
+        return dur[p + "experts.all_to_all.1"], sum(dur[p + f"shared.{k}"] for k in ("gate_up", "swiglu", "down"))
+
+    saved = sum(min(branches(i)) for i in range(3, 61))  # first_k_dense_replace = 3 of 61 layers (config.json)
     assert sf.forward[0] == pytest.approx(ss.forward[0] - saved, rel=1e-9)
+    comb, shared = branches(30)
+    assert (shared > comb) == (hidden == "combine")
     path = {free.graph.ops[i].name for i in sf.critical_path(0)}
     p = "layers.30.moe."
-    comb, shared = dur[p + "experts.all_to_all.1"], dur[p + "shared.gate_up"] + dur[p + "shared.down"]
-    assert shared > comb  # at this batch the shared expert is the longer branch: the combine is hidden
-    assert p + "shared.gate_up" in path and p + "experts.all_to_all.1" not in path
+    on = {"combine": p + "shared.gate_up", "shared": p + "experts.all_to_all.1"}[hidden]
+    off = {"combine": p + "experts.all_to_all.1", "shared": p + "shared.gate_up"}[hidden]
+    assert on in path and off not in path
     spath = {serial.graph.ops[i].name for i in ss.critical_path(0)}
-    assert {p + "shared.gate_up", p + "experts.all_to_all.1"} <= spath
+    assert {on, off} <= spath
 
 
 @pytest.mark.parametrize("model,req,mapping", [
@@ -313,3 +319,24 @@ def test_two_batch_with_one_prompt_per_rank_runs_and_is_not_slower(gb200):
         assert tbo.schedule().forward[0] <= none.schedule().forward[0]
     with pytest.raises(gs.GraphsimError, match="policies.overlap"):
         _v3("two-batch", "decode:4096x1")  # one decode position per rank cannot be split
+
+
+def test_cli_overlap_serial_and_what_stays_exposed(capsys):
+    """The text report says how much communication the schedule hides: all of it exposed when serial; with
+    the default, the busy time minus what is on the critical path (the shared expert hid the combines)."""
+    import re
+
+    from graphsim.cli import main
+
+    def comm(*extra):
+        main(["estimate", "--model", "deepseek-v3", "--hw", "gb200", "--tp", "8", "--ep", "8", "--request",
+              "decode:4096x64", *extra])
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("communication"))
+        return [float(v) for v in re.findall(r"([\d.]+) ms", line)]
+
+    busy, exposed, hidden = comm("--overlap", "serial")
+    assert exposed == busy and hidden == 0.0
+    busy2, exposed2, hidden2 = comm()
+    assert busy2 == busy and hidden2 > 0 and exposed2 == pytest.approx(busy2 - hidden2, abs=2e-4)
+    free, serial = _v3("none").schedule().forward[0], _v3("serial").schedule().forward[0]
+    assert hidden2 == pytest.approx((serial - free) * 1e3, abs=2e-4)  # what overlap saved is what it hid
