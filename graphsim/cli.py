@@ -144,9 +144,11 @@ def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
     g.add_argument("--attention-precision", default="auto", choices=ATTENTION_PRECISIONS,
                    help="attention math precision (QK^T, PV); auto = from the KV cache format. An explicit "
                         "narrower one keeps the KV cache at it (FP8 attention reads an FP8 cache)")
-    g.add_argument("--overlap", default="none", choices=("none", "two-batch"),
-                   help="none = one batch per forward; two-batch = two micro-batches whose communication hides "
-                        "under each other's compute")
+    g.add_argument("--overlap", default="none", choices=("none", "serial", "two-batch"),
+                   help="none = one batch per forward, its collectives overlapping the compute that does not "
+                        "depend on them (the model's dataflow); serial = no overlap inside the batch; "
+                        "two-batch = two micro-batches (requests, or one prompt's tokens) whose communication "
+                        "hides under each other's compute")
     g.add_argument("--sp", default="off", choices=("off", "on"),
                    help="sequence parallelism: norms/mHC/elementwise shard their tokens over TP (RS in, AG out)")
     g.add_argument("--engram", default="hbm", choices=("hbm", "host"),
