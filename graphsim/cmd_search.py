@@ -94,10 +94,12 @@ def register(sub) -> None:
                     help="search speculative decoding (MTP-K, or DSpark with K = its draft block) at these "
                          "per-position acceptances; without it speculation stays off")
     sp.add_argument("--refine", type=int, default=4, metavar="N",
-                    help="how many of the best deployments get the policy stage (default 4; 0 = base policies only)")
+                    help="how many of the best deployments along the tok/s/GPU vs tok/s/user front get the policy "
+                         "stage (default 4; 0 = base policies only; chosen without the SLA)")
     sp.add_argument("--exhaustive", action="store_true",
                     help="policy stage: every combination of the policy axes instead of one axis at a time + the "
-                         "best of each combined")
+                         "combinations of the values on the front (with --refine >= the deployments: the whole "
+                         "space, a bound on it)")
     sp.add_argument("--jobs", type=int, default=1, metavar="N",
                     help="evaluate programs on N worker processes (default 1; the same results)")
     sp.add_argument("--max-replica-gpus", type=int, default=None, metavar="N",

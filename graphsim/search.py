@@ -5,27 +5,32 @@ per user.
 The serving model (docs/search.md says the same, with the launch-flag table):
 
 * **traffic**: request classes (ISL, OSL, weight); one class from ``isl``/``osl``. Decode runs at the
-  token-weighted mean context Σw·osl·(isl + osl/2) / Σw·osl; memory must hold every request of a batch at its
-  full length (the weighted mean of isl + osl — one class: isl + osl);
+  token-weighted mean context Σw·osl·(isl + osl/2) / Σw·osl; memory holds the steady-state occupancy: a
+  slot's position is uniform over [isl, isl + osl], so the n requests of a DP rank are held at
+  mean + kv_margin·σ/√n each (:meth:`Traffic.memory_context`);
 * **aggregated** (``agg``): ``gpus // n`` replicas of an ``n``-GPU mapping, each running ``B`` requests. A
   new prompt is prefilled whole in one step *together with* the running decodes (mixed batches: vLLM's
   chunked prefill, SGLang's mixed chunks), so prefill and decode share each weight read — the fastest
   schedule, as a SOL must assume. Per step every request gets E tokens (1, or the expected emitted tokens of
   speculative decoding), so f = B·E/(ōsl·dp) of the steps carry one prompt per DP group:
   step = (1 − f)·T_dec(B) + f·T_mix(B, dp prompts) (f > 1: steps carry dp·⌊f⌋ or dp·⌈f⌉ prompts),
-  TPOT = step / E, TTFT = T_mix (no queueing), output tokens/s per GPU = B / TPOT / n;
+  TPOT = step / E, TTFT = T_mix (no queueing), output tokens/s per GPU = B / TPOT / n; a prefill-only step
+  and a lone prompt are the other TTFT steps, each a row with the TPOT its schedule reaches
+  (:func:`agg_schedules`), and TPOT p99 is the spike when more than 1 % of the steps prefill;
 * **disaggregated** (``disagg``): ``x`` prefill replicas (``p`` prompts per forward) and ``y`` decode
   replicas (``B`` requests) with x·n_p + y·n_d ≤ the GPUs (as :mod:`graphsim.disagg`): TTFT = T_pre(p) + the
-  KV hand-over, TPOT = T_dec(B)/E, system rate = min(x·p/T_pre, y·B·E/(ōsl·T_dec)) requests/s, tokens/s per
+  KV hand-over (streamed layer by layer, over NVLink inside a domain), TPOT = T_dec(B)/E, system rate = min(x·p/T_pre, y·B·E/(ōsl·T_dec)) requests/s, tokens/s per
   GPU over the GPUs used. For each pair of pools and batch, the replica counts near rate balance (and the
   most decode replicas that fit) are tried and the best tokens/s per GPU kept (fewest GPUs on a tie: TTFT and
   TPOT do not depend on the counts);
 * every forward time is graphsim's (the view and profile the search runs under), evaluated for all batch
   sizes of a (kind, mapping, policies) program in one vectorized call; each program is compiled once.
 
-The policy space is searched in two stages: every mapping under the base policies (the first value of each
-policy axis), then, for the mappings of the best deployments, every single-axis variant plus the
-combination of the best value of each axis (``exhaustive=True``: the whole product). Speculative decoding
+The policy space is searched in two stages, neither of which looks at the SLA (it only ranks): every mapping
+under the base policies (the first value of each policy axis) — where memory decides, with the residency and
+sharding values that may rescue it, so memory is checked after them —, then, for the pools of the best
+deployments along the front, every single-axis variant of their policies on the front plus every combination
+of the values that reach it (``exhaustive=True``: the whole product). Speculative decoding
 (MTP, DSpark) enters only with an acceptance profile: its throughput is E[emitted tokens] / step time, never
 a fixed rate.
 """
@@ -237,8 +242,9 @@ class Space:
     ``prefill_batches``: prompts per DP rank in a disaggregated prefill forward. ``policies``: (field, values)
     pairs replacing or adding to the default axes (:data:`POLICY_AXES` with the values the model supports;
     one value holds a field fixed). ``acceptance``: a_1..a_K to search
-    speculative decoding (MTP-K, or DSpark with K = its block). ``refine``: how many of the best deployments'
-    mappings get the policy stage."""
+    speculative decoding (MTP-K, or DSpark with K = its block). ``refine``: how many of the best deployments
+    along the front get the policy stage (``exhaustive`` with ``refine`` at least the deployments: the whole
+    space)."""
 
     modes: tuple = MODES
     tp: tuple | None = None
@@ -717,13 +723,15 @@ class _Search:
         cands = _pareto_min_max(cands, lambda c: c[2], lambda c: c[3] / c[0].mapping.gpus)
         rows = []
         kv_cache: dict = {}
+        mean_osl = t.mean_osl
         for d in dec_groups:
-            rate_d = d.batch * d.emitted / (t.mean_osl * d.forward_s)  # requests/s per decode replica
+            rate_d = d.batch * d.emitted / (mean_osl * d.forward_s)  # requests/s per decode replica
             tpot = d.forward_s / d.emitted
             dpol = canonical(d.policies, d.mapping)
             for g, r, tp, rate_p in cands:
                 if (g.policies.dspark, g.policies.mtp) != (d.policies.dspark, d.policies.mtp):
                     continue  # both pools run the same drafter (it keeps state from the prompt)
+                gpol = canonical(g.policies, g.mapping)
                 pair = (g.mapping, g.policies, int(g.batch[r]), d.mapping, d.policies)
                 if pair in self.paired:
                     continue
@@ -737,24 +745,26 @@ class _Search:
                 xs = np.arange(1, (self.gpus - n_d) // n_p + 1, dtype=np.float64)
                 if xs.size == 0:
                     continue
-                ymax = np.floor((self.gpus - xs * n_p) / n_d)
+                ymax = np.floor((self.gpus - xs * n_p) / n_d)[:, None]
+                # replica counts near rate balance and the most decode replicas that fit; TTFT and TPOT do not
+                # depend on them, so one row per pool pair and batch: the best tokens/s per GPU, fewest GPUs
+                yb = xs[:, None] * rate_p / rate_d[None, :]  # (x, batch)
+                ys = np.clip(np.stack([np.floor(yb), np.ceil(yb), np.broadcast_to(ymax, yb.shape)]), 1.0, ymax)
+                xx = np.broadcast_to(xs[:, None], ys.shape)
+                used = (xx * n_p + ys * n_d).reshape(-1, yb.shape[1])
+                per_gpu = (np.minimum(xx * rate_p, ys * rate_d[None, :]) / (xx * n_p + ys * n_d)).reshape(used.shape)
+                top = per_gpu == per_gpu.max(axis=0)
+                pick = np.argmin(np.where(top, used, np.inf), axis=0)
+                xs_, ys_ = xx.reshape(used.shape), ys.reshape(used.shape)
                 for j in range(d.batch.size):
                     if d.headroom_bytes[j] < 0 and j:  # the smallest batch stays: "memory" is reported
                         continue
-                    # replica counts near rate balance and the most decode replicas that fit; TTFT and TPOT do not
-                    # depend on them, so one row per pool pair and batch: the best tokens/s per GPU, fewest GPUs
-                    yb = xs * rate_p / rate_d[j]
-                    ys = np.clip(np.stack([np.floor(yb), np.ceil(yb), ymax]), 1.0, ymax)
-                    xx = np.broadcast_to(xs, ys.shape)
-                    used = xx * n_p + ys * n_d
-                    per_gpu = np.minimum(xx * rate_p, ys * rate_d[j]) / used
-                    i = np.lexsort((used.ravel(), -per_gpu.ravel()))[0]
-                    x, y = int(xx.ravel()[i]), int(ys.ravel()[i])
+                    i = pick[j]
                     rows.append(self._row(
-                        "disagg", dpol, g.mapping, x, int(g.batch[r]), d.mapping, y, int(d.batch[j]),
-                        int(d.verify[j]), ttft, tpot[j], per_gpu.ravel()[i] * used.ravel()[i] * t.mean_osl,
-                        int(used.ravel()[i]), min(g.headroom_bytes[r], d.headroom_bytes[j]), "disagg", tpot[j],
-                        prefill_policies=canonical(g.policies, g.mapping)))
+                        "disagg", dpol, g.mapping, int(xs_[i, j]), int(g.batch[r]), d.mapping, int(ys_[i, j]),
+                        int(d.batch[j]), int(d.verify[j]), ttft, tpot[j], per_gpu[i, j] * used[i, j] * mean_osl,
+                        int(used[i, j]), min(g.headroom_bytes[r], d.headroom_bytes[j]), "disagg", tpot[j],
+                        prefill_policies=gpol))
         return rows
 
     def _row(self, mode, policies, pmap, prep, pbatch, dmap, drep, dbatch, verify, ttft_s, tpot_s, out_tps, gpus,
@@ -906,9 +916,15 @@ def _pareto_min_max(items: list, lo: Callable, hi: Callable) -> list:
     return out
 
 
-def _meets(row: dict, sla: SLA) -> dict:
-    """Which SLA bounds a row misses (memory first)."""
-    return {"memory": not row["fits"],
+def _misses(df, sla: SLA) -> dict:
+    """:func:`_meets` for every row of a DataFrame: bound -> bool array."""
+    n = len(df)
+    return {k: np.broadcast_to(np.asarray(v, dtype=bool), (n,)) for k, v in _meets(df, sla).items()}
+
+
+def _meets(row, sla: SLA) -> dict:
+    """Which SLA bounds a row misses (memory first); ``row`` a dict or a DataFrame (then each is a column)."""
+    return {"memory": ~np.asarray(row["fits"], dtype=bool),
             "ttft": sla.ttft_ms is not None and row["ttft_ms"] > sla.ttft_ms * (1 + 1e-12),
             "tpot": sla.tpot_ms is not None
             and row["tpot_p99_ms" if sla.tpot_stat == "p99" else "tpot_ms"] > sla.tpot_ms * (1 + 1e-12),
@@ -982,7 +998,8 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
         stage2 = {k: _variants(axes, starts, space.exhaustive) for k, starts in leaders.items()}
         extra = _assemble(s, stage2)
         lead = [r for r in rows + extra if _lead_key(r) & set(leaders)]
-        combos = _combos(lead, axes, {c for cs in stage2.values() for c in map(_ckey, cs)} | choices)
+        starts = [c for cs in leaders.values() for c in cs]
+        combos = _combos(lead, axes, starts, {c for cs in stage2.values() for c in map(_ckey, cs)} | choices)
         extra += _assemble(s, {k: combos for k in leaders})
         rows += extra
         choices |= {_ckey(c) for cs in stage2.values() for c in cs} | {_ckey(c) for c in combos}
@@ -995,11 +1012,13 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
     df["deployment"] = df["mode"] + " " + df["mapping"] + " [" + df["policies"] + "]"
     df = df.drop_duplicates(["deployment", "prefill_batch", "decode_batch", "verify", "ttft_step"]) \
         .reset_index(drop=True)
-    rows = df.to_dict("records")
-    miss = [_meets(r, sla) for r in rows]
-    df["meets_sla"] = [not any(m.values()) for m in miss]
-    df["why"] = [next((k for k, v in m.items() if v), "") for m in miss]
-    ok_front = df["fits"] & ~np.array([m["ttft"] for m in miss], dtype=bool)
+    miss = _misses(df, sla)
+    df["meets_sla"] = ~np.any([miss[k] for k in miss], axis=0)
+    why = np.full(len(df), "", dtype=object)
+    for k in reversed(list(miss)):  # the first bound missed, memory first
+        why = np.where(miss[k], k, why)
+    df["why"] = why
+    ok_front = df["fits"] & ~np.asarray(miss["ttft"], dtype=bool)
     flags = np.zeros(len(df), dtype=bool)
     if ok_front.any():
         idx = np.flatnonzero(ok_front.to_numpy())
@@ -1007,7 +1026,7 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
                                   df["tokens_per_s_per_gpu"].to_numpy()[idx])
     df["pareto"] = flags
     df["bound"] = "lower" if view is None and profile is None else "estimate"
-    best, rejected, reasons = _rank(df, top)
+    best, rejected, reasons = _rank(df, top, "tpot_p99_ms" if sla.tpot_stat == "p99" else "tpot_ms")
     public = [k for k in ROW_KEYS] + ["why"]
     table = df[public].copy()
     for k, v in (("model", model.name), ("hw", hw.name), ("view", (view.name if view is not None else "sol")),
@@ -1092,9 +1111,9 @@ def _assemble(s: _Search, work: dict) -> list[dict]:
 
 def _rescue(s: _Search, key: tuple, base: dict, axes) -> list[dict]:
     """Residency values tried for one pool where memory decides (some batch of the grid does not fit under
-    the base values): first every memory axis at its saver value together — the least a device can hold; if
-    that fits no more, no residency value rescues anything and none is tried — else that and each saver value
-    alone."""
+    the base values): every memory axis at its saver value together — the least a device can hold. If that
+    fits no more, no residency value rescues anything; else it joins the pool's policy points (the policy
+    stage tries each memory axis back at its other values from there)."""
     mem = [(f, v) for f, v in axes if f in MEMORY_AXES]
     if not mem:
         return []
@@ -1113,14 +1132,7 @@ def _rescue(s: _Search, key: tuple, base: dict, axes) -> list[dict]:
     gs = s.group(kind, m, pols)
     if gs.error or _most_fitting(gs) <= _most_fitting(g0):
         return []
-    out, seen = [saver], {canonical(pol0, m), canonical(pols, m)}
-    for f, v in mem:
-        c = {**base, f: saver[f]}
-        p = canonical(policies_of(c, s.space.acceptance), m)
-        if p not in seen:
-            seen.add(p)
-            out.append(c)
-    return out
+    return [saver]
 
 
 def _most_fitting(g: Group) -> float:
@@ -1152,16 +1164,13 @@ def _front(rows: list[dict]) -> list[dict]:
 
 def _leaders(rows: list[dict], k: int, axes) -> dict:
     """Pools of the ``k`` best deployments along the front of tokens/s per GPU against per user (from the
-    fastest per GPU down; then the fastest rows off it), each with the policy points of its rows there —
+    fastest per GPU down; then the fastest rows off it), each with the policy point of its fastest row there —
     chosen without the SLA, so a bound added to it never changes what is explored."""
     seen, out = set(), {}
 
-    def take(r):
+    def take(r):  # a pool's start: the policy point of its fastest row per GPU on the front
         for key in _lead_key(r):
-            starts = out.setdefault(key, [])
-            c = _choice_of(r, axes)
-            if c not in starts:
-                starts.append(c)
+            out.setdefault(key, [_choice_of(r, axes)])
 
     for r in sorted(_front(rows), key=lambda r: -r["tokens_per_s_per_gpu"]):
         dep = (r["mode"], r["mapping"])
@@ -1191,16 +1200,35 @@ def _variants(axes, starts: list, exhaustive: bool) -> list[dict]:
     return out
 
 
-def _combos(rows: list[dict], axes, done: set, cap: int = 16) -> list[dict]:
-    """Every combination of the values of each axis that put a row on the front of ``rows`` (the leaders'
-    rows), at most ``cap``, less those evaluated."""
-    front = _front(rows)
-    if not front:
+def _combos(rows: list[dict], axes, starts: list, done: set, cap: int = 8) -> list[dict]:
+    """Combinations of each axis's winning values, less those evaluated: at most ``cap``, the most promising
+    first (the product of each value's gain: its best tokens/s per GPU over the start's along that axis). An
+    axis's winning values are those that put a row on the front (tokens/s per GPU against per user) among the
+    rows of a start and its variants along that axis alone."""
+    fields = [f for f, _ in axes]
+    groups: dict = {}  # (axis, the other axes' values) -> rows
+    for r in rows:
+        c = _choice_of(r, axes)
+        for f in fields:
+            groups.setdefault((f, tuple(c[g] for g in fields if g != f)), []).append((r, c[f]))
+    wins = {f: {} for f in fields}  # axis -> winning value -> its best tokens/s per GPU over the start's
+    for start in starts:
+        for f in fields:
+            sub = groups.get((f, tuple(start[g] for g in fields if g != f)), [])
+            on = {id(r) for r in _front([r for r, _ in sub])}
+            ref = max((r["tokens_per_s_per_gpu"] for r, v in sub if v == start[f] and r["fits"]), default=0.0)
+            for r, v in sub:
+                if id(r) in on:
+                    gain = r["tokens_per_s_per_gpu"] / ref if ref > 0 else 1.0
+                    wins[f][v] = max(wins[f].get(v, 0.0), gain)
+    if not all(wins.values()):
         return []
-    vals = [(f, [v for v in vs if any(_choice_of(r, axes)[f] == v for r in front)]) for f, vs in axes]
+    # the most promising first: the product of each value's gain
+    scored = sorted(itertools.product(*[list(wins[f].items()) for f in fields]),
+                    key=lambda vs: -math.prod(g for _, g in vs))
     out = []
-    for combo in itertools.product(*[v for _, v in vals]):
-        c = dict(zip([f for f, _ in vals], combo))
+    for combo in scored:
+        c = dict(zip(fields, [v for v, _ in combo]))
         if _ckey(c) not in done:
             out.append(c)
         if len(out) >= cap:
@@ -1222,8 +1250,9 @@ def _spec_text(p: Policies) -> str:
     return "off"
 
 
-def _rank(df, top: int):
-    """Top deployments (best batch each), and the reason each other deployment lost."""
+def _rank(df, top: int, tpot_col: str = "tpot_ms"):
+    """Top deployments (best batch each), and the reason each other deployment lost (``tpot_col``: the TPOT
+    the SLA bounds)."""
     # ties: the shorter TTFT, then TPOT, then fewer GPUs (a stable sort keeps the table order after that)
     order = df.assign(_neg=-df["tokens_per_s_per_gpu"]).sort_values(
         ["_neg", "ttft_ms", "tpot_ms", "gpus"], kind="mergesort").drop(columns="_neg")
@@ -1264,7 +1293,7 @@ def _rank(df, top: int):
                 r = timely.iloc[0]
                 reason = r["why"]
                 if reason == "tpot":
-                    detail = f"TPOT {timely['tpot_ms'].min():.1f} ms at best (meeting TTFT)"
+                    detail = f"TPOT {timely[tpot_col].min():.1f} ms at best (meeting TTFT)"
                 else:
                     detail = f"{timely['tokens_per_s_per_user'].max():.1f} tok/s/user at best (meeting TTFT)"
         reasons[reason] += 1
@@ -1358,7 +1387,8 @@ def launch_flags(model, row: dict) -> dict:
         if pol.dspark == "on":
             notes.add("DSpark drafting has no upstream SGLang/vLLM flag yet: the commands run without it")
         for f, what in (("fusion", "mHC fusion"), ("decoder_replay", "decoder bounded replay"),
-                        ("engram", "Engram table residency")):
+                        ("engram", "Engram table residency"), ("engram_shard", "Engram row sharding"),
+                        ("engram_proj", "Engram projection split"), ("sp", "sequence parallelism")):
             if getattr(pol, f) != getattr(Policies(), f):
                 notes.add(f"{what} ({f}={getattr(pol, f)}) is an engine implementation choice with no documented "
                           "flag")
