@@ -11,7 +11,8 @@ For requests of ``isl`` prompt tokens and ``osl`` output tokens:
   the transfer streams over min(senders, receivers) links (NIC or NVLink) in parallel, and a DP group
   hands over its batch/dp requests one after the other;
 * TTFT = prefill forward + that transfer (layer-wise streaming, which would overlap the two, is not
-  assumed here; :func:`handover_seconds` streams it, as ``graphsim search`` does); ITL = the decode forward at ``batch`` requests and the mean context isl + osl/2;
+  assumed here; :func:`handover_seconds` streams it, as ``graphsim search`` does); ITL = the decode
+  forward at ``batch`` requests and the mean context isl + osl/2;
 * system rate = min(prefill capacity, decode capacity) in requests/s; tokens/s per GPU divide it over
   both pools, tokens/s per user = 1 / ITL.
 

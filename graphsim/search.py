@@ -19,7 +19,8 @@ The serving model (docs/search.md says the same, with the launch-flag table):
   (:func:`agg_schedules`), and TPOT p99 is the spike when more than 1 % of the steps prefill;
 * **disaggregated** (``disagg``): ``x`` prefill replicas (``p`` prompts per forward) and ``y`` decode
   replicas (``B`` requests) with x·n_p + y·n_d ≤ the GPUs (as :mod:`graphsim.disagg`): TTFT = T_pre(p) + the
-  KV hand-over (streamed layer by layer, over NVLink inside a domain), TPOT = T_dec(B)/E, system rate = min(x·p/T_pre, y·B·E/(ōsl·T_dec)) requests/s, tokens/s per
+  KV hand-over (streamed layer by layer, over NVLink inside a domain), TPOT = T_dec(B)/E, system rate =
+  min(x·p/T_pre, y·B·E/(ōsl·T_dec)) requests/s, tokens/s per
   GPU over the GPUs used. For each pair of pools and batch, the replica counts near rate balance (and the
   most decode replicas that fit) are tried and the best tokens/s per GPU kept (fewest GPUs on a tie: TTFT and
   TPOT do not depend on the counts);
@@ -228,7 +229,8 @@ class SLA:
             v = getattr(self, f)
             require(v is None or (isinstance(v, (int, float)) and math.isfinite(v) and v > 0), f"sla.{f}",
                     f"must be a positive number, got {v!r}")
-        require(self.tpot_stat in TPOT_STATS, "sla.tpot_stat", f"one of {', '.join(TPOT_STATS)}, got {self.tpot_stat!r}")
+        require(self.tpot_stat in TPOT_STATS, "sla.tpot_stat",
+                f"one of {', '.join(TPOT_STATS)}, got {self.tpot_stat!r}")
 
     def to_dict(self) -> dict:
         return attrs.asdict(self)
@@ -505,7 +507,8 @@ class _Search:
 
         state = {k: repr(v) for k, v in sorted(model.__getstate__().items())}
         self.identity = hashlib.sha256(json.dumps(
-            [__version__, "search-2", Group.ARRAYS, MIXED_BLOCKS, state, attrs.asdict(hw), profile and attrs.asdict(profile),
+            [__version__, "search-2", Group.ARRAYS, MIXED_BLOCKS, state, attrs.asdict(hw),
+             profile and attrs.asdict(profile),
              view and attrs.asdict(view), traffic.to_dict(), reserve_gib, space.batches, space.prefill_batches,
              space.acceptance], default=str, sort_keys=True).encode()).hexdigest()
 

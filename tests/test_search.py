@@ -466,7 +466,8 @@ def test_a_damaged_cache_file_is_recomputed(tmp_path):
 
 
 # ---- a search that is a bound on its space (issue 24) ------------------------------------------------------------
-LLAMA = str(__import__("pathlib").Path(__file__).parent / "data" / "hf_configs" / "meta-llama--Meta-Llama-3.1-8B_config.json")
+LLAMA = str(__import__("pathlib").Path(__file__).parent / "data" / "hf_configs"
+            / "meta-llama--Meta-Llama-3.1-8B_config.json")
 
 
 def _best_meeting(table, sla: SLA) -> float:
@@ -539,12 +540,14 @@ def test_ttft_steps_and_p99():
     for b in (32, 512):
         g = t[t["decode_batch"] == b].set_index("ttft_step")
         assert set(g.index) == {"mixed", "prefill", "lone"}
-        assert g.loc["prefill", "ttft_ms"] < g.loc["mixed", "ttft_ms"] and g.loc["lone", "ttft_ms"] <= g.loc["prefill", "ttft_ms"]
+        assert g.loc["prefill", "ttft_ms"] < g.loc["mixed", "ttft_ms"]
+        assert g.loc["lone", "ttft_ms"] <= g.loc["prefill", "ttft_ms"]
         assert g.loc["prefill", "tpot_ms"] > g.loc["mixed", "tpot_ms"]
     m = gs.ParallelMapping(tp=2, dp=4, ep=4)
     ctx = 4500
     dec = gs.compile_plan("deepseek-v3", gs.Plan([f"decode:{ctx}x512"], m), "gb200").report().forward_s
-    mix = gs.compile_plan("deepseek-v3", gs.Plan(["prefill:4000x4", f"decode:{ctx}x512"], m), "gb200").report().forward_s
+    mix = gs.compile_plan("deepseek-v3", gs.Plan(["prefill:4000x4", f"decode:{ctx}x512"], m),
+                          "gb200").report().forward_s
     row = t[(t["decode_batch"] == 512) & (t["ttft_step"] == "mixed")].iloc[0]
     f = 512 / (1000 * 4)  # 12.8 % of the steps prefill: p99 is the mixed step
     assert row["tpot_p99_ms"] == pytest.approx(mix * 1e3, rel=1e-9)
@@ -587,3 +590,24 @@ def test_build_failures_are_listed_with_their_error(capsys):
     for x in res.skipped:
         assert f"{x['what']}: {x['error']}" in text
     assert res.to_json()["skipped"] == res.skipped
+
+
+def test_handover_streams_over_nvlink_inside_a_domain():
+    """The KV hand-over streams layer by layer during the prefill (each of L layers 1/L of the bytes and of the
+    forward): exposed = max(T_tr/L, T_tr − T_pre·(L−1)/L) + one latency, over NVLink when a prefill and a
+    decode replica fit in one NVLink domain together, else over scale-out (docs/search.md)."""
+    from graphsim.disagg import Pool, handover_link, handover_seconds, transfer_seconds
+
+    model, gb200, h100 = ref_model(), gs.load_hw("gb200"), gs.load_hw("h100")
+    p, d = Pool(gs.ParallelMapping(tp=4), 2), Pool(gs.ParallelMapping(tp=4), 1)
+    assert handover_link(gb200, p.mapping, d.mapping) == "nvlink"  # 8 <= 72
+    assert handover_link(h100, gs.ParallelMapping(tp=8), d.mapping) == "scaleout"  # 12 > 8
+    L = model.num_layers()
+    for t_pre in (1e-6, 10.0):  # nothing to hide it under / all of it hidden but the last layer
+        exposed, nbytes, link = handover_seconds(model, gb200, p, d, 4000, t_pre)
+        total, _ = transfer_seconds(model, gb200, p, d, 4000, link="nvlink")
+        wire = total - gb200.nvlink_latency_s
+        assert link == "nvlink" and nbytes > 0
+        assert exposed == pytest.approx(max(wire / L, wire - t_pre * (L - 1) / L) + gb200.nvlink_latency_s,
+                                        rel=1e-12)
+    assert handover_seconds(model, gb200, p, d, 4000, 10.0)[0] < total / 10
