@@ -4,6 +4,9 @@ collectives and dependencies. The shipped model builders use exactly this API.
 Ops are appended in program order. Unless ``deps`` is given, an op depends on the last op of the compute
 stream (data flows down the layer); a comm or host-copy op depends on the last compute op, and later compute
 ops do *not* wait for it unless told (``deps=[...]`` or :meth:`GraphBuilder.depends`) — that is overlap.
+A branch that reads an earlier value (``deps=[that op]``) leaves the chain; :meth:`GraphBuilder.join` makes
+the next compute op wait for the other branch too (e.g. the shared expert beside the routed experts): the
+graph's edges are then the model's dataflow, and communication on one branch overlaps the other's compute.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ class GraphBuilder:
         self._layer: int | None = None
         self._prefix = ""
         self._last: dict[str, str] = {}
+        self._joins: list[str] = []
         self._costs: dict[Cost, Cost] = {}
 
     # ---- context ---------------------------------------------------------------------------------
@@ -112,6 +116,11 @@ class GraphBuilder:
     def depends(self, src: str, dst: str, kind: str = "data") -> None:
         self._edges.append(Edge(src, dst, kind))
 
+    def join(self, *names: str) -> None:
+        """The next compute op created with its default dependency also consumes ``names``' outputs: branches
+        that left the chain rejoin the dataflow there (the sum of the routed and the shared experts)."""
+        self._joins.extend(n for n in names if n and n not in self._joins)
+
     # ---- ops --------------------------------------------------------------------------------------
     def op(self, name: str, kind: str, cost: Cost = Cost(), *, stream: str = "compute", token_set: str = "",
            precision: str = "", split: Iterable[str] = (), reads: Sequence[str] = (), writes: Sequence[str] = (),
@@ -130,6 +139,8 @@ class GraphBuilder:
         if deps is None:
             d = self._last.get("compute")
             deps = (d,) if d else ()
+            if stream == "compute" and self._joins:
+                deps, self._joins = (*deps, *(j for j in self._joins if j != d)), []
         self._ops.append(o)
         for d in deps:
             if d is not None:

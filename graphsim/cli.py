@@ -1,7 +1,8 @@
 """The ``graphsim`` command line (also ``python -m graphsim``).
 
-Exit codes: 0 done; 2 bad input — one line ``graphsim: error: <field>: <what is allowed>`` (argparse's errors
-included; the usage block only with ``--help``); 3 an internal error (a bug: one line asking to rerun with
+Exit codes: 0 done; 1 a check found what it looks for (``measured check``: a table row below its SOL); 2 bad
+input — one line ``graphsim: error: <field>: <what is allowed>`` (argparse's errors included; the usage block
+only with ``--help``); 3 an internal error (a bug: one line asking to rerun with
 ``--debug`` or ``GRAPHSIM_DEBUG=1``, which show its traceback); 130 interrupted.
 """
 from __future__ import annotations
@@ -143,9 +144,11 @@ def _plan_args(p: argparse.ArgumentParser, requests: bool = True) -> None:
     g.add_argument("--attention-precision", default="auto", choices=ATTENTION_PRECISIONS,
                    help="attention math precision (QK^T, PV); auto = from the KV cache format. An explicit "
                         "narrower one keeps the KV cache at it (FP8 attention reads an FP8 cache)")
-    g.add_argument("--overlap", default="none", choices=("none", "two-batch"),
-                   help="none = one batch per forward; two-batch = two micro-batches whose communication hides "
-                        "under each other's compute")
+    g.add_argument("--overlap", default="none", choices=("none", "serial", "two-batch"),
+                   help="none = one batch per forward, its collectives overlapping the compute that does not "
+                        "depend on them (the model's dataflow); serial = no overlap inside the batch; "
+                        "two-batch = two micro-batches (requests, or one prompt's tokens) whose communication "
+                        "hides under each other's compute")
     g.add_argument("--sp", default="off", choices=("off", "on"),
                    help="sequence parallelism: norms/mHC/elementwise shard their tokens over TP (RS in, AG out)")
     g.add_argument("--engram", default="hbm", choices=("hbm", "host"),
@@ -517,7 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         command = next((x for x in args if not x.startswith("-")), None)  # top-level flags take no values
         a = build_parser(command).parse_args(args)
-        a.fn(a)
+        rc = a.fn(a)
     except GraphsimError as e:
         print("graphsim: error: " + " ".join(str(e).split()), file=sys.stderr)  # always one line
         return 2
@@ -534,7 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"graphsim: internal error: {what} (a bug in graphsim; rerun with --debug or GRAPHSIM_DEBUG=1 "
               "for the traceback)", file=sys.stderr)
         return 3
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":  # `python -m graphsim.cli`: the package's module, so subcommands register on it

@@ -57,8 +57,9 @@ def register(sub) -> None:
                         "also the SWA window (DeepSeek-V4)")
     g.add_argument("--link", default="scaleout", choices=("scaleout", "nvlink"),
                    help="the handover link between the pools: scale-out NICs or NVLink (one domain)")
-    g.add_argument("--overlap", default="none", choices=("none", "two-batch"),
-                   help="none = one batch per forward; two-batch = two micro-batches hiding each other's "
+    g.add_argument("--overlap", default="none", choices=("none", "serial", "two-batch"),
+                   help="none = one batch per forward, collectives overlapping independent compute; serial = no "
+                        "overlap inside the batch; two-batch = two micro-batches hiding each other's "
                         "communication")
     _view_args(p)
     output_args(p)

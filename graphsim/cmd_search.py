@@ -54,6 +54,10 @@ def register(sub) -> None:
                         "at most N; tokens/s per GPU counts the GPUs a deployment uses")
     g.add_argument("--reserve-gib", type=float, default=None, metavar="GIB",
                    help="runtime reserve per GPU in the memory check (default graphsim.fit.DEFAULT_RESERVE_GIB)")
+    g.add_argument("--kv-margin", type=float, default=None, metavar="SIGMAS",
+                   help="memory holds each decode request at the steady-state mean context isl + osl/2 plus this many "
+                        "standard deviations of a DP rank's summed context (default 3: positions uniform over "
+                        "[isl, isl + osl], osl/sqrt(12) each; docs/search.md)")
     t = p.add_argument_group("traffic", "one request class (--isl/--osl) or a distribution (--lengths)")
     t.add_argument("--isl", type=int, default=None, metavar="TOKENS", help="prompt tokens per request")
     t.add_argument("--osl", type=int, default=None, metavar="TOKENS", help="output tokens per request")
@@ -65,6 +69,9 @@ def register(sub) -> None:
                    help="time per output token (mean inter-token latency) bound, ms")
     s.add_argument("--min-user-tps", type=float, default=None, metavar="TOK/S",
                    help="minimum output tokens/s per user")
+    s.add_argument("--tpot-stat", default="mean", choices=("mean", "p99"),
+                   help="which TPOT --tpot bounds: the steady-state mean (default) or the p99 over the step mix "
+                        "(a step that prefills is a spike)")
     sp = p.add_argument_group("space", "what is searched (comma lists prune it)")
     sp.add_argument("--modes", default="agg,disagg", help="agg, disagg or both (default agg,disagg)")
     for ax, what in (("tp", "tensor"), ("dp", "attention data"), ("ep", "expert")):
@@ -87,10 +94,12 @@ def register(sub) -> None:
                     help="search speculative decoding (MTP-K, or DSpark with K = its draft block) at these "
                          "per-position acceptances; without it speculation stays off")
     sp.add_argument("--refine", type=int, default=4, metavar="N",
-                    help="how many of the best deployments get the policy stage (default 4; 0 = base policies only)")
+                    help="how many of the best deployments along the tok/s/GPU vs tok/s/user front get the policy "
+                         "stage (default 4; 0 = base policies only; chosen without the SLA)")
     sp.add_argument("--exhaustive", action="store_true",
                     help="policy stage: every combination of the policy axes instead of one axis at a time + the "
-                         "best of each combined")
+                         "combinations of the values on the front (with --refine >= the deployments: the whole "
+                         "space, a bound on it)")
     sp.add_argument("--jobs", type=int, default=1, metavar="N",
                     help="evaluate programs on N worker processes (default 1; the same results)")
     sp.add_argument("--max-replica-gpus", type=int, default=None, metavar="N",
@@ -132,15 +141,18 @@ def run(a) -> None:
     from .outputs import check_output, emit, output_path
     from .search import SLA, Traffic, search
 
+    from .search import DEFAULT_KV_MARGIN
+
+    margin = DEFAULT_KV_MARGIN if a.kv_margin is None else a.kv_margin
     if a.lengths:
         if a.isl is not None or a.osl is not None:
             raise GraphsimError("lengths", "give --isl/--osl or --lengths, not both")
-        traffic = Traffic.load(a.lengths)
+        traffic = Traffic.load(a.lengths, margin)
     else:
         if a.isl is None or a.osl is None:
             raise GraphsimError("isl" if a.isl is None else "osl", "required (or give --lengths FILE)")
-        traffic = Traffic.of(a.isl, a.osl)
-    sla = SLA(a.ttft, a.tpot, a.min_user_tps)
+        traffic = Traffic.of(a.isl, a.osl, margin)
+    sla = SLA(a.ttft, a.tpot, a.min_user_tps, a.tpot_stat)
     space = _space(a)
     table_out = a.output if a.output and a.output.lower().endswith(TABLE_SUFFIXES) else None
     text_out = a.output if a.output and not table_out else None
@@ -237,7 +249,8 @@ def _traffic_text(t) -> str:
 
 
 def _sla_text(s) -> str:
-    parts = [f"TTFT <= {s.ttft_ms:g} ms" if s.ttft_ms else "", f"TPOT <= {s.tpot_ms:g} ms" if s.tpot_ms else "",
+    stat = " (p99)" if s.tpot_stat == "p99" else ""
+    parts = [f"TTFT <= {s.ttft_ms:g} ms" if s.ttft_ms else "", f"TPOT{stat} <= {s.tpot_ms:g} ms" if s.tpot_ms else "",
              f">= {s.min_tokens_per_s_per_user:g} tok/s/user" if s.min_tokens_per_s_per_user else ""]
     return ", ".join(p for p in parts if p) or "none"
 
@@ -251,36 +264,48 @@ def to_text(r, launch_all: bool = False, pareto_rows: int = 12, lost_rows: int =
              f"mappings, batches {sp['batches_per_dp_rank'][0]}..{sp['batches_per_dp_rank'][-1]} per DP rank, "
              f"policy axes: {axes}; {st['programs_compiled']} programs compiled, {st['programs_cached']} from cache, "
              f"{st['rows']:,} points in {st['wall_s']:.1f} s", ""]
+    if r.view == "sol" and r.profile == "sol":
+        lines += ["times are lower bounds (SOL): no run is faster; each row's TTFT and TPOT are achieved together "
+                  "by its TTFT step's schedule", ""]
+    else:
+        lines += [f"times are estimates ({r.view} view, profile {r.profile}), not bounds", ""]
     if not r.best:
         lines.append("no deployment meets the SLA (see why below; the Pareto front shows what is reachable)")
     else:
         hdr = (f"{'#':>2}  {'mode':<6} {'deployment':<44} {'policies':<26} {'batch':>6} {'GPUs':>4} {'TTFT ms':>8} "
-               f"{'TPOT ms':>8} {'tok/s/user':>10} {'tok/s/GPU':>10} {'free GiB':>8}")
+               f"{'(step)':<8} {'TPOT ms':>8} {'p99':>7} {'tok/s/user':>10} {'tok/s/GPU':>10} {'free GiB':>8}")
         lines.append(hdr)
         for b in r.best:
             batch = b["decode_batch"] if b["verify"] == 0 else f"{b['decode_batch']}v{b['verify']}"
             lines.append(f"{b['rank']:>2}  {b['mode']:<6} {b['mapping']:<44} {b['policies'][:26]:<26} {batch:>6} "
-                         f"{b['gpus']:>4} {b['ttft_ms']:>8.0f} {b['tpot_ms']:>8.2f} {b['tokens_per_s_per_user']:>10.1f} "
+                         f"{b['gpus']:>4} {b['ttft_ms']:>8.0f} {b['ttft_step']:<8} {b['tpot_ms']:>8.2f} "
+                         f"{b['tpot_p99_ms']:>7.2f} {b['tokens_per_s_per_user']:>10.1f} "
                          f"{b['tokens_per_s_per_gpu']:>10.1f} {b['memory_headroom_gib']:>8.1f}")
+            others = [p for p in b.get("jointly_achievable", []) if p["ttft_step"] != b["ttft_step"]]
+            if others:
+                lines.append("      also achievable together: " + "; ".join(
+                    f"TTFT {p['ttft_ms']:.0f} ms ({p['ttft_step']}) with TPOT {p['tpot_ms']:.2f} ms" for p in others))
     lines += ["", f"Pareto front (tok/s/GPU vs tok/s/user; fits and meets TTFT): {len(r.pareto)} points"]
     front = r.pareto
     if len(front) > pareto_rows:  # evenly spaced along the front, both ends kept
         step = (len(front) - 1) / (pareto_rows - 1)
         front = [front[round(i * step)] for i in range(pareto_rows)]
     for p in front:
-        ok = "" if not r.sla.tpot_ms or p["tpot_ms"] <= r.sla.tpot_ms else "  (misses TPOT)"
+        tpot = p["tpot_p99_ms" if r.sla.tpot_stat == "p99" else "tpot_ms"]
+        ok = "" if not r.sla.tpot_ms or tpot <= r.sla.tpot_ms else "  (misses TPOT)"
         lines.append(f"  {p['tokens_per_s_per_user']:>8.1f} tok/s/user {p['tokens_per_s_per_gpu']:>9.1f} tok/s/GPU  "
-                     f"{p['mode']} {p['mapping']} [{p['policies']}] batch {p['decode_batch']}{ok}")
+                     f"{p['mode']} {p['mapping']} [{p['policies']}] batch {p['decode_batch']}, TTFT "
+                     f"{p['ttft_ms']:.0f} ms ({p['ttft_step']}){ok}")
     counts = ", ".join(f"{k} {v}" for k, v in r.reasons.items() if v)
     lines += ["", f"why the others lost ({len(r.rejected)} deployments: {counts or 'none'}):"]
     for x in r.rejected[:lost_rows]:
         lines.append(f"  {x['reason']:<10} {x['mode']} {x['mapping']} [{x['policies']}]: {x['detail']}")
     if len(r.rejected) > lost_rows:
         lines.append(f"  ... {len(r.rejected) - lost_rows} more (--json lists them all)")
-    if r.skipped:
+    if r.skipped:  # every program that failed, with its error (--json lists them too)
         lines += ["", f"not evaluated ({len(r.skipped)} programs):"]
-        for err in sorted({x["error"] for x in r.skipped})[:5]:
-            lines.append(f"  {err}")
+        for x in r.skipped:
+            lines.append(f"  {x['what']}: {x['error']}")
     for b in r.best if launch_all else r.best[:1]:
         lines += ["", f"launch #{b['rank']} ({b['mode']} {b['mapping']}):"]
         for engine in ("sglang", "vllm"):

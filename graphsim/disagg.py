@@ -11,7 +11,8 @@ For requests of ``isl`` prompt tokens and ``osl`` output tokens:
   the transfer streams over min(senders, receivers) links (NIC or NVLink) in parallel, and a DP group
   hands over its batch/dp requests one after the other;
 * TTFT = prefill forward + that transfer (layer-wise streaming, which would overlap the two, is not
-  assumed); ITL = the decode forward at ``batch`` requests and the mean context isl + osl/2;
+  assumed here; :func:`handover_seconds` streams it, as ``graphsim search`` does); ITL = the decode
+  forward at ``batch`` requests and the mean context isl + osl/2;
 * system rate = min(prefill capacity, decode capacity) in requests/s; tokens/s per GPU divide it over
   both pools, tokens/s per user = 1 / ITL.
 
@@ -141,6 +142,27 @@ def transfer_seconds(model, hw, prefill: Pool, decode: Pool, isl: int, kv: str =
     bw, lat = (hw.scaleout_bw, hw.scaleout_latency_s) if link == "scaleout" else (hw.nvlink_bw, hw.nvlink_latency_s)
     per_group = -(-prefill.batch // p.dp)
     return per_group * nbytes / (lanes * bw) + lat, nbytes
+
+
+def handover_link(hw, prefill: ParallelMapping, decode: ParallelMapping) -> str:
+    """``nvlink`` when a prefill replica and a decode replica fit in one NVLink domain together (the fastest
+    placement puts each pair there), else ``scaleout``."""
+    return "nvlink" if prefill.gpus + decode.gpus <= hw.nvlink_domain else "scaleout"
+
+
+def handover_seconds(model, hw, prefill: Pool, decode: Pool, isl: int, prefill_s: float, kv: str = "global",
+                     link: str | None = None) -> tuple[float, float, str]:
+    """(exposed seconds of the KV hand-over after a prefill forward of ``prefill_s``, bytes per request, link).
+
+    The cache is streamed layer by layer while the prefill runs (each of the L layers 1/L of the bytes and of
+    the forward): layer l's KV leaves when layer l is done, so the transfer ends at
+    max(T_tr/L, T_tr − T_pre·(L−1)/L) after the forward (the last layer's share, or what the overlap cannot
+    hide), plus one link latency. ``link`` defaults to :func:`handover_link`."""
+    link = link or handover_link(hw, prefill.mapping, decode.mapping)
+    total, nbytes = transfer_seconds(model, hw, prefill, decode, isl, kv, link)
+    lat = hw.scaleout_latency_s if link == "scaleout" else hw.nvlink_latency_s
+    wire, layers = total - lat, max(1, int(model.num_layers()))
+    return max(wire / layers, wire - prefill_s * (layers - 1) / layers) + lat, nbytes, link
 
 
 def _forward_seconds(model, hw, mapping, policies, kind: str, batch: Sequence[int], length: int, profile,

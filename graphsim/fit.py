@@ -124,11 +124,15 @@ class MemoryModel:
             wl = Workload(("prefill",), b[:, None], ctx[:, None], np.zeros_like(b)[:, None])
         return op_workspace(self.c.program, wl)
 
-    def headroom(self, batch, context: int, workspace) -> np.ndarray:
-        """HBM left per device for each batch (requests at ``context`` tokens, ``workspace`` bytes of
-        activations each): :meth:`fit`'s headroom over arrays, a host-table shortfall counted as negative."""
+    def headroom(self, batch, context, workspace) -> np.ndarray:
+        """HBM left per device for each batch (requests at ``context`` tokens — one context, or one per batch
+        —, ``workspace`` bytes of activations each): :meth:`fit`'s headroom over arrays, a host-table shortfall
+        counted as negative."""
         b = np.asarray(batch, dtype=np.float64)
-        total = sum(self.weights.values()) + b * self.kv_per_request(context) + workspace + self.reserve
+        ctx = np.broadcast_to(np.asarray(context), b.shape)
+        per = {int(c): self.kv_per_request(int(c)) for c in np.unique(ctx)}
+        kv = np.vectorize(per.__getitem__, otypes=[np.float64])(ctx.astype(np.int64)) if ctx.size else ctx * 0.0
+        total = sum(self.weights.values()) + b * kv + workspace + self.reserve
         room = self.hw.hbm_capacity_bytes - total
         if self.policies.engram == "host" and self.tables > self.hw.host_mem_bytes:
             room = np.minimum(room, self.hw.host_mem_bytes - self.tables)

@@ -50,6 +50,10 @@ def _algorithms(value) -> tuple:
     return check_algorithms(value)
 
 
+#: Values of ``Policies.overlap`` (passes/overlap.py).
+OVERLAPS = ("none", "serial", "two-batch")
+
+
 @attrs.frozen
 class Policies:
     """Runtime strategies a result is computed under (recorded in every report)."""
@@ -57,7 +61,10 @@ class Policies:
     decoder_replay: str = attrs.field(default="off", validator=one_of("policies", ("off", "sglang", "paper")))
     encoder_replay: str = attrs.field(default="on", validator=one_of("policies", ("on", "off")))
     fusion: str = attrs.field(default="unfused", validator=one_of("policies", ("unfused", "two-pass", "single-pass")))
-    overlap: str = attrs.field(default="none", validator=one_of("policies", ("none", "two-batch")))
+    #: "none": one batch, its collectives overlapping the compute that does not depend on them (the model's
+    #: dataflow; the SOL default); "serial": no overlap inside the batch (every collective exposed);
+    #: "two-batch": two micro-batches (requests, or one prompt's tokens), each hiding the other's exchanges
+    overlap: str = attrs.field(default="none", validator=one_of("policies", OVERLAPS))
     engram: str = attrs.field(default="hbm", validator=one_of("policies", ("hbm", "host")))
     #: Engram host residency: blocks ahead the row copy may start
     prefetch_distance: int = attrs.field(default=1, validator=_int_in(0, MAX_LAYERS))

@@ -132,6 +132,11 @@ class Report:
                   f"  runtime reserve {m['reserve_gib']:9.2f} GiB",
                   f"  total           {m['total_gib']:9.2f} GiB of {m['capacity_gib']:.2f} GiB -> "
                   + ("fits" if m["fits"] else f"does NOT fit by {-m['headroom_gib']:.2f} GiB")]
+        comm = self.breakdown.get("collective", 0.0)
+        if comm:  # what of the communication the schedule hides beside compute, and what stays exposed
+            exposed = sum(o["duration_s"] for o in self.critical_path if o["stream"] == "comm")
+            lines += ["", f"communication    {_ms(comm)} busy, {_ms(exposed).strip()} exposed on the critical path, "
+                          f"{_ms(max(comm - exposed, 0.0)).strip()} hidden beside compute"]
         lines += ["", f"critical path (top {top} of {len(self.critical_path)} ops by time)"]
         for op in sorted(self.critical_path, key=lambda o: -o["duration_s"])[:top]:
             algo = f"  [{op['algorithm']}]" if op.get("algorithm") else ""

@@ -96,11 +96,13 @@ def activation(act: str) -> tuple[int, float]:
 @rule("mlp", "gated: 2·3·h·i·T FLOPs (gate/up column-parallel, down row-parallel + TP all-reduce), i exps "
       "per token; non-gated (ReLU²): 2·2·h·i·T")
 def mlp(b: GraphBuilder, prefix: str, ts: str, hidden: int, inter: int, *, weights: tuple[str, str],
-        act: str = "silu", merge: str = "") -> str:
+        act: str = "silu", merge: str = "", deps: tuple | None = None) -> str:
+    """``deps``: the op whose output the MLP reads (default: the last compute op)."""
     up, down = weights
     mats, exps = activation(act)
     n_up = (mats - 1) * inter
-    linear(b, f"{prefix}gate_up" if mats == 3 else f"{prefix}up", ts, hidden, n_up, up, split=("tp", "dp"))
+    linear(b, f"{prefix}gate_up" if mats == 3 else f"{prefix}up", ts, hidden, n_up, up, split=("tp", "dp"),
+           deps=deps)
     b.elementwise(f"{prefix}{'swiglu' if mats == 3 else act}", ts, inter, bytes_in=2.0 * (mats - 1), bytes_out=2.0,
                   flops_per_elem=4.0, kind="activation", split=("tp", "dp"), exps=exps * inter,
                   params={"role": GATED} if mats == 3 else {})
@@ -261,6 +263,7 @@ class MoEShape:
       "latent MoE: 2·h·w·T down and up projections; shared expert as mlp")
 def moe(b: GraphBuilder, p: str, ts: str, hidden: int, s: MoEShape, *, experts: str, router: str,
         shared: tuple[str, str] | None = None, latent: tuple[str, str] | None = None) -> None:
+    x = b.last  # the block's input: the router and the shared expert both read it
     b.gemm("router", ts, hidden, s.experts, weight=router, act_out="fp32", split=("dp",))
     b.elementwise("topk", ts, s.experts, bytes_in=4.0, bytes_out=0.0, flops_per_elem=2.0, kind="router",
                   split=("dp",), exps=s.experts)
@@ -281,8 +284,11 @@ def moe(b: GraphBuilder, p: str, ts: str, hidden: int, s: MoEShape, *, experts: 
                   exps_per_elem=exps, slots=s.slots)
     if s.latent:
         linear(b, "moe.latent_up", ts, w, hidden, latent[1], split=("dp",))
-    if shared:
-        mlp(b, "moe.shared.", ts, hidden, s.shared_inter, weights=shared, act=s.act, merge=MOE_OUT)
+    if shared:  # beside the routed path (dataflow: it needs none of the exchange), summed with its output
+        routed = b.last
+        mlp(b, "moe.shared.", ts, hidden, s.shared_inter, weights=shared, act=s.act, merge=MOE_OUT,
+            deps=(x,) if x else None)
+        b.join(routed)
 
 
 @rule("dsa_indexer", "index Q 2·q_lora·H·D + weights 2·h·H per token; 2·H·D + 3·H FLOPs per scored (query, key) "

@@ -5,27 +5,33 @@ per user.
 The serving model (docs/search.md says the same, with the launch-flag table):
 
 * **traffic**: request classes (ISL, OSL, weight); one class from ``isl``/``osl``. Decode runs at the
-  token-weighted mean context Σw·osl·(isl + osl/2) / Σw·osl; memory must hold every request of a batch at its
-  full length (the weighted mean of isl + osl — one class: isl + osl);
+  token-weighted mean context Σw·osl·(isl + osl/2) / Σw·osl; memory holds the steady-state occupancy: a
+  slot's position is uniform over [isl, isl + osl], so the n requests of a DP rank are held at
+  mean + kv_margin·σ/√n each (:meth:`Traffic.memory_context`);
 * **aggregated** (``agg``): ``gpus // n`` replicas of an ``n``-GPU mapping, each running ``B`` requests. A
   new prompt is prefilled whole in one step *together with* the running decodes (mixed batches: vLLM's
   chunked prefill, SGLang's mixed chunks), so prefill and decode share each weight read — the fastest
   schedule, as a SOL must assume. Per step every request gets E tokens (1, or the expected emitted tokens of
   speculative decoding), so f = B·E/(ōsl·dp) of the steps carry one prompt per DP group:
   step = (1 − f)·T_dec(B) + f·T_mix(B, dp prompts) (f > 1: steps carry dp·⌊f⌋ or dp·⌈f⌉ prompts),
-  TPOT = step / E, TTFT = T_mix (no queueing), output tokens/s per GPU = B / TPOT / n;
+  TPOT = step / E, TTFT = T_mix (no queueing), output tokens/s per GPU = B / TPOT / n; a prefill-only step
+  and a lone prompt are the other TTFT steps, each a row with the TPOT its schedule reaches
+  (:func:`agg_schedules`), and TPOT p99 is the spike when more than 1 % of the steps prefill;
 * **disaggregated** (``disagg``): ``x`` prefill replicas (``p`` prompts per forward) and ``y`` decode
   replicas (``B`` requests) with x·n_p + y·n_d ≤ the GPUs (as :mod:`graphsim.disagg`): TTFT = T_pre(p) + the
-  KV hand-over, TPOT = T_dec(B)/E, system rate = min(x·p/T_pre, y·B·E/(ōsl·T_dec)) requests/s, tokens/s per
+  KV hand-over (streamed layer by layer, over NVLink inside a domain), TPOT = T_dec(B)/E, system rate =
+  min(x·p/T_pre, y·B·E/(ōsl·T_dec)) requests/s, tokens/s per
   GPU over the GPUs used. For each pair of pools and batch, the replica counts near rate balance (and the
   most decode replicas that fit) are tried and the best tokens/s per GPU kept (fewest GPUs on a tie: TTFT and
   TPOT do not depend on the counts);
 * every forward time is graphsim's (the view and profile the search runs under), evaluated for all batch
   sizes of a (kind, mapping, policies) program in one vectorized call; each program is compiled once.
 
-The policy space is searched in two stages: every mapping under the base policies (the first value of each
-policy axis), then, for the mappings of the best deployments, every single-axis variant plus the
-combination of the best value of each axis (``exhaustive=True``: the whole product). Speculative decoding
+The policy space is searched in two stages, neither of which looks at the SLA (it only ranks): every mapping
+under the base policies (the first value of each policy axis) — where memory decides, with the residency and
+sharding values that may rescue it, so memory is checked after them —, then, for the pools of the best
+deployments along the front, every single-axis variant of their policies on the front plus every combination
+of the values that reach it (``exhaustive=True``: the whole product). Speculative decoding
 (MTP, DSpark) enters only with an acceptance profile: its throughput is E[emitted tokens] / step time, never
 a fixed rate.
 """
@@ -50,13 +56,33 @@ from .plan import ParallelMapping
 
 GiB = 2.0**30
 MODES = ("agg", "disagg")
+#: most prompts per DP rank a prefill forward is tried at (the grid runs up to what fits, at most this)
+MAX_PREFILL_PER_RANK = 256
+#: column blocks of a mixed program's forward times: steps with the decodes and dp·⌊f⌋ or dp·⌈f⌉ prompts,
+#: a prefill-only step of dp·⌈f⌉ prompts, one prompt alone
+MIXED_BLOCKS = ("mixed_lo", "mixed", "prefill", "lone")
+#: the step each row's TTFT is (and the schedule its TPOT and throughput assume): an aggregated replica
+#: prefills in the mixed step, in a prefill-only step that pauses the decodes, or one prompt at a time;
+#: a disaggregated deployment in its prefill pool
+TTFT_STEPS = ("mixed", "prefill", "lone", "disagg")
+#: the TPOT statistics a row reports and the SLA can bound
+TPOT_STATS = ("mean", "p99")
+#: default memory margin: standard deviations of a batch's summed steady-state context (Traffic.memory_context)
+DEFAULT_KV_MARGIN = 3.0
 #: decode requests per attention-DP rank (a replica's batch is this times dp)
 DEFAULT_BATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512,
                    640, 768, 896, 1024)
 #: prompts per attention-DP rank in one prefill forward of a disaggregated prefill pool
 DEFAULT_PREFILL_BATCHES = (1, 2, 4, 8)
 #: policy axes searched by default, when the model supports more than one value (base value first)
-POLICY_AXES = ("fusion", "overlap", "decoder_replay", "engram")
+POLICY_AXES = ("fusion", "overlap", "decoder_replay", "engram", "engram_shard", "engram_proj", "sp")
+#: residency and sharding axes: they change what a device holds, so memory is checked after them (a mapping
+#: that fits under none of their values is pruned, never one that fits under another). attention_precision
+#: narrows the KV cache, a quality choice: it is an axis only when ``--policy`` gives it
+MEMORY_AXES = ("engram", "engram_shard", "engram_proj", "sp", "attention_precision")
+#: the value of each memory axis that holds the least per device (tables in host memory, rows over every
+#: rank, the projection split over TP, activations split over TP)
+MEMORY_SAVERS = {"engram": "host", "engram_shard": "world", "engram_proj": "tp", "sp": "on"}
 #: fields that change only prefill token sets (a decode program ignores them, so decode shares one compile)
 PREFILL_ONLY = ("decoder_replay",)
 #: why a deployment lost, in the order they are listed: a policy variant of a ranked mapping, feasible but
@@ -65,7 +91,7 @@ REASONS = ("variant", "throughput", "tpot", "min_user_speed", "ttft", "memory")
 ROW_KEYS = ("mode", "mapping", "policies", "gpus", "prefill_mapping", "prefill_replicas", "prefill_batch",
             "prefill_gpus", "decode_mapping", "decode_replicas", "decode_batch", "decode_gpus", "verify",
             "ttft_ms", "tpot_ms", "tokens_per_s_per_user", "tokens_per_s_per_gpu", "output_tokens_per_s",
-            "memory_headroom_gib", "fits", "meets_sla", "pareto")
+            "memory_headroom_gib", "fits", "meets_sla", "pareto", "ttft_step", "tpot_p99_ms", "bound")
 
 
 # ---- inputs -------------------------------------------------------------------------------------------------
@@ -76,8 +102,12 @@ class Traffic:
     isl: tuple = attrs.field(converter=tuple)
     osl: tuple = attrs.field(converter=tuple)
     weight: tuple = attrs.field(converter=tuple)
+    #: standard deviations of the batch's summed context added to its mean in the memory check (see
+    #: :meth:`memory_context`)
+    kv_margin: float = DEFAULT_KV_MARGIN
 
     def __attrs_post_init__(self):
+        check_number("kv_margin", self.kv_margin, 0.0, 1000.0)
         require(len(self.isl) > 0 and len(self.isl) == len(self.osl) == len(self.weight), "traffic",
                 "give one or more classes, each with isl, osl and weight")
         for f in ("isl", "osl"):
@@ -88,11 +118,11 @@ class Traffic:
                     "traffic.weight", f"must be a positive number, got {w!r}")
 
     @staticmethod
-    def of(isl: int, osl: int) -> "Traffic":
-        return Traffic((isl,), (osl,), (1.0,))
+    def of(isl: int, osl: int, kv_margin: float = DEFAULT_KV_MARGIN) -> "Traffic":
+        return Traffic((isl,), (osl,), (1.0,), kv_margin)
 
     @staticmethod
-    def load(path: str | Path) -> "Traffic":
+    def load(path: str | Path, kv_margin: float = DEFAULT_KV_MARGIN) -> "Traffic":
         """A request-length distribution: CSV, JSON (a list of objects) or Parquet with columns ``isl``,
         ``osl`` and optionally ``weight`` (or ``count``); equal (isl, osl) rows are merged."""
         p = Path(path)
@@ -126,7 +156,7 @@ class Traffic:
             merged[key] = merged.get(key, 0.0) + w
         require(bool(merged), "lengths", f"{p.name} has no rows")
         keys = sorted(merged)
-        return Traffic([k[0] for k in keys], [k[1] for k in keys], [merged[k] for k in keys])
+        return Traffic([k[0] for k in keys], [k[1] for k in keys], [merged[k] for k in keys], kv_margin)
 
     @property
     def w(self) -> np.ndarray:
@@ -145,17 +175,43 @@ class Traffic:
         # one class: isl + osl // 2, the context graphsim.disagg decodes at
         return max(1, int(float((self.w * o) @ (i + np.floor(o / 2.0))) / float(self.w @ o)))
 
+    def _slot(self) -> tuple[float, float]:
+        """Mean and standard deviation of the context one decode slot holds in the steady state: a slot holds
+        a request of class c with probability ∝ w·osl (a request holds its slot for osl steps) at a position
+        uniform in [isl, isl + osl] (mean isl + osl/2, variance osl²/12)."""
+        i, o = np.asarray(self.isl, dtype=np.float64), np.asarray(self.osl, dtype=np.float64)
+        pi = self.w * o / float(self.w @ o)
+        mean = float(pi @ (i + o / 2.0))
+        var = float(pi @ (o * o / 12.0 + (i + o / 2.0) ** 2)) - mean * mean
+        return mean, math.sqrt(max(var, 0.0))
+
     @property
     def fit_context(self) -> int:
-        """Context each request of a batch is held at for the memory check: its full length, weighted."""
-        i, o = np.asarray(self.isl, dtype=np.float64), np.asarray(self.osl, dtype=np.float64)
-        return int(math.ceil(float(self.w @ (i + o))))
+        """The steady-state mean context a decode slot holds (memory holds it plus :meth:`memory_context`'s
+        margin)."""
+        return int(math.ceil(self._slot()[0]))
+
+    @property
+    def context_std(self) -> float:
+        """Standard deviation of one slot's context (one class: osl/√12)."""
+        return self._slot()[1]
+
+    def memory_context(self, requests) -> np.ndarray:
+        """Context per request the memory check holds when ``requests`` decode slots share a device's KV
+        (the requests of one attention-DP rank): the steady-state mean plus ``kv_margin`` standard
+        deviations of their sum spread over them, mean + z·σ/√n (the slots' positions are independent; by
+        the central limit theorem the summed KV exceeds this with probability ≈ 0.13 % at z = 3), at most
+        the longest request's full length isl + osl; whole tokens, rounded up."""
+        mean, std = self._slot()
+        n = np.maximum(np.asarray(requests, dtype=np.float64), 1.0)
+        full = max(i + o for i, o in zip(self.isl, self.osl))
+        return np.minimum(np.ceil(mean + self.kv_margin * std / np.sqrt(n) - 1e-9), full).astype(np.int64)
 
     def to_dict(self) -> dict:
         return {"classes": [{"isl": int(i), "osl": int(o), "weight": float(w)}
                             for i, o, w in zip(self.isl, self.osl, self.w)],
                 "mean_osl": self.mean_osl, "decode_context": self.decode_context,
-                "fit_context": self.fit_context}
+                "fit_context": self.fit_context, "context_std": self.context_std, "kv_margin": self.kv_margin}
 
 
 @attrs.frozen
@@ -165,12 +221,16 @@ class SLA:
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     min_tokens_per_s_per_user: float | None = None
+    #: which TPOT the bound holds: the steady-state ``mean`` or the ``p99`` over the step mix
+    tpot_stat: str = "mean"
 
     def __attrs_post_init__(self):
         for f in ("ttft_ms", "tpot_ms", "min_tokens_per_s_per_user"):
             v = getattr(self, f)
             require(v is None or (isinstance(v, (int, float)) and math.isfinite(v) and v > 0), f"sla.{f}",
                     f"must be a positive number, got {v!r}")
+        require(self.tpot_stat in TPOT_STATS, "sla.tpot_stat",
+                f"one of {', '.join(TPOT_STATS)}, got {self.tpot_stat!r}")
 
     def to_dict(self) -> dict:
         return attrs.asdict(self)
@@ -184,8 +244,9 @@ class Space:
     ``prefill_batches``: prompts per DP rank in a disaggregated prefill forward. ``policies``: (field, values)
     pairs replacing or adding to the default axes (:data:`POLICY_AXES` with the values the model supports;
     one value holds a field fixed). ``acceptance``: a_1..a_K to search
-    speculative decoding (MTP-K, or DSpark with K = its block). ``refine``: how many of the best deployments'
-    mappings get the policy stage."""
+    speculative decoding (MTP-K, or DSpark with K = its block). ``refine``: how many of the best deployments
+    along the front get the policy stage (``exhaustive`` with ``refine`` at least the deployments: the whole
+    space)."""
 
     modes: tuple = MODES
     tp: tuple | None = None
@@ -303,7 +364,9 @@ def policy_axes(model, space: Space) -> list[tuple[str, tuple]]:
     """(field, values) per searched policy axis, base value first; the speculative axis as ("spec", ...)."""
     from .pipeline import BASE_SUPPORT
 
-    support = {**BASE_SUPPORT, **model.POLICY_SUPPORT, "overlap": ("none", "two-batch")}
+    support = {**BASE_SUPPORT, **model.POLICY_SUPPORT, "overlap": ("none", "two-batch"), "sp": ("off", "on")}
+    if "host" in support.get("engram", ()):  # the model has Engram tables: where they live and how they split
+        support.update(engram_shard=("tp", "world"), engram_proj=("replicated", "tp"))
     axes = {f: support[f] for f in POLICY_AXES if len(support.get(f, ())) > 1}
     for f, vals in space.policies or ():  # a given axis replaces the default one (one value: held fixed)
         allowed = support.get(f)
@@ -335,6 +398,28 @@ def policies_of(choice: Mapping, acceptance: tuple) -> Policies:
         k = int(spec[3:])
         kw.update(mtp=k, acceptance=tuple(acceptance[:k]))
     return Policies(**kw)
+
+
+def canonical(p: Policies, mapping: ParallelMapping) -> Policies:
+    """``p`` with the fields that change nothing on ``mapping`` at their defaults, so equal programs share one
+    key: sequence parallelism and a TP-split Engram projection need tp > 1, world-sharded Engram rows need
+    more ranks than the TP group."""
+    ch = {}
+    if mapping.tp == 1:
+        ch.update(sp="off", engram_proj="replicated")
+    if mapping.dp * mapping.cp == 1:
+        ch["engram_shard"] = "tp"
+    ch = {k: v for k, v in ch.items() if getattr(p, k) != v}
+    return attrs.evolve(p, **ch) if ch else p
+
+
+def _saver(model, field: str, values: tuple):
+    """The value of memory axis ``field`` (among ``values``) that holds the least per device."""
+    if field == "attention_precision":
+        from .ir import fmt
+
+        return min(values, key=lambda v: fmt(model.kv_cache_format(Policies(attention_precision=v))).bytes_per_elem)
+    return MEMORY_SAVERS[field] if MEMORY_SAVERS.get(field) in values else values[0]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -411,6 +496,10 @@ class _Search:
         self.args = (model, hw, gpus, traffic, sla, space, profile, view, reserve_gib)  # what a worker rebuilds
         self.groups: dict = {}
         self.skipped: list = []
+        # pools of the search (set by search()), rows assembled so far: aggregated (mapping, policies), pools by
+        # time axes, disaggregated pairs
+        self.agg_maps, self.dd_maps, self.pp_maps = [], [], []
+        self.assembled, self.pools, self.paired = set(), {}, set()
         self.compiled = self.cached = 0
         # everything a cached program depends on: the model's whole state (config, weight formats, redundant
         # experts), the descriptor, profile, view, traffic and the grids
@@ -418,7 +507,8 @@ class _Search:
 
         state = {k: repr(v) for k, v in sorted(model.__getstate__().items())}
         self.identity = hashlib.sha256(json.dumps(
-            [__version__, Group.ARRAYS, state, attrs.asdict(hw), profile and attrs.asdict(profile),
+            [__version__, "search-2", Group.ARRAYS, MIXED_BLOCKS, state, attrs.asdict(hw),
+             profile and attrs.asdict(profile),
              view and attrs.asdict(view), traffic.to_dict(), reserve_gib, space.batches, space.prefill_batches,
              space.acceptance], default=str, sort_keys=True).encode()).hexdigest()
 
@@ -498,6 +588,18 @@ class _Search:
         if kind == "decode":
             per_rank = [b for b in self.space.batches if policies.overlap == "none" or b >= 2]
             require(bool(per_rank), "batches", "two-batch overlap needs >= 2 requests per DP rank")
+            # one request structure for every mapping, so the model's build cache serves them all
+            req = f"decode:{t.decode_context}x{max(self.space.batches) * self.gpus}" + (f"v{kmax}" if kmax else "")
+            c = compile_plan(self.model, Plan([req], mapping, policies), self.hw, self.profile, view=self.view)
+            mm = MemoryModel(self.model, self.hw, mapping, policies, kind="decode", reserve_gib=self.reserve_gib,
+                             compiled=c)
+
+            def room(b):  # requests per DP rank -> HBM left at the steady-state occupancy (widest verify)
+                b = np.asarray(b, dtype=np.float64)
+                ctx = t.memory_context(b)
+                return mm.headroom(b * dp, ctx, mm.workspace(b * dp, ctx, 1.0 + kmax))
+
+            per_rank = sorted(set(per_rank) | set(_largest_between(room, per_rank)))
             batch = np.array([b * dp for b in per_rank], dtype=np.float64)
             if mapping.pp > 1:
                 batch = batch[batch >= max(mapping.pp, policies.pp_micro_batches)]
@@ -505,33 +607,35 @@ class _Search:
             verify = np.arange(1, kmax + 1, dtype=np.float64) if policies.dspark == "on" else \
                 np.array([float(kmax)])
             batch, verify = (a.ravel() for a in np.meshgrid(batch, verify, indexing="ij"))
-            # one request structure for every mapping, so the model's build cache serves them all
-            req = f"decode:{t.decode_context}x{max(self.space.batches) * self.gpus}" + (f"v{kmax}" if kmax else "")
-            c = compile_plan(self.model, Plan([req], mapping, policies), self.hw, self.profile, view=self.view)
             new = 1.0 + verify
             wl = Workload(("decode",), batch[:, None], new[:, None], np.full((batch.size, 1), t.decode_context))
             fwd = np.asarray(c.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64)
             em = emitted(("decode",), new[:, None], policies)[:, 0]
-            mm = MemoryModel(self.model, self.hw, mapping, policies, kind="decode", reserve_gib=self.reserve_gib,
-                             compiled=c)
-            ctx = t.fit_context
+            ctx = t.memory_context(batch / dp)
             work = mm.workspace(batch, ctx, new)
         else:
-            per_rank = [p for p in sorted(set(self.space.prefill_batches) | {1})
-                        if policies.overlap == "none" or p >= 2]
-            require(bool(per_rank), "prefill_batches", "two-batch overlap needs >= 2 prompts per DP rank")
-            batch = np.array([p * dp for p in per_rank], dtype=np.float64)
-            verify = np.zeros_like(batch)
             isl = np.asarray(t.isl, dtype=np.float64)
             req = f"prefill:{int(isl.max())}x{max(self.space.prefill_batches) * self.gpus}"
             c = compile_plan(self.model, Plan([req], mapping, policies), self.hw, self.profile, view=self.view)
+            mm = MemoryModel(self.model, self.hw, mapping, policies, kind="prefill", reserve_gib=self.reserve_gib,
+                             compiled=c)
+            ctx = int(isl.max())
+
+            def room(p):  # prompts per DP rank -> HBM left
+                b = np.asarray(p, dtype=np.float64) * dp
+                return mm.headroom(b, ctx, mm.workspace(b, ctx))
+
+            # the grid, then powers of two up to the most prompts that fit and that most itself
+            top = _largest_fit(room, MAX_PREFILL_PER_RANK)
+            per_rank = set(self.space.prefill_batches) | {1} | {1 << k for k in range(top.bit_length())} | {top}
+            per_rank = sorted(p for p in per_rank if p >= 1 and (policies.overlap == "none" or p >= 2))
+            require(bool(per_rank), "prefill_batches", "two-batch overlap needs >= 2 prompts per DP rank")
+            batch = np.array([p * dp for p in per_rank], dtype=np.float64)
+            verify = np.zeros_like(batch)
             bb, ii = np.meshgrid(batch, isl, indexing="ij")  # (R, classes)
             wl = Workload(("prefill",), bb.reshape(-1, 1), ii.reshape(-1, 1), np.zeros((bb.size, 1)))
             fwd = np.asarray(c.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64).reshape(bb.shape)
             em = np.ones_like(batch)
-            mm = MemoryModel(self.model, self.hw, mapping, policies, kind="prefill", reserve_gib=self.reserve_gib,
-                             compiled=c)
-            ctx = int(isl.max())
             work = mm.workspace(batch, ctx)
         require(bool(np.all(np.isfinite(fwd))), "view", f"no {kind} time for {mapping} under this view")
         headroom = mm.headroom(batch, ctx, work)
@@ -541,9 +645,10 @@ class _Search:
     def _mixed(self, mapping, policies, kmax: int) -> Group:
         """Aggregated steps that prefill prompts together with the running decode batch. A replica admits
         f = B·E/(OSL·dp) prompts per DP group and step on average, so its steps carry dp·⌊f⌋ or dp·⌈f⌉ prompts
-        (whole prompts, one per DP group at a time). At every (batch, verify) row of the decode program: the
-        forward of the B decodes with each of those prompt counts, per traffic class — ``forward_s`` is
-        (rows, 2 × classes), the ⌊f⌋ block first; ``prompts`` holds f."""
+        (whole prompts, one per DP group at a time). At every (batch, verify) row of the decode program, per
+        traffic class: the forward of the B decodes with each of those prompt counts, then — the same program
+        without the decodes — a prefill-only step of the dp·⌈f⌉ prompts and one prompt alone. ``forward_s``
+        is (rows, 4 × classes) in the blocks :data:`MIXED_BLOCKS`; ``prompts`` holds f."""
         from .workload import Workload
 
         t = self.traffic
@@ -556,22 +661,24 @@ class _Search:
         reqs = [f"prefill:{int(isl.max())}x{max(self.space.batches) * self.gpus}",
                 f"decode:{t.decode_context}x{max(self.space.batches) * self.gpus}" + (f"v{kmax}" if kmax else "")]
         c = compile_plan(self.model, Plan(reqs, mapping, policies), self.hw, self.profile, view=self.view)
-        R, C = dec.batch.size, isl.size
+        R, C, K = dec.batch.size, isl.size, len(MIXED_BLOCKS)
 
-        def each(a):  # (R,) -> (R·2·C,): row-major over rows, then {lo, hi}, then classes
-            return np.repeat(np.asarray(a, dtype=np.float64), 2 * C)
+        def each(a):  # (R,) -> (R·K·C,): row-major over rows, then blocks, then classes
+            return np.repeat(np.asarray(a, dtype=np.float64), K * C)
 
-        count = np.stack([np.stack([lo, hi], axis=1).repeat(C, axis=1).ravel(), each(dec.batch)], axis=1)
-        new = np.stack([np.tile(isl, 2 * R), each(1.0 + dec.verify)], axis=1)
-        past = np.stack([np.zeros(2 * R * C), np.full(2 * R * C, float(t.decode_context))], axis=1)
+        prompts = np.stack([lo, hi, hi, np.ones(R)], axis=1).repeat(C, axis=1).ravel()
+        decodes = each(dec.batch) * np.tile(np.repeat([1.0, 1.0, 0.0, 0.0], C), R)
+        count = np.stack([prompts, decodes], axis=1)
+        new = np.stack([np.tile(isl, K * R), each(1.0 + dec.verify)], axis=1)
+        past = np.stack([np.zeros(K * R * C), np.full(K * R * C, float(t.decode_context))], axis=1)
         wl = Workload(("prefill", "decode"), count, new, past)
-        fwd = np.asarray(c.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64).reshape(R, 2 * C)
+        fwd = np.asarray(c.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64).reshape(R, K * C)
         require(bool(np.all(np.isfinite(fwd))), "view", f"no mixed-step time for {mapping} under this view")
         # memory: the decode batch's KV and weights as the decode program has them, the largest op's
         # activations of the heaviest step (the prompts' activations dwarf one decode token's)
         from .fit import op_workspace
 
-        work = op_workspace(c.program, wl).reshape(R, 2 * C).max(axis=1)
+        work = op_workspace(c.program, wl).reshape(R, K * C).max(axis=1)
         headroom = dec.headroom_bytes + dec.workspace_bytes - np.maximum(dec.workspace_bytes, work)
         return Group("mixed", mapping, policies, dec.batch, dec.verify, fwd, dec.emitted, headroom, work, f)
 
@@ -581,6 +688,7 @@ class _Search:
         if dec.error:
             return []
         t = self.traffic
+        policies = canonical(policies, mapping)
         replicas = self.gpus // mapping.gpus
         if not (dec.headroom_bytes >= 0).any():
             # fits at no batch: no mixed program is built; its rows carry the decode step as a lower bound of
@@ -588,80 +696,82 @@ class _Search:
             return [self._row("agg", policies, mapping, replicas, mapping.dp, mapping, replicas, int(dec.batch[r]),
                               int(dec.verify[r]), dec.forward_s[r], dec.forward_s[r] / dec.emitted[r],
                               replicas * dec.batch[r] * dec.emitted[r] / dec.forward_s[r], replicas * mapping.gpus,
-                              dec.headroom_bytes[r]) for r in range(dec.batch.size)]
+                              dec.headroom_bytes[r], "mixed", dec.forward_s[r] / dec.emitted[r])
+                    for r in range(dec.batch.size)]
         mix = self.group("mixed", mapping, policies)
         if mix.error:
             return []
-        e, f, C = dec.emitted, mix.prompts, len(t.isl)
-        # steps carry dp·⌊f⌋ or dp·⌈f⌉ prompts, in the proportions that average f (⌊f⌋ = 0: a decode-only step)
-        t_lo = np.where(np.floor(f) == 0, dec.forward_s, mix.forward_s[:, :C] @ t.w)
-        t_hi = mix.forward_s[:, C:] @ t.w
-        phi = f - np.floor(f)
-        tpot = ((1.0 - phi) * t_lo + phi * t_hi) / e
-        ttft = mix.forward_s[:, C:].max(axis=1)  # the longest class, prefilled in a step with the decodes
-        prompts = mapping.dp * np.maximum(1.0, np.ceil(f))
         rows = []
-        for r in range(dec.batch.size):
-            rows.append(self._row("agg", policies, mapping, replicas, int(prompts[r]), mapping, replicas,
-                                  int(dec.batch[r]), int(dec.verify[r]), ttft[r], tpot[r],
-                                  replicas * dec.batch[r] / tpot[r], replicas * mapping.gpus,
-                                  mix.headroom_bytes[r]))
+        for step, pb, ttft, tpot, p99 in agg_schedules(mix, dec.forward_s, t.w, mapping.dp):
+            for r in range(dec.batch.size):
+                if not np.isfinite(tpot[r]):
+                    continue
+                rows.append(self._row("agg", policies, mapping, replicas, int(pb[r]), mapping, replicas,
+                                      int(dec.batch[r]), int(dec.verify[r]), ttft[r], tpot[r],
+                                      replicas * dec.batch[r] / tpot[r], replicas * mapping.gpus,
+                                      mix.headroom_bytes[r], step, p99[r]))
         return rows
 
     def disagg_rows(self, pre_groups: list, dec_groups: list) -> list[dict]:
-        from .disagg import Pool, transfer_seconds
+        from .disagg import Pool, handover_seconds
 
         t = self.traffic
-        budget = self.sla.ttft_ms / 1e3 if self.sla.ttft_ms else math.inf
         cands = []  # prefill candidates: (group, row, ttft without transfer, requests/s per replica)
         for g in pre_groups:
             for r in range(g.batch.size):
-                if g.headroom_bytes[r] < 0:
+                if g.headroom_bytes[r] < 0 or g.batch[r] % g.mapping.dp:
                     continue
                 tp = float(g.forward_s[r].max())
-                if tp > budget:
-                    continue
                 cands.append((g, r, tp, g.batch[r] / float(t.w @ g.forward_s[r])))
         cands = _pareto_min_max(cands, lambda c: c[2], lambda c: c[3] / c[0].mapping.gpus)
         rows = []
         kv_cache: dict = {}
+        mean_osl = t.mean_osl
         for d in dec_groups:
-            rate_d = d.batch * d.emitted / (t.mean_osl * d.forward_s)  # requests/s per decode replica
+            rate_d = d.batch * d.emitted / (mean_osl * d.forward_s)  # requests/s per decode replica
             tpot = d.forward_s / d.emitted
+            dpol = canonical(d.policies, d.mapping)
             for g, r, tp, rate_p in cands:
                 if (g.policies.dspark, g.policies.mtp) != (d.policies.dspark, d.policies.mtp):
                     continue  # both pools run the same drafter (it keeps state from the prompt)
+                gpol = canonical(g.policies, g.mapping)
+                pair = (g.mapping, g.policies, int(g.batch[r]), d.mapping, d.policies)
+                if pair in self.paired:
+                    continue
+                self.paired.add(pair)
                 n_p, n_d = g.mapping.gpus, d.mapping.gpus
-                key = (g.mapping, d.mapping, int(g.batch[r]))
+                key = (g.mapping, d.mapping, int(g.batch[r]), tp)
                 if key not in kv_cache:
-                    kv_cache[key] = transfer_seconds(self.model, self.hw, Pool(g.mapping, int(g.batch[r])),
-                                                     Pool(d.mapping, 1), int(max(t.isl)))[0]
+                    kv_cache[key] = handover_seconds(self.model, self.hw, Pool(g.mapping, int(g.batch[r])),
+                                                     Pool(d.mapping, 1), int(max(t.isl)), tp)[0]
                 ttft = tp + kv_cache[key]
                 xs = np.arange(1, (self.gpus - n_d) // n_p + 1, dtype=np.float64)
                 if xs.size == 0:
                     continue
-                ymax = np.floor((self.gpus - xs * n_p) / n_d)
+                ymax = np.floor((self.gpus - xs * n_p) / n_d)[:, None]
+                # replica counts near rate balance and the most decode replicas that fit; TTFT and TPOT do not
+                # depend on them, so one row per pool pair and batch: the best tokens/s per GPU, fewest GPUs
+                yb = xs[:, None] * rate_p / rate_d[None, :]  # (x, batch)
+                ys = np.clip(np.stack([np.floor(yb), np.ceil(yb), np.broadcast_to(ymax, yb.shape)]), 1.0, ymax)
+                xx = np.broadcast_to(xs[:, None], ys.shape)
+                used = (xx * n_p + ys * n_d).reshape(-1, yb.shape[1])
+                per_gpu = (np.minimum(xx * rate_p, ys * rate_d[None, :]) / (xx * n_p + ys * n_d)).reshape(used.shape)
+                top = per_gpu == per_gpu.max(axis=0)
+                pick = np.argmin(np.where(top, used, np.inf), axis=0)
+                xs_, ys_ = xx.reshape(used.shape), ys.reshape(used.shape)
                 for j in range(d.batch.size):
                     if d.headroom_bytes[j] < 0 and j:  # the smallest batch stays: "memory" is reported
                         continue
-                    # replica counts near rate balance and the most decode replicas that fit; TTFT and TPOT do not
-                    # depend on them, so one row per pool pair and batch: the best tokens/s per GPU, fewest GPUs
-                    yb = xs * rate_p / rate_d[j]
-                    ys = np.clip(np.stack([np.floor(yb), np.ceil(yb), ymax]), 1.0, ymax)
-                    xx = np.broadcast_to(xs, ys.shape)
-                    used = xx * n_p + ys * n_d
-                    per_gpu = np.minimum(xx * rate_p, ys * rate_d[j]) / used
-                    i = np.lexsort((used.ravel(), -per_gpu.ravel()))[0]
-                    x, y = int(xx.ravel()[i]), int(ys.ravel()[i])
+                    i = pick[j]
                     rows.append(self._row(
-                        "disagg", d.policies, g.mapping, x, int(g.batch[r]), d.mapping, y, int(d.batch[j]),
-                        int(d.verify[j]), ttft, tpot[j], per_gpu.ravel()[i] * used.ravel()[i] * t.mean_osl,
-                        int(used.ravel()[i]), min(g.headroom_bytes[r], d.headroom_bytes[j]),
-                        prefill_policies=g.policies))
+                        "disagg", dpol, g.mapping, int(xs_[i, j]), int(g.batch[r]), d.mapping, int(ys_[i, j]),
+                        int(d.batch[j]), int(d.verify[j]), ttft, tpot[j], per_gpu[i, j] * used[i, j] * mean_osl,
+                        int(used[i, j]), min(g.headroom_bytes[r], d.headroom_bytes[j]), "disagg", tpot[j],
+                        prefill_policies=gpol))
         return rows
 
     def _row(self, mode, policies, pmap, prep, pbatch, dmap, drep, dbatch, verify, ttft_s, tpot_s, out_tps, gpus,
-             headroom, prefill_policies=None) -> dict:
+             headroom, ttft_step, tpot_p99_s, prefill_policies=None) -> dict:
         ptxt = policy_text(policies)
         if prefill_policies is not None and policy_text(prefill_policies) != ptxt:
             ptxt = f"prefill:{policy_text(prefill_policies)} decode:{ptxt}"
@@ -672,15 +782,102 @@ class _Search:
                 "prefill_gpus": int(pmap.gpus * prep) if mode == "disagg" else int(gpus),
                 "decode_mapping": str(dmap), "decode_replicas": int(drep), "decode_batch": int(dbatch),
                 "decode_gpus": int(dmap.gpus * drep) if mode == "disagg" else int(gpus), "verify": int(verify),
-                "ttft_ms": float(ttft_s) * 1e3, "tpot_ms": float(tpot_s) * 1e3,
+                "ttft_ms": float(ttft_s) * 1e3, "ttft_step": ttft_step, "tpot_ms": float(tpot_s) * 1e3,
+                "tpot_p99_ms": float(tpot_p99_s) * 1e3,
                 "tokens_per_s_per_user": 1.0 / float(tpot_s), "tokens_per_s_per_gpu": float(out_tps) / gpus,
                 "output_tokens_per_s": float(out_tps), "memory_headroom_gib": float(headroom) / GiB,
                 "fits": bool(headroom >= 0), "_policies": policies, "_prefill_policies": prefill_policies or policies,
                 "_pmap": pmap, "_dmap": dmap}
 
 
+def agg_schedules(mix: Group, t_dec: np.ndarray, w: np.ndarray, dp: int):
+    """(step, prompts per step, TTFT, mean TPOT, p99 TPOT) per way an aggregated replica prefills, each an
+    array over the mixed group's rows (NaN where a schedule does not apply). Every step gives each request E
+    tokens; f = B·E/(OSL·dp) prompts per DP group and step; a step's prompts are of one class (weights ``w``):
+
+    * ``mixed``: dp·⌊f⌋ (share 1 − φ, φ = f − ⌊f⌋) or dp·⌈f⌉ (share φ) prompts ride with the decodes;
+      TTFT = the ⌈f⌉ step;
+    * ``prefill``: a prefill-only step of dp·n prompts (n = max(1, ⌈f⌉)) before a share f/n of the decode
+      steps (the decodes wait); TTFT = that step;
+    * ``lone``: each prompt in a step of its own (g = f·dp of them per decode step, ⌊g⌋ or ⌈g⌉); TTFT = one
+      prompt's forward — graphsim spreads a DP-split op's work over the DP groups, so this is a lower bound of
+      the one group that runs it (exact at dp = 1; omitted there when it equals ``prefill``).
+
+    TPOT p99 is the 99th percentile of the step times a token waits (a step with prompts is a spike)."""
+    C = w.size
+    blk = {name: mix.forward_s[:, i * C:(i + 1) * C] for i, name in enumerate(MIXED_BLOCKS)}
+    e, f = mix.emitted, mix.prompts
+    td = np.asarray(t_dec, dtype=np.float64)[:, None]
+    fl = np.floor(f)
+    phi = (f - fl)[:, None]
+    t_lo = np.where((fl == 0)[:, None], td, blk["mixed_lo"])
+    n = np.maximum(1.0, np.ceil(f))
+    q = (f / n)[:, None]
+    g = f * dp
+    gl = np.floor(g)[:, None]
+    phg = g[:, None] - gl
+    lone = blk["lone"]
+    out = []
+    for step, pb, ttft, vals, probs in (
+            ("mixed", dp * n, blk["mixed"].max(axis=1), [t_lo, blk["mixed"]], [(1 - phi) * w, phi * w]),
+            ("prefill", dp * n, blk["prefill"].max(axis=1), [td + 0 * lone, td + blk["prefill"]],
+             [(1 - q) * w, q * w]),
+            ("lone", np.ones_like(f), lone.max(axis=1), [td + gl * lone, td + (gl + 1) * lone],
+             [(1 - phg) * w, phg * w])):
+        v, p = np.concatenate(vals, axis=1), np.concatenate(probs, axis=1)
+        mean, p99 = (v * p).sum(axis=1) / e, _quantile(v, p, 0.99) / e
+        if step == "lone":
+            same = (dp == 1) & (n == 1)
+            mean, p99 = np.where(same, np.nan, mean), np.where(same, np.nan, p99)
+        out.append((step, pb, ttft, mean, p99))
+    return out
+
+
+def _quantile(v: np.ndarray, p: np.ndarray, q: float) -> np.ndarray:
+    """Per row, the smallest value of a discrete distribution (values ``v``, probabilities ``p``, both (R, K))
+    whose cumulative probability reaches ``q``."""
+    order = np.argsort(v, axis=1, kind="stable")
+    vs, cs = np.take_along_axis(v, order, axis=1), np.cumsum(np.take_along_axis(p, order, axis=1), axis=1)
+    idx = np.minimum((cs < q * cs[:, -1:] * (1 - 1e-12)).sum(axis=1), v.shape[1] - 1)
+    return vs[np.arange(v.shape[0]), idx]
+
+
+def _largest_between(room: Callable, grid: list) -> list:
+    """The most requests per DP rank between the largest value of ``grid`` that fits (``room`` >= 0) and the
+    next, which does not: [] when every value or none fits. ``room`` is monotone (memory grows with the
+    batch) and vectorized; the bracket is evaluated whole."""
+    grid = sorted(grid)
+    ok = np.asarray(room(grid)) >= 0
+    if ok.all() or not ok[0]:
+        return []
+    i = int(np.flatnonzero(~ok)[0])
+    inner = np.arange(grid[i - 1] + 1, grid[i])
+    if inner.size == 0:
+        return []
+    fit = inner[np.asarray(room(inner)) >= 0]
+    return [int(fit[-1])] if fit.size else []
+
+
+def _largest_fit(room: Callable, cap: int) -> int:
+    """The largest count in [1, cap] with ``room`` >= 0 (monotone, vectorized); 0 if not even 1 fits."""
+    pow2 = [1 << k for k in range(cap.bit_length()) if 1 << k <= cap]
+    ok = np.asarray(room(pow2)) >= 0
+    if not ok[0]:
+        return 0
+    if ok.all():
+        last = pow2[-1]
+        inner = np.arange(last + 1, cap + 1)
+    else:
+        i = int(np.flatnonzero(~ok)[0])
+        last, inner = pow2[i - 1], np.arange(pow2[i - 1] + 1, pow2[i])
+    fit = inner[np.asarray(room(inner)) >= 0] if inner.size else inner
+    return int(fit[-1]) if fit.size else last
+
+
 def _key(kind: str, mapping: ParallelMapping, policies: Policies) -> tuple:
-    """A program's key: a decode program ignores the prefill-only policies (one compile serves them all)."""
+    """A program's key: a decode program ignores the prefill-only policies (one compile serves them all), and
+    no program keeps a field that changes nothing on its mapping (:func:`canonical`)."""
+    policies = canonical(policies, mapping)
     if kind == "decode":
         policies = attrs.evolve(policies, **{f: getattr(Policies(), f) for f in PREFILL_ONLY})
     return (kind, mapping, policies)
@@ -722,11 +919,18 @@ def _pareto_min_max(items: list, lo: Callable, hi: Callable) -> list:
     return out
 
 
-def _meets(row: dict, sla: SLA) -> dict:
-    """Which SLA bounds a row misses (memory first)."""
-    return {"memory": not row["fits"],
+def _misses(df, sla: SLA) -> dict:
+    """:func:`_meets` for every row of a DataFrame: bound -> bool array."""
+    n = len(df)
+    return {k: np.broadcast_to(np.asarray(v, dtype=bool), (n,)) for k, v in _meets(df, sla).items()}
+
+
+def _meets(row, sla: SLA) -> dict:
+    """Which SLA bounds a row misses (memory first); ``row`` a dict or a DataFrame (then each is a column)."""
+    return {"memory": ~np.asarray(row["fits"], dtype=bool),
             "ttft": sla.ttft_ms is not None and row["ttft_ms"] > sla.ttft_ms * (1 + 1e-12),
-            "tpot": sla.tpot_ms is not None and row["tpot_ms"] > sla.tpot_ms * (1 + 1e-12),
+            "tpot": sla.tpot_ms is not None
+            and row["tpot_p99_ms" if sla.tpot_stat == "p99" else "tpot_ms"] > sla.tpot_ms * (1 + 1e-12),
             "min_user_speed": sla.min_tokens_per_s_per_user is not None
             and row["tokens_per_s_per_user"] < sla.min_tokens_per_s_per_user * (1 - 1e-12)}
 
@@ -751,7 +955,10 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
     others lost. ``cache_dir`` keeps every evaluated program (a rerun resumes from it). ``progress(n)`` is called
     as programs are evaluated; if it has ``expect(n)``, that is called first with how many more are planned.
     ``jobs`` > 1 evaluates programs on that many spawned worker processes (the same results; a script using it
-    needs the ``if __name__ == "__main__":`` guard, as for any spawned process)."""
+    needs the ``if __name__ == "__main__":`` guard, as for any spawned process).
+
+    What is evaluated never depends on the SLA (it only ranks): a bound added to the SLA never hides a row
+    that meets it."""
     import pandas as pd
 
     from .fit import DEFAULT_RESERVE_GIB
@@ -776,48 +983,63 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
     pre_maps = mappings(model, hw, gpus, space, "prefill") if "disagg" in space.modes else []
     require(bool(dec_maps), "gpus", f"no mapping of {model.name} fits the space on {gpus} GPUs "
             "(check --tp/--dp/--ep/--pp and the model's head/expert counts)")
-    choices = [base]
-    rows = _assemble(s, dec_maps, pre_maps, [base], space)  # stage 1: every mapping, base policies
+    s.agg_maps = [m for m in dec_maps if m.gpus <= gpus] if "agg" in space.modes else []
+    s.dd_maps = [m for m in dec_maps if m.gpus < gpus] if pre_maps else []
+    s.pp_maps = pre_maps if s.dd_maps else []
+    # stage 1: every mapping under the base policies; where memory decides, the residency values that may
+    # rescue it (memory is checked after them)
+    work = {("dec", m): [base] for m in dict.fromkeys(s.agg_maps + s.dd_maps)}
+    work.update({("pre", m): [base] for m in s.pp_maps})
+    rows = _assemble(s, work)
+    rescue = {k: c for k, c in ((k, _rescue(s, k, base, axes)) for k in work) if c}
+    rows += _assemble(s, rescue)
+    choices = {_ckey(base)} | {_ckey(c) for cs in rescue.values() for c in cs}
+    # stage 2: the mappings of the best deployments along the front, every single-axis variant of their
+    # policies (or every combination), then every combination of the values that reach the front
     if space.refine and len(axes):
-        maps = _leaders(rows, sla, space.refine)
-        variants = _variants(axes, base, space.exhaustive)
-        extra = _assemble(s, [m for m in dec_maps if m in maps["decode"]], [m for m in pre_maps if m in maps["prefill"]],
-                          variants, space)
-        # the best value of each axis together (for each leading mapping set)
-        combo = _combine(extra + rows, axes, base, sla)
-        if combo not in variants and combo != base:
-            variants.append(combo)
-            extra += _assemble(s, [m for m in dec_maps if m in maps["decode"]],
-                               [m for m in pre_maps if m in maps["prefill"]], [combo], space)
+        leaders = _leaders(rows, space.refine, axes)
+        stage2 = {k: _variants(axes, starts, space.exhaustive) for k, starts in leaders.items()}
+        extra = _assemble(s, stage2)
+        lead = [r for r in rows + extra if _lead_key(r) & set(leaders)]
+        starts = [c for cs in leaders.values() for c in cs]
+        combos = _combos(lead, axes, starts, {c for cs in stage2.values() for c in map(_ckey, cs)} | choices)
+        extra += _assemble(s, {k: combos for k in leaders})
         rows += extra
-        choices += variants
+        choices |= {_ckey(c) for cs in stage2.values() for c in cs} | {_ckey(c) for c in combos}
     if not rows:
         why = "; ".join(sorted({x["error"] for x in s.skipped}))[:300] or (
             "disaggregated serving needs a prefill and a decode pool: a decode mapping smaller than --gpus and a "
             "prefill mapping in what is left" if space.modes == ("disagg",) else "no mapping fits the space")
         raise GraphsimError("search", f"no deployment could be evaluated: {why}")
     df = pd.DataFrame(rows)
-    miss = [_meets(r, sla) for r in rows]
-    df["meets_sla"] = [not any(m.values()) for m in miss]
-    df["why"] = [next((k for k, v in m.items() if v), "") for m in miss]
-    ok_front = df["fits"] & ~np.array([m["ttft"] for m in miss], dtype=bool)
+    df["deployment"] = df["mode"] + " " + df["mapping"] + " [" + df["policies"] + "]"
+    df = df.drop_duplicates(["deployment", "prefill_batch", "decode_batch", "verify", "ttft_step"]) \
+        .reset_index(drop=True)
+    miss = _misses(df, sla)
+    df["meets_sla"] = ~np.any([miss[k] for k in miss], axis=0)
+    why = np.full(len(df), "", dtype=object)
+    for k in reversed(list(miss)):  # the first bound missed, memory first
+        why = np.where(miss[k], k, why)
+    df["why"] = why
+    ok_front = df["fits"] & ~np.asarray(miss["ttft"], dtype=bool)
     flags = np.zeros(len(df), dtype=bool)
     if ok_front.any():
         idx = np.flatnonzero(ok_front.to_numpy())
         flags[idx] = pareto_flags(df["tokens_per_s_per_user"].to_numpy()[idx],
                                   df["tokens_per_s_per_gpu"].to_numpy()[idx])
     df["pareto"] = flags
-    df["deployment"] = df["mode"] + " " + df["mapping"] + " [" + df["policies"] + "]"
-    best, rejected, reasons = _rank(df, top)
+    df["bound"] = "lower" if view is None and profile is None else "estimate"
+    best, rejected, reasons = _rank(df, top, "tpot_p99_ms" if sla.tpot_stat == "p99" else "tpot_ms")
     public = [k for k in ROW_KEYS] + ["why"]
     table = df[public].copy()
     for k, v in (("model", model.name), ("hw", hw.name), ("view", (view.name if view is not None else "sol")),
                  ("profile", profile.name if profile else "sol")):
         table[k] = v
-    pareto = [_public(r) for r in df[df["pareto"]].sort_values("tokens_per_s_per_user").to_dict("records")]
+    pairs = _pairs(df)
+    pareto = [_public(r, pairs) for r in df[df["pareto"]].sort_values("tokens_per_s_per_user").to_dict("records")]
     best_rows = []
     for i, r in enumerate(best):
-        d = _public(r)
+        d = _public(r, pairs)
         d["rank"] = i + 1
         pol = attrs.asdict(r["_policies"])
         pol["algorithms"] = [{"collective": c, "algorithm": a} for c, a in pol["algorithms"]]
@@ -828,7 +1050,8 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
         best_rows.append(d)
     space_d = {"modes": list(space.modes), "decode_mappings": len(dec_maps), "prefill_mappings": len(pre_maps),
                "batches_per_dp_rank": list(space.batches), "prefill_batches_per_dp_rank": list(space.prefill_batches),
-               "policy_axes": [{"field": f, "values": list(v)} for f, v in axes], "policy_points": len(choices),
+               "policy_axes": [{"field": f, "values": list(v)} for f, v in axes],
+               "memory_axes": [f for f, _ in axes if f in MEMORY_AXES], "policy_points": len(choices),
                "refine": space.refine, "exhaustive": space.exhaustive, "acceptance": list(space.acceptance),
                "nvlink_domain": hw.nvlink_domain}
     stats = {"programs_compiled": s.compiled, "programs_cached": s.cached, "rows": len(df),
@@ -840,87 +1063,180 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
                         space_d, stats)
 
 
-def _planned(s: _Search, dec_maps, pre_maps, variants, space: Space) -> list:
+def _ckey(choice: dict) -> tuple:
+    return tuple(sorted(choice.items()))
+
+
+def _planned(s: _Search, work: dict) -> list:
     """The programs :func:`_assemble` will need that are not evaluated yet, in order (a replica that fits at no
     batch skips its mixed program, so this is an upper bound)."""
     keys: dict = {}
-    for choice in variants:
-        pol = policies_of(choice, space.acceptance)
-        if "agg" in space.modes:
-            for m in dec_maps:
-                if m.gpus <= s.gpus:
-                    keys.update(dict.fromkeys([_key("decode", m, pol), _key("mixed", m, pol)]))
-        if "disagg" in space.modes and pre_maps:
-            keys.update(dict.fromkeys(_key("prefill", m, pol) for m in pre_maps))
-            keys.update(dict.fromkeys(_key("decode", m, pol) for m in dec_maps if m.gpus < s.gpus))
+    for (role, m), cs in work.items():
+        for choice in cs:
+            pol = policies_of(choice, s.space.acceptance)
+            if role == "dec" and m in s.agg_maps:
+                keys.update(dict.fromkeys([_key("decode", m, pol), _key("mixed", m, pol)]))
+            if role == "dec" and m in s.dd_maps:
+                keys.update(dict.fromkeys([_key("decode", m, pol)]))
+            if role == "pre":
+                keys.update(dict.fromkeys([_key("prefill", m, pol)]))
     return [k for k in keys if k not in s.groups]
 
 
-def _assemble(s: _Search, dec_maps, pre_maps, variants, space: Space) -> list[dict]:
-    planned = _planned(s, dec_maps, pre_maps, variants, space)
+def _assemble(s: _Search, work: dict) -> list[dict]:
+    """Rows of the (role, mapping) -> policy choices in ``work``: aggregated replicas of each decode mapping,
+    and disaggregated pairs of every prefill and decode pool evaluated under one choice so far (each pair
+    once)."""
+    planned = _planned(s, work)
     if s.progress is not None and hasattr(s.progress, "expect"):
         s.progress.expect(len(planned))
     if s.jobs > 1:
         s.prefetch(planned)
-    rows = []
-    for choice in variants:
-        pol = policies_of(choice, space.acceptance)
-        if "agg" in space.modes:
-            for m in dec_maps:
-                if m.gpus <= s.gpus:  # gpus // n replicas; tokens/s per GPU over the GPUs used, as for disagg
-                    rows += s.agg_rows(m, pol)
-        if "disagg" in space.modes and pre_maps:
-            pre = [g for g in (s.group("prefill", m, pol) for m in pre_maps) if not g.error]
-            dec = [g for g in (s.group("decode", m, pol) for m in dec_maps if m.gpus < s.gpus) if not g.error]
-            rows += s.disagg_rows(pre, dec)
+    rows, touched = [], set()
+    for (role, m), cs in work.items():
+        for choice in cs:
+            pol = policies_of(choice, s.space.acceptance)
+            if role == "dec" and m in s.agg_maps and (m, canonical(pol, m)) not in s.assembled:
+                s.assembled.add((m, canonical(pol, m)))
+                rows += s.agg_rows(m, pol)  # gpus // n replicas; tokens/s per GPU over the GPUs used
+            if m in (s.pp_maps if role == "pre" else s.dd_maps):
+                # pools pair when their time axes agree (each pool keeps its own residency values)
+                tk = _ckey({f: v for f, v in choice.items() if f not in MEMORY_AXES})
+                s.pools.setdefault(tk, {"pre": {}, "dec": {}})[role][(m, canonical(pol, m))] = pol
+                touched.add(tk)
+    for tk in touched:
+        pools = s.pools[tk]
+        pre = [g for g in (s.group("prefill", m, p) for (m, _), p in pools["pre"].items()) if not g.error]
+        dec = [g for g in (s.group("decode", m, p) for (m, _), p in pools["dec"].items()) if not g.error]
+        rows += s.disagg_rows(pre, dec)
     return rows
 
 
-def _leaders(rows: list[dict], sla: SLA, k: int) -> dict:
-    """Mappings of the ``k`` best deployments (meeting the SLA first, then the rest by throughput)."""
-    scored = sorted(rows, key=lambda r: (any(_meets(r, sla).values()), -r["tokens_per_s_per_gpu"]))
-    seen, out = set(), {"decode": set(), "prefill": set()}
-    for r in scored:
+def _rescue(s: _Search, key: tuple, base: dict, axes) -> list[dict]:
+    """Residency values tried for one pool where memory decides (some batch of the grid does not fit under
+    the base values): every memory axis at its saver value together — the least a device can hold. If that
+    fits no more, no residency value rescues anything; else it joins the pool's policy points (the policy
+    stage tries each memory axis back at its other values from there)."""
+    mem = [(f, v) for f, v in axes if f in MEMORY_AXES]
+    if not mem:
+        return []
+    role, m = key
+    kind = "prefill" if role == "pre" else "decode"
+    g0 = s.group(kind, m, policies_of(base, s.space.acceptance))
+    if g0.error:
+        return []
+    grid = np.isin(g0.batch / m.dp, s.space.prefill_batches if kind == "prefill" else s.space.batches)
+    if kind == "prefill" and (g0.headroom_bytes[grid] >= 0).any() or (g0.headroom_bytes[grid] >= 0).all():
+        return []
+    saver = {**base, **{f: _saver(s.model, f, v) for f, v in mem}}
+    pol0, pols = policies_of(base, s.space.acceptance), policies_of(saver, s.space.acceptance)
+    if canonical(pols, m) == canonical(pol0, m):
+        return []
+    gs = s.group(kind, m, pols)
+    if gs.error or _most_fitting(gs) <= _most_fitting(g0):
+        return []
+    return [saver]
+
+
+def _most_fitting(g: Group) -> float:
+    fit = g.batch[g.headroom_bytes >= 0]
+    return float(fit.max()) if fit.size else 0.0
+
+
+def _lead_key(r: dict) -> set:
+    return {("dec", r["_dmap"])} | ({("pre", r["_pmap"])} if r["mode"] == "disagg" else set())
+
+
+def _choice_of(r: dict, axes) -> dict:
+    """A row's point of the policy space (a disaggregated row's prefill-only fields from its prefill pool)."""
+    out = {}
+    for f, _ in axes:
+        p = r["_prefill_policies"] if f in PREFILL_ONLY else r["_policies"]
+        out[f] = _axis_value(p, f)
+    return out
+
+
+def _front(rows: list[dict]) -> list[dict]:
+    ok = [r for r in rows if r["fits"]]
+    if not ok:
+        return []
+    flags = pareto_flags(np.array([r["tokens_per_s_per_user"] for r in ok]),
+                         np.array([r["tokens_per_s_per_gpu"] for r in ok]))
+    return [r for r, f in zip(ok, flags) if f]
+
+
+def _leaders(rows: list[dict], k: int, axes) -> dict:
+    """Pools of the ``k`` best deployments along the front of tokens/s per GPU against per user (from the
+    fastest per GPU down; then the fastest rows off it), each with the policy point of its fastest row there —
+    chosen without the SLA, so a bound added to it never changes what is explored."""
+    seen, out = set(), {}
+
+    def take(r):  # a pool's start: the policy point of its fastest row per GPU on the front
+        for key in _lead_key(r):
+            out.setdefault(key, [_choice_of(r, axes)])
+
+    for r in sorted(_front(rows), key=lambda r: -r["tokens_per_s_per_gpu"]):
         dep = (r["mode"], r["mapping"])
-        if dep in seen:
-            continue
-        seen.add(dep)
-        out["decode"].add(r["_dmap"])  # an aggregated replica's decode and mixed programs
-        if r["mode"] == "disagg":
-            out["prefill"].add(r["_pmap"])
+        if dep in seen or len(seen) < k:
+            seen.add(dep)
+            take(r)
+    for r in sorted((r for r in rows if r["fits"]), key=lambda r: -r["tokens_per_s_per_gpu"]):
         if len(seen) >= k:
             break
+        dep = (r["mode"], r["mapping"])
+        if dep not in seen:
+            seen.add(dep)
+            take(r)
     return out
 
 
-def _variants(axes, base: dict, exhaustive: bool) -> list[dict]:
+def _variants(axes, starts: list, exhaustive: bool) -> list[dict]:
     if exhaustive:
-        out = [dict(zip([f for f, _ in axes], vals)) for vals in itertools.product(*[v for _, v in axes])]
-        return [c for c in out if c != base]
+        return [dict(zip([f for f, _ in axes], vals)) for vals in itertools.product(*[v for _, v in axes])]
     out = []
-    for f, vals in axes:
-        for v in vals[1:]:
-            out.append({**base, f: v})
+    for start in starts:
+        for f, vals in axes:
+            for v in vals:
+                c = {**start, f: v}
+                if v != start[f] and c not in out:
+                    out.append(c)
     return out
 
 
-def _combine(rows: list[dict], axes, base: dict, sla: SLA) -> dict:
-    """Per axis, the value whose best deployment meeting the SLA (else best overall) has the most tokens/s
-    per GPU among single-axis variants of the base."""
-    combo = dict(base)
-    for f, vals in axes:
-        best_v, best_s = vals[0], -math.inf
-        for r in rows:
-            pol = r["_policies"]
-            v = _axis_value(pol, f)
-            others = all(_axis_value(pol, g) == base[g] for g, _ in axes if g != f and g not in PREFILL_ONLY)
-            if not others:
-                continue
-            score = r["tokens_per_s_per_gpu"] - (1e12 if any(_meets(r, sla).values()) else 0.0)
-            if score > best_s:
-                best_v, best_s = v, score
-        combo[f] = best_v
-    return combo
+def _combos(rows: list[dict], axes, starts: list, done: set, cap: int = 8) -> list[dict]:
+    """Combinations of each axis's winning values, less those evaluated: at most ``cap``, the most promising
+    first (the product of each value's gain: its best tokens/s per GPU over the start's along that axis). An
+    axis's winning values are those that put a row on the front (tokens/s per GPU against per user) among the
+    rows of a start and its variants along that axis alone."""
+    fields = [f for f, _ in axes]
+    groups: dict = {}  # (axis, the other axes' values) -> rows
+    for r in rows:
+        c = _choice_of(r, axes)
+        for f in fields:
+            groups.setdefault((f, tuple(c[g] for g in fields if g != f)), []).append((r, c[f]))
+    wins = {f: {} for f in fields}  # axis -> winning value -> its best tokens/s per GPU over the start's
+    for start in starts:
+        for f in fields:
+            sub = groups.get((f, tuple(start[g] for g in fields if g != f)), [])
+            on = {id(r) for r in _front([r for r, _ in sub])}
+            ref = max((r["tokens_per_s_per_gpu"] for r, v in sub if v == start[f] and r["fits"]), default=0.0)
+            for r, v in sub:
+                if id(r) in on:
+                    gain = r["tokens_per_s_per_gpu"] / ref if ref > 0 else 1.0
+                    wins[f][v] = max(wins[f].get(v, 0.0), gain)
+    if not all(wins.values()):
+        return []
+    # the most promising first: the product of each value's gain
+    scored = sorted(itertools.product(*[list(wins[f].items()) for f in fields]),
+                    key=lambda vs: -math.prod(g for _, g in vs))
+    out = []
+    for combo in scored:
+        c = dict(zip(fields, [v for v, _ in combo]))
+        if _ckey(c) not in done:
+            out.append(c)
+        if len(out) >= cap:
+            break
+    return out
 
 
 def _axis_value(p: Policies, f: str):
@@ -937,8 +1253,9 @@ def _spec_text(p: Policies) -> str:
     return "off"
 
 
-def _rank(df, top: int):
-    """Top deployments (best batch each), and the reason each other deployment lost."""
+def _rank(df, top: int, tpot_col: str = "tpot_ms"):
+    """Top deployments (best batch each), and the reason each other deployment lost (``tpot_col``: the TPOT
+    the SLA bounds)."""
     # ties: the shorter TTFT, then TPOT, then fewer GPUs (a stable sort keeps the table order after that)
     order = df.assign(_neg=-df["tokens_per_s_per_gpu"]).sort_values(
         ["_neg", "ttft_ms", "tpot_ms", "gpus"], kind="mergesort").drop(columns="_neg")
@@ -979,7 +1296,7 @@ def _rank(df, top: int):
                 r = timely.iloc[0]
                 reason = r["why"]
                 if reason == "tpot":
-                    detail = f"TPOT {timely['tpot_ms'].min():.1f} ms at best (meeting TTFT)"
+                    detail = f"TPOT {timely[tpot_col].min():.1f} ms at best (meeting TTFT)"
                 else:
                     detail = f"{timely['tokens_per_s_per_user'].max():.1f} tok/s/user at best (meeting TTFT)"
         reasons[reason] += 1
@@ -990,11 +1307,32 @@ def _rank(df, top: int):
     return best, rejected, reasons
 
 
-def _public(r: dict) -> dict:
+def _public(r: dict, pairs: dict | None = None) -> dict:
     out = {}
     for k in ROW_KEYS:
         v = r.get(k)
         out[k] = v.item() if hasattr(v, "item") else v
+    if pairs is not None:
+        out["jointly_achievable"] = pairs.get(_pair_key(r), [])
+    return out
+
+
+PAIR_KEYS = ("deployment", "prefill_replicas", "decode_replicas", "decode_batch", "verify")
+
+
+def _pair_key(r) -> tuple:
+    return tuple(r[k].item() if hasattr(r[k], "item") else r[k] for k in PAIR_KEYS)
+
+
+def _pairs(df) -> dict:
+    """Per deployment and batch, the (TTFT, TPOT) pairs one schedule achieves together — one per TTFT step;
+    a row's own pair is among them, and the best TTFT and the best TPOT of different steps are each a
+    bound but not a pair."""
+    out: dict = {}
+    cols = list(PAIR_KEYS) + ["ttft_step", "ttft_ms", "tpot_ms", "tpot_p99_ms", "tokens_per_s_per_gpu"]
+    for r in df[cols].itertuples(index=False):
+        d = r._asdict()
+        out.setdefault(_pair_key(d), []).append({k: d[k] for k in cols[len(PAIR_KEYS):]})
     return out
 
 
@@ -1052,7 +1390,8 @@ def launch_flags(model, row: dict) -> dict:
         if pol.dspark == "on":
             notes.add("DSpark drafting has no upstream SGLang/vLLM flag yet: the commands run without it")
         for f, what in (("fusion", "mHC fusion"), ("decoder_replay", "decoder bounded replay"),
-                        ("engram", "Engram table residency")):
+                        ("engram", "Engram table residency"), ("engram_shard", "Engram row sharding"),
+                        ("engram_proj", "Engram projection split"), ("sp", "sequence parallelism")):
             if getattr(pol, f) != getattr(Policies(), f):
                 notes.add(f"{what} ({f}={getattr(pol, f)}) is an engine implementation choice with no documented "
                           "flag")

@@ -34,7 +34,7 @@ import numpy as np
 from graphsim.errors import GraphsimError, require
 from graphsim.ir import Cost, Edge, Feature, Graph, Op, OpInfo, map_cost
 
-from .overlap import scale_batch
+from .overlap import chunk_batch, scale_batch
 from .pipeline import PassContext
 from .sharding import link_cost
 
@@ -109,11 +109,6 @@ def micro_batches(plan) -> int:
 def chunked(plan, m: int) -> bool:
     """Whether the micro-batches are causal chunks of the prompts (fewer requests than micro-batches)."""
     return m > 1 and sum(r.count for r in plan.requests) < m and all(r.kind == "prefill" for r in plan.requests)
-
-
-def chunk_batch(cost: Cost, j: int, m: int) -> Cost:
-    """The cost of causal chunk j of m of every prompt; per-forward terms (weights, hops) paid per chunk."""
-    return cost.map_features(lambda f: f if f.kind == "one" else attrs.evolve(f, chunk=(j, m)))
 
 
 def pipeline_parallel(graph: Graph, ctx: PassContext) -> Graph:

@@ -166,3 +166,177 @@ def test_runtime_passes_lower_exactly(gb200):
     ref = evaluate_reference(p, wl, ut).forward
     assert np.allclose(evaluate(p, wl, ut)["forward"], ref, rtol=1e-12, atol=0)
     assert len({op.name for op in out.ops}) == len(out.ops)
+
+
+# ---- overlap inside one batch: collectives beside the compute that does not depend on them -------------
+
+A, R, D, E, C, O = 1.0, 0.5, 2.0, 4.0, 3.0, 0.25  # norm, router, dispatch, experts, combine, output (s)
+
+
+def moe_block(shared: float, independent: bool = True):
+    """norm -> router -> dispatch (comm) -> experts -> combine (comm) -> out, and a shared expert that reads
+    the norm's output (``independent``) or the combined routed output; ``out`` sums both (builder join)."""
+    b = GraphBuilder("moe", meta={"kinds": "decode"})
+    b.token_set("all")
+    t = Feature("tokens", "all")
+    comp = lambda s: Cost.of(t, flops_bf16=s / T)
+    comm = lambda s: Cost.of(t, bytes_nvlink=s / T)
+    with b.stage("trunk"):
+        x = b.op("norm", "norm", comp(A))
+        b.op("router", "router", comp(R))
+        d = b.op("dispatch", "collective", comm(D), stream="comm")
+        e = b.op("experts", "moe_experts", comp(E), deps=[d])
+        c = b.op("combine", "collective", comm(C), stream="comm", deps=[e])
+        b.op("shared", "gemm", comp(shared), deps=[x] if independent else [c])
+        b.join(c)
+        b.op("out", "norm", comp(O))
+    return b.build()
+
+
+@pytest.mark.parametrize("shared", [1.0, 3.0, 5.0])
+def test_a_collective_runs_beside_independent_compute(shared):
+    from graphsim.passes.overlap import serialize_collectives
+
+    g = moe_block(shared)
+    assert {(e.src, e.dst) for e in g.edges} >= {("norm", "shared"), ("combine", "out"), ("shared", "out")}
+    # the shared expert (issued after the routed experts) runs while the combine is in flight
+    assert forward(g).forward[0] == pytest.approx(A + R + D + E + max(C, shared) + O)
+    # serial: every collective exposed
+    assert forward(serialize_collectives(g)).forward[0] == pytest.approx(A + R + D + E + C + shared + O)
+
+
+def test_a_dependent_compute_op_still_waits_for_the_collective():
+    from graphsim.passes.overlap import serialize_collectives
+
+    g = moe_block(2.0, independent=False)
+    assert forward(g).forward[0] == pytest.approx(A + R + D + E + C + 2.0 + O)
+    assert forward(serialize_collectives(g)).forward[0] == pytest.approx(forward(g).forward[0])
+
+
+def test_serializing_never_shortens_a_schedule():
+    """Property: the serial schedule adds edges to the same DAG, so no point gets faster (random graphs of
+    compute ops and collectives with random dataflow)."""
+    from graphsim.passes.overlap import serialize_collectives
+
+    rng = np.random.default_rng(24)
+    t = Feature("tokens", "all")
+    for trial in range(20):
+        b = GraphBuilder(f"r{trial}", meta={"kinds": "decode"})
+        b.token_set("all")
+        names: list[str] = []
+        with b.stage("s"):
+            for i in range(int(rng.integers(4, 30))):
+                dur = float(rng.uniform(0.1, 3.0)) / T
+                deps = [names[j] for j in rng.choice(len(names), size=min(len(names), int(rng.integers(0, 3))),
+                                                     replace=False)] if names else []
+                if rng.random() < 0.35:
+                    names.append(b.op(f"c{i}", "collective", Cost.of(t, bytes_nvlink=dur), stream="comm", deps=deps))
+                else:
+                    names.append(b.op(f"k{i}", "gemm", Cost.of(t, flops_bf16=dur), deps=deps))
+        g = b.build()
+        free, serial = forward(g).forward[0], forward(serialize_collectives(g)).forward[0]
+        assert free <= serial + 1e-12
+        # serial = the sum of every op's time when comm and compute take turns (no stream runs alone)
+        assert serial <= sum(forward(g).duration[0]) + 1e-12
+
+
+def _v3(policy: str, req: str = "decode:4096x64", **mapping):
+    return gs.compile_plan("deepseek-v3", gs.Plan([req], gs.ParallelMapping(**(mapping or {"tp": 8, "ep": 8})),
+                                                  gs.Policies(overlap=policy)), "gb200")
+
+
+@pytest.mark.parametrize("req,mapping,hidden", [
+    ("decode:4096x64", {"tp": 8, "ep": 8}, "combine"),  # 64 requests: the combine hides under the shared expert
+    ("decode:2048x1024", {"dp": 8, "ep": 8}, "shared"),  # 1024: the shared expert hides under the combine
+])
+def test_v3_shared_expert_runs_beside_the_combine(gb200, req, mapping, hidden):
+    """DeepSeek-V3 EP8 decode on GB200: the shared expert (it reads the MoE block's input) runs while the
+    combine all-to-all is in flight. Each MoE layer saves min(combine, shared expert) against the serial
+    schedule, and the critical path keeps only the longer of the two."""
+    free, serial = _v3("none", req, **mapping), _v3("serial", req, **mapping)
+    sf, ss = free.schedule(), serial.schedule()
+    assert [op.name for op in free.graph.ops] == [op.name for op in serial.graph.ops]
+    dur = {op.name: ss.duration[0, i] for i, op in enumerate(serial.graph.ops)}
+
+    def branches(i):
+        p = f"layers.{i}.moe."
+        return dur[p + "experts.all_to_all.1"], sum(dur[p + f"shared.{k}"] for k in ("gate_up", "swiglu", "down"))
+
+    saved = sum(min(branches(i)) for i in range(3, 61))  # first_k_dense_replace = 3 of 61 layers (config.json)
+    assert sf.forward[0] == pytest.approx(ss.forward[0] - saved, rel=1e-9)
+    comb, shared = branches(30)
+    assert (shared > comb) == (hidden == "combine")
+    path = {free.graph.ops[i].name for i in sf.critical_path(0)}
+    p = "layers.30.moe."
+    on = {"combine": p + "shared.gate_up", "shared": p + "experts.all_to_all.1"}[hidden]
+    off = {"combine": p + "experts.all_to_all.1", "shared": p + "shared.gate_up"}[hidden]
+    assert on in path and off not in path
+    spath = {serial.graph.ops[i].name for i in ss.critical_path(0)}
+    assert {on, off} <= spath
+
+
+@pytest.mark.parametrize("model,req,mapping", [
+    ("deepseek-v3", "decode:4096x64", {"tp": 8, "ep": 8}),
+    ("deepseek-v3", "prefill:8192", {"tp": 8}),
+    ("deepseek-v3", "decode:2048x256", {"dp": 8, "ep": 8}),
+    ("deepseek-v4.1-flash", "decode:4096x64", {"tp": 4, "ep": 4}),
+    ("deepseek-v4.1-flash", "decode:4096x1", {"tp": 4}),
+])
+def test_overlap_never_raises_the_sol(model, req, mapping):
+    """Property: the SOL with overlap inside the batch (the default) is never above the serial schedule."""
+    plan = lambda o: gs.Plan([req], gs.ParallelMapping(**mapping), gs.Policies(overlap=o))
+    free = gs.compile_plan(model, plan("none"), "gb200").schedule().forward[0]
+    serial = gs.compile_plan(model, plan("serial"), "gb200").schedule().forward[0]
+    assert free <= serial
+
+
+# ---- two-batch overlap of one prompt: its tokens in two causal halves ---------------------------------
+
+def test_two_batch_splits_one_prompt_into_causal_halves():
+    """One 1000-token prompt: half 0 is positions [0, 500), half 1 [500, 1000) attending to half 0's KV —
+    Σ causal pairs 500·501/2 and (1000·1001 - 500·501)/2, exactly (not half of the prompt's pairs each)."""
+    from graphsim.passes.pipeline import PassContext
+
+    b = GraphBuilder("attn", meta={"kinds": "prefill"})
+    b.token_set("all")
+    with b.stage("s"):
+        b.op("attn", "attention", Cost.of(Feature("causal_pairs", "all"), flops_bf16=1.0))
+        b.op("mlp", "gemm", Cost.of(Feature("tokens", "all"), flops_bf16=1.0))
+    plan = gs.Plan(["prefill:1000"], policies=gs.Policies(overlap="two-batch"))
+    g = two_batch_overlap(b.build(), PassContext(plan=plan))
+    s = forward(g, gs.Workload(("prefill",), [[1]], [[1000]], [[0]]))
+    d = {op.name: s.duration[0, i] for i, op in enumerate(g.ops)}
+    assert d["attn.tbo0"] == pytest.approx(500 * 501 / 2)
+    assert d["attn.tbo1"] == pytest.approx(1000 * 1001 / 2 - 500 * 501 / 2)
+    assert d["mlp.tbo0"] == d["mlp.tbo1"] == pytest.approx(500)
+
+
+def test_two_batch_with_one_prompt_per_rank_runs_and_is_not_slower(gb200):
+    for req, mapping in [("prefill:8192", {"tp": 8, "ep": 8}), ("prefill:4096x8", {"dp": 8, "ep": 8})]:
+        none, tbo = _v3("none", req, **mapping), _v3("two-batch", req, **mapping)
+        assert {op.param_dict.get("half") for op in tbo.graph.ops} == {"tbo0", "tbo1"}
+        assert any(f.chunk == (1, 2) for op in tbo.graph.ops for f in op.cost.features())
+        assert tbo.schedule().forward[0] <= none.schedule().forward[0]
+    with pytest.raises(gs.GraphsimError, match="policies.overlap"):
+        _v3("two-batch", "decode:4096x1")  # one decode position per rank cannot be split
+
+
+def test_cli_overlap_serial_and_what_stays_exposed(capsys):
+    """The text report says how much communication the schedule hides: all of it exposed when serial; with
+    the default, the busy time minus what is on the critical path (the shared expert hid the combines)."""
+    import re
+
+    from graphsim.cli import main
+
+    def comm(*extra):
+        main(["estimate", "--model", "deepseek-v3", "--hw", "gb200", "--tp", "8", "--ep", "8", "--request",
+              "decode:4096x64", *extra])
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("communication"))
+        return [float(v) for v in re.findall(r"([\d.]+) ms", line)]
+
+    busy, exposed, hidden = comm("--overlap", "serial")
+    assert exposed == busy and hidden == 0.0
+    busy2, exposed2, hidden2 = comm()
+    assert busy2 == busy and hidden2 > 0 and exposed2 == pytest.approx(busy2 - hidden2, abs=2e-4)
+    free, serial = _v3("none").schedule().forward[0], _v3("serial").schedule().forward[0]
+    assert hidden2 == pytest.approx((serial - free) * 1e3, abs=2e-4)  # what overlap saved is what it hid

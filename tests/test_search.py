@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import attrs
 import numpy as np
 import pytest
 
@@ -20,6 +21,12 @@ TRAFFIC = Traffic.of(4000, 1000)
 @pytest.fixture(scope="module")
 def v3():
     return search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30), space=SMALL)
+
+
+def ref_model():
+    from graphsim.models import load_model
+
+    return load_model("deepseek-v3")
 
 
 def _rows(res, **eq):
@@ -62,14 +69,21 @@ def test_disagg_row_matches_graphsim_disagg(v3):
     pm, dm = parse_mapping(row["prefill_mapping"]), parse_mapping(row["decode_mapping"])
     ref = disagg("deepseek-v3", "gb200", Pool(pm, int(row["prefill_batch"]), int(row["prefill_replicas"])),
                  Pool(dm, int(row["decode_batch"]), int(row["decode_replicas"])), isl=4000, osl=1000)
-    assert row["ttft_ms"] == pytest.approx(ref.ttft_s * 1e3, rel=1e-9)
+    # the hand-over streams layer by layer during the prefill, over NVLink when both pools share a domain
+    from graphsim.disagg import handover_seconds
+
+    hand, _, link = handover_seconds(ref_model(), gs.load_hw("gb200"), ref.prefill, ref.decode, 4000, ref.prefill_s)
+    assert link == "nvlink" and hand < ref.transfer_s
+    assert row["ttft_ms"] == pytest.approx((ref.prefill_s + hand) * 1e3, rel=1e-9)
+    assert row["ttft_step"] == "disagg" and row["tpot_p99_ms"] == row["tpot_ms"]
     assert row["tpot_ms"] == pytest.approx(ref.itl_s * 1e3, rel=1e-9)
     assert row["tokens_per_s_per_gpu"] == pytest.approx(ref.tokens_per_s_per_gpu, rel=1e-9)
     assert row["gpus"] == ref.gpus <= 8
 
 
 def test_memory_verdict_matches_fit(v3):
-    """fits / headroom of a decode pool equal graphsim.fit at the full context (isl + osl) — never optimistic."""
+    """fits / headroom of a decode pool equal graphsim.fit at the steady-state context: the mean isl + osl/2 plus
+    3 standard deviations of the summed context of a DP rank's n requests, osl/√12 · 3/√n per request."""
     from graphsim.fit import MemoryModel
 
     m = gs.ParallelMapping(tp=2, dp=4, ep=4)
@@ -77,8 +91,11 @@ def test_memory_verdict_matches_fit(v3):
     for b in (32, 1024):  # 8 and 256 requests per DP rank
         dis = v3.table[(v3.table["mode"] == "disagg") & (v3.table["decode_mapping"] == "tp2-dp4-ep4-pp1")
                        & (v3.table["decode_batch"] == b)]
-        row = _rows(v3, mode="agg", mapping="tp2-dp4-ep4-pp1", policies="default", decode_batch=b).iloc[0]
-        ref = mm.fit(b, 5000).headroom_bytes / 2**30
+        row = _rows(v3, mode="agg", mapping="tp2-dp4-ep4-pp1", policies="default", decode_batch=b,
+                    ttft_step="mixed").iloc[0]
+        ctx = math.ceil(4500 + 3 * 1000 / math.sqrt(12) / math.sqrt(b / 4))
+        assert TRAFFIC.memory_context(b / 4) == ctx
+        ref = mm.fit(b, ctx).headroom_bytes / 2**30
         # the agg row's step also prefills whole 4,000-token prompts: their activations outweigh one decode
         # token's, so it has strictly less room than the decode pool alone (which disagg rows are held to)
         assert row["memory_headroom_gib"] < ref - 1e-3
@@ -158,8 +175,11 @@ def test_speculative_rows_divide_the_step_by_expected_emitted_tokens():
                  space=Space(tp=(1,), dp=(8,), ep=(8,), modes=("agg",), batches=(2,), prefill_batches=(1,),
                              policies=(("fusion", ("unfused",)), ("overlap", ("none",)), ("engram", ("hbm",)),
                                        ("decoder_replay", ("off",))), acceptance=acc, refine=1))
-    assert [a["field"] for a in res.space["policy_axes"]] == ["fusion", "overlap", "decoder_replay", "engram", "spec"]
-    spec = res.table[(res.table["verify"] > 0) & (res.table["policies"] == "dspark=on")]
+    assert [a["field"] for a in res.space["policy_axes"]] == ["fusion", "overlap", "decoder_replay", "engram",
+                                                             "engram_shard", "engram_proj", "sp", "spec"]
+    assert res.space["memory_axes"] == ["engram", "engram_shard", "engram_proj", "sp"]
+    spec = res.table[(res.table["verify"] > 0) & (res.table["policies"] == "dspark=on")
+                     & (res.table["ttft_step"] == "mixed")]
     assert set(spec["verify"]) == {1, 2, 3, 4, 5}
     e = AcceptanceProfile.constant(acc).expected_emitted_table()[0]
     pol = policies_of({"spec": "dspark"}, acc)
@@ -180,7 +200,8 @@ def test_a_failing_program_is_reported_and_the_rest_kept():
     res = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30),
                  space=Space(tp=(2,), dp=(4,), ep=(4,), batches=(1,), prefill_batches=(1,), modes=("agg",),
                              policies=(("overlap", ("none", "two-batch")),), refine=1))
-    assert len(res.table) > 0 and set(res.table["policies"]) == {"default"}
+    assert len(res.table) > 0 and "default" in set(res.table["policies"])
+    assert not any("two-batch" in p for p in res.table["policies"])
     assert any("two-batch" in s["error"] for s in res.skipped)
 
 
@@ -208,7 +229,14 @@ def test_traffic_distribution(tmp_path):
     ctx = (w * [500, 1500]) @ np.array([1250.0, 8750.0]) / (w @ [500, 1500])
     assert t.decode_context == round(ctx)
     assert t.mean_osl == pytest.approx(0.8 * 500 + 0.2 * 1500)
-    assert t.fit_context == math.ceil(0.8 * 1500 + 0.2 * 9500)
+    # a slot holds class c with probability ∝ w·osl, at a position uniform over [isl, isl + osl]
+    assert t.fit_context == math.ceil(ctx)
+    pi = np.array([0.8 * 500, 0.2 * 1500]) / (0.8 * 500 + 0.2 * 1500)
+    var = pi @ (np.array([500.0, 1500.0]) ** 2 / 12 + np.array([1250.0, 8750.0]) ** 2) - ctx**2
+    assert t.context_std == pytest.approx(math.sqrt(var), rel=1e-12)
+    assert t.memory_context([1, 100]).tolist() == [min(9500, math.ceil(ctx + 3 * math.sqrt(var))),
+                                                   math.ceil(ctx + 0.3 * math.sqrt(var))]
+    assert Traffic.of(1000, 4000, kv_margin=0.0).memory_context(7) == 3000
     bad = tmp_path / "bad.csv"
     bad.write_text("isl,out\n1,2\n")
     with pytest.raises(GraphsimError, match="lengths"):
@@ -435,3 +463,151 @@ def test_a_damaged_cache_file_is_recomputed(tmp_path):
     files[0].write_text("{}")
     b = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, space=space, cache_dir=tmp_path)
     assert b.stats["programs_compiled"] == 1 and b.table.equals(a.table)
+
+
+# ---- a search that is a bound on its space (issue 24) ------------------------------------------------------------
+LLAMA = str(__import__("pathlib").Path(__file__).parent / "data" / "hf_configs"
+            / "meta-llama--Meta-Llama-3.1-8B_config.json")
+
+
+def _best_meeting(table, sla: SLA) -> float:
+    """The most tokens/s per GPU among a table's rows that fit and meet every bound of ``sla``."""
+    t = table[table["fits"]]
+    if sla.ttft_ms:
+        t = t[t["ttft_ms"] <= sla.ttft_ms]
+    if sla.tpot_ms:
+        t = t[t["tpot_p99_ms" if sla.tpot_stat == "p99" else "tpot_ms"] <= sla.tpot_ms]
+    if sla.min_tokens_per_s_per_user:
+        t = t[t["tokens_per_s_per_user"] >= sla.min_tokens_per_s_per_user]
+    return float(t["tokens_per_s_per_gpu"].max()) if len(t) else 0.0
+
+
+@pytest.mark.parametrize("bounded", [SLA(min_tokens_per_s_per_user=75), SLA(ttft_ms=40, tpot_ms=20),
+                                     SLA(tpot_ms=20, tpot_stat="p99"), SLA(ttft_ms=20)])
+def test_adding_a_bound_never_lowers_the_best(bounded, tmp_path):
+    """What is explored never depends on the SLA: the best under a bound is at least every row of the unbounded
+    search that meets it (the --min-user-tps 75 review case)."""
+    space = Space(tp=(1, 2), batches=(4, 32, 256), prefill_batches=(1, 2), refine=1)
+    free = search(LLAMA, "h100", gpus=4, traffic=Traffic.of(2000, 500), space=space, cache_dir=tmp_path)
+    res = search(LLAMA, "h100", gpus=4, traffic=Traffic.of(2000, 500), sla=bounded, space=space, cache_dir=tmp_path)
+    want = _best_meeting(free.table, bounded)
+    assert want > 0  # the bound leaves something to find
+    assert res.best and res.best[0]["tokens_per_s_per_gpu"] >= want * (1 - 1e-12)
+    assert res.best[0]["tokens_per_s_per_gpu"] == pytest.approx(_best_meeting(res.table, bounded), rel=1e-12)
+
+
+@pytest.mark.parametrize("small,large", [
+    (Space(tp=(1,), batches=(8, 64), modes=("agg",)), Space(tp=(1, 2), batches=(8, 64), modes=("agg",))),
+    (Space(tp=(2,), batches=(8, 64), modes=("agg",)), Space(tp=(2,), batches=(8, 64, 512), modes=("agg",))),
+    (Space(tp=(2,), batches=(8, 64), modes=("agg",), policies=(("sp", ("off",)),)),
+     Space(tp=(2,), batches=(8, 64), modes=("agg",))),
+    (Space(tp=(2,), batches=(8, 64), modes=("agg",)), Space(tp=(2,), batches=(8, 64))),
+])
+def test_enlarging_the_space_never_lowers_the_best(small, large):
+    """The exhaustive search is a bound on its space: a larger space (more mappings, batches, policy values or
+    modes) never finds less."""
+    sla = SLA(ttft_ms=100, tpot_ms=25)
+    a, b = (search(LLAMA, "h100", gpus=2, traffic=Traffic.of(2000, 500), sla=sla,
+                   space=attrs.evolve(sp, prefill_batches=(1,), refine=100, exhaustive=True)) for sp in (small, large))
+    assert a.best and b.best
+    assert b.best[0]["tokens_per_s_per_gpu"] >= a.best[0]["tokens_per_s_per_gpu"] * (1 - 1e-12)
+
+
+def test_memory_is_checked_after_the_residency_axes():
+    """V4.1-Flash at TP1 on GB200 holds its Engram tables only in host memory: the base (HBM) fits at no batch,
+    so the search tries the residency values before pruning and ranks engram=host (issue 24: 22,715 tok/s/GPU,
+    not 17,708)."""
+    res = search("deepseek-v4.1-flash", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30),
+                 space=Space(tp=(1,), dp=(8,), ep=(8,), modes=("agg",), refine=1,
+                             policies=(("decoder_replay", ("paper",)), ("fusion", ("unfused",)),
+                                       ("overlap", ("none",)))))
+    t = res.table
+    assert not t[t["policies"] == "decoder_replay=paper"]["fits"].any()
+    # stage 1 tries the saver values together (host tables, world-sharded rows); stage 2 each back at its base
+    assert {"decoder_replay=paper,engram=host,engram_shard=world", "decoder_replay=paper,engram=host"} <= \
+        set(t["policies"])
+    assert res.best and "engram=host" in res.best[0]["policies"]
+    assert res.best[0]["tokens_per_s_per_gpu"] >= 22_714
+
+
+def test_ttft_steps_and_p99():
+    """Each aggregated deployment and batch has a row per TTFT step (mixed, prefill-only, lone prompt), each
+    TTFT and TPOT achieved together by its schedule; a prefill-only step is faster to the first token and slower
+    per output token than the mixed step; p99 TPOT is the spike step when more than 1 % of steps prefill."""
+    res = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30),
+                 space=Space(tp=(2,), dp=(4,), ep=(4,), batches=(8, 128), modes=("agg",), refine=0))
+    t = res.table
+    for b in (32, 512):
+        g = t[t["decode_batch"] == b].set_index("ttft_step")
+        assert set(g.index) == {"mixed", "prefill", "lone"}
+        assert g.loc["prefill", "ttft_ms"] < g.loc["mixed", "ttft_ms"]
+        assert g.loc["lone", "ttft_ms"] <= g.loc["prefill", "ttft_ms"]
+        assert g.loc["prefill", "tpot_ms"] > g.loc["mixed", "tpot_ms"]
+    m = gs.ParallelMapping(tp=2, dp=4, ep=4)
+    ctx = 4500
+    dec = gs.compile_plan("deepseek-v3", gs.Plan([f"decode:{ctx}x512"], m), "gb200").report().forward_s
+    mix = gs.compile_plan("deepseek-v3", gs.Plan(["prefill:4000x4", f"decode:{ctx}x512"], m),
+                          "gb200").report().forward_s
+    row = t[(t["decode_batch"] == 512) & (t["ttft_step"] == "mixed")].iloc[0]
+    f = 512 / (1000 * 4)  # 12.8 % of the steps prefill: p99 is the mixed step
+    assert row["tpot_p99_ms"] == pytest.approx(mix * 1e3, rel=1e-9)
+    pre = gs.compile_plan("deepseek-v3", gs.Plan(["prefill:4000x4"], m), "gb200").report().forward_s
+    row = t[(t["decode_batch"] == 512) & (t["ttft_step"] == "prefill")].iloc[0]
+    assert row["ttft_ms"] == pytest.approx(pre * 1e3, rel=1e-9)
+    assert row["tpot_ms"] == pytest.approx((dec + f * pre) * 1e3, rel=1e-9)
+    assert row["tpot_p99_ms"] == pytest.approx((dec + pre) * 1e3, rel=1e-9)
+    assert set(t["bound"]) == {"lower"}
+    # --tpot-stat p99 holds the bound on the spike
+    p99 = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30, tpot_stat="p99"),
+                 space=Space(tp=(2,), dp=(4,), ep=(4,), batches=(8, 128), modes=("agg",), refine=0))
+    assert all(b["tpot_p99_ms"] <= 30 for b in p99.best)
+    with pytest.raises(GraphsimError, match="sla.tpot_stat"):
+        SLA(tpot_stat="p50")
+
+
+def test_steady_state_memory_fits_more():
+    """DeepSeek-V3 on 8 GB200s at ISL 1000 / OSL 4000 (issue 24): held at the steady-state mean context
+    isl + osl/2 plus the 3-sigma margin, TP1/DP8/EP8 fits 3,224 requests (3,416 at the mean alone), not the
+    2,048 of the full length."""
+    res = search("deepseek-v3", "gb200", gpus=8, traffic=Traffic.of(1000, 4000),
+                 space=Space(tp=(1,), dp=(8,), ep=(8,), modes=("agg",), refine=0, batches=(256, 512)))
+    fit = res.table[res.table["fits"]]["decode_batch"].max()
+    assert 3000 < fit < 3500 and fit % 8 == 0  # the most that fits is a row (the grid runs up to what fits)
+    full = search("deepseek-v3", "gb200", gpus=8, traffic=Traffic.of(1000, 4000, kv_margin=1000.0),
+                  space=Space(tp=(1,), dp=(8,), ep=(8,), modes=("agg",), refine=0, batches=(256, 512)))
+    assert full.table[full.table["fits"]]["decode_batch"].max() < 2600  # every request at isl + osl
+
+
+def test_build_failures_are_listed_with_their_error(capsys):
+    """A program that fails to build is listed with its error in the text and the JSON, never dropped."""
+    from graphsim.cmd_search import to_text
+
+    res = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30),
+                 space=Space(tp=(2,), dp=(4,), ep=(4,), batches=(1,), prefill_batches=(1,), modes=("agg",),
+                             policies=(("overlap", ("none", "two-batch")),), refine=1))
+    assert res.skipped and all(x["what"] and x["error"] for x in res.skipped)
+    text = to_text(res)
+    for x in res.skipped:
+        assert f"{x['what']}: {x['error']}" in text
+    assert res.to_json()["skipped"] == res.skipped
+
+
+def test_handover_streams_over_nvlink_inside_a_domain():
+    """The KV hand-over streams layer by layer during the prefill (each of L layers 1/L of the bytes and of the
+    forward): exposed = max(T_tr/L, T_tr − T_pre·(L−1)/L) + one latency, over NVLink when a prefill and a
+    decode replica fit in one NVLink domain together, else over scale-out (docs/search.md)."""
+    from graphsim.disagg import Pool, handover_link, handover_seconds, transfer_seconds
+
+    model, gb200, h100 = ref_model(), gs.load_hw("gb200"), gs.load_hw("h100")
+    p, d = Pool(gs.ParallelMapping(tp=4), 2), Pool(gs.ParallelMapping(tp=4), 1)
+    assert handover_link(gb200, p.mapping, d.mapping) == "nvlink"  # 8 <= 72
+    assert handover_link(h100, gs.ParallelMapping(tp=8), d.mapping) == "scaleout"  # 12 > 8
+    L = model.num_layers()
+    for t_pre in (1e-6, 10.0):  # nothing to hide it under / all of it hidden but the last layer
+        exposed, nbytes, link = handover_seconds(model, gb200, p, d, 4000, t_pre)
+        total, _ = transfer_seconds(model, gb200, p, d, 4000, link="nvlink")
+        wire = total - gb200.nvlink_latency_s
+        assert link == "nvlink" and nbytes > 0
+        assert exposed == pytest.approx(max(wire / L, wire - t_pre * (L - 1) / L) + gb200.nvlink_latency_s,
+                                        rel=1e-12)
+    assert handover_seconds(model, gb200, p, d, 4000, 10.0)[0] < total / 10

@@ -42,14 +42,31 @@ A2A_DTYPE = {"bf16": "bfloat16", "fp8": "fp8", "fp8_s128": "fp8", "fp8_e8m0_32":
 KV_DTYPE = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "fp8_s128": "fp8", "fp8_e8m0_32": "fp8"}
 
 
+def attention_dtypes(precision: str, kv_dtype: str) -> tuple:
+    """The table dtypes that time attention math at ``precision`` over a cache of table dtype ``kv_dtype``.
+
+    The runtimes' tables label an attention by its activations' dtype (bfloat16) and its cache's; over an FP8
+    cache their kernels attend at FP8 (TensorRT-LLM's FP8 context FMHA and FP8 MLA generation), which is
+    graphsim's own rule for an FP8 cache (``Model.attention_precision`` "auto"). The rows show it: on GB300
+    an MLA prefill of 32,768 tokens x 128 heads over an FP8 cache takes 16.3 ms, below the 17.6 ms its BF16
+    FLOPs need at the BF16 tensor peak; on B200 an MLA decode of 512 x 32K contexts 1.60 ms < 2.08 ms. So an
+    FP8 attention over an FP8 cache reads those rows (or rows that name the math dtype fp8), and a BF16
+    attention over an FP8 cache has no rows (none of the tables times BF16 math over an FP8 cache)."""
+    if kv_dtype == "fp8":
+        return ("bfloat16", "fp8") if precision == "fp8" else ()
+    return (PRECISION_DTYPE.get(precision, precision),)
+
+
 @attrs.frozen
 class Coord:
     """num / den, each a linear form ((feature, coefficient), ...); ``tri`` reads num/den as a causal pair
-    count per request and returns the prompt length n with n(n+1)/2 pairs (an equal-work prompt)."""
+    count per request and returns the prompt length n with n(n+1)/2 pairs (an equal-work prompt); with a
+    sliding ``window`` W, the length n with Σ_i min(i+1, W) pairs (W(W+1)/2 + (n-W)·W beyond the window)."""
 
     num: tuple
     den: tuple = ()
     tri: bool = False
+    window: int = 0
 
     def features(self) -> tuple:
         return tuple(f for f, _ in self.num + self.den)
@@ -60,7 +77,14 @@ class Coord:
             return num
         den = sum(c * col(f) for f, c in self.den)
         r = xp.where(den > 0, num / xp.where(den > 0, den, 1.0), 0.0)
-        return (xp.sqrt(8.0 * r + 1.0) - 1.0) / 2.0 if self.tri else r
+        if not self.tri:
+            return r
+        n = (xp.sqrt(8.0 * r + 1.0) - 1.0) / 2.0
+        if self.window:
+            w = float(self.window)
+            full = w * (w + 1.0) / 2.0
+            n = xp.where(r > full, w + (r - full) / w, n)
+        return n
 
 
 @attrs.frozen
@@ -247,14 +271,24 @@ def _attention(op: Op, ctx: MapContext):
     batch = Coord(((req, 1.0 / dp),))
     kv_fmt = next((ctx.tensors[t].format for t in op.reads if t in ctx.tensors), None)
     kv_dt = KV_DTYPE.get(getattr(kv_fmt, "name", ""), "")
-    dt = PRECISION_DTYPE.get(op.precision, op.precision)
-    where = (("dtype", (dt,)), ("kv_dtype", (kv_dt,))) if kv_dt else (("dtype", (dt,)),)
+    if not kv_dt and form == "mla_mha":
+        # MLA's prefill attends the K/V it up-projected at its own precision, not the latent cache: the
+        # tables' kv dtype of such a kernel is that precision's (an FP8 attention keeps an FP8 cache)
+        kv_dt = {"fp8": "fp8", "bf16": "bfloat16"}.get(op.precision, "")
+    dts = attention_dtypes(op.precision, kv_dt)
+    if not dts:
+        return Miss("attention", f"{op.precision} attention over an FP8 cache: the tables' kernels over an FP8 cache "
+                    "attend at FP8 (attention_precision auto or fp8 reads them)")
+    where = (("dtype", dts), ("kv_dtype", (kv_dt,))) if kv_dt else (("dtype", dts),)
     if phase == "generation":
         second = ("ctx", Coord(((kv, 1.0),), ((req, 1.0),)))
     else:
         if pairs is None:
             return Miss("attention", "no pair feature")
-        second = ("seq", Coord(((pairs, 1.0),), ((req, 1.0),), tri=True))
+        # a sliding window's pairs grow by W per position beyond the window: inverted as such (the table's
+        # seq is the prompt length at that window)
+        w = int(pairs.params[0]) if pairs.kind == "window_pairs" else 0
+        second = ("seq", Coord(((pairs, 1.0),), ((req, 1.0),), tri=True, window=w))
     if form == "mla":
         return Lookup("mla_generation" if phase == "generation" else "mla_context", phase, where,
                       (("heads", heads),), (("batch", batch), second))

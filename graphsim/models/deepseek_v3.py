@@ -203,11 +203,13 @@ class DeepSeekV3(Model):
             self._mtp(b, k, kvb, prec, kv_fmt)
 
     def _layer(self, b: GraphBuilder, p: str, kinds: tuple, kvb: float, prec: str, kv_fmt: str, *, dense: bool,
-               copy: str | None = None, ts: tuple = ("all", "pf", "dec"), cache: str = "") -> None:
+               copy: str | None = None, ts: tuple = ("all", "pf", "dec"), cache: str = "", state: str = "") -> None:
         """One decoder layer (MLA + dense MLP or MoE) over token sets ``ts`` = (all, prefill path, decode
-        path), weights under the prefix ``p``, its latent cache ``cache`` (default ``p + "kv"``)."""
+        path), weights under the prefix ``p``, its latent cache ``cache`` (default ``p + "kv"``) and its
+        other per-pass tensors (index keys, Top-K selection) under ``state`` (default ``p``): a module run
+        several times in one forward (MTP depths) owns one of each per run."""
         c, tp_dp = self.cfg, ("tp", "dp")
-        t_all = ts[0]
+        t_all, state = ts[0], state or p
         kv = b.tensor(cache or p + "kv", "kv_cache", kv_fmt, elems_per_token=c.latent, module=p + "attn")
         rmsnorm(b, "attn_norm", t_all, c.hidden)
         linear(b, "wq_a", t_all, c.hidden, c.q_lora, p + "attn.wq_a", split=("dp",))
@@ -218,8 +220,9 @@ class DeepSeekV3(Model):
         b.cache_write("kv_write", t_all, kv, kvb, split=("dp",))
         readers, topk = [], None
         if c.sparse:
-            keys = b.tensor(p + "index_k", "index_cache", "fp8_s128", elems_per_token=c.index_dim, module=p + "attn")
-            topk = dsa_indexer(b, p + "attn.", t_all, hidden=c.hidden, q_in=c.q_lora, heads=c.index_heads,
+            keys = b.tensor(state + "index_k", "index_cache", "fp8_s128", elems_per_token=c.index_dim,
+                            module=p + "attn")
+            topk = dsa_indexer(b, state + "attn.", t_all, hidden=c.hidden, q_in=c.q_lora, heads=c.index_heads,
                                dim=c.index_dim, topk=c.index_topk, wq=p + "attn.indexer.wq_b",
                                wk=p + "attn.indexer.wk", wproj=p + "attn.indexer.weights_proj",
                                key_format="fp8_s128", key_cache=keys)
@@ -253,9 +256,10 @@ class DeepSeekV3(Model):
                     rmsnorm(b, "enorm", "mtp", c.hidden)
                     rmsnorm(b, "hnorm", "mtp", c.hidden)
                     linear(b, "eh_proj", "mtp", 2 * c.hidden, c.hidden, "mtp.eh_proj", split=("dp",))
-                    # draft depth j writes (and reads up to) its own positions' entries of the MTP layer's cache
+                    # draft depth j writes (and reads up to) its own positions' entries of the MTP layer's
+                    # caches (latent, DSA index keys) and selects its own Top-K: one tensor of each per depth
                     self._layer(b, "mtp.", ("decode",), kvb, prec, kv_fmt, dense=False, ts=("mtp", "mtp", "mtp"),
-                                cache=f"mtp.kv.{j}")
+                                cache=f"mtp.kv.{j}", state=f"mtp.{j}.")
                     lm_head(b, "mtp", c.hidden, c.vocab, "head")
                     b.elementwise("sample", "mtp", c.vocab, bytes_in=4.0, bytes_out=0.0, flops_per_elem=2.0,
                                   kind="sampling", split=("dp",), exps=c.vocab)

@@ -392,20 +392,25 @@ class DeepSeekV41(Model):
         c = self.cfg
         p = f"layers.{layer}.ffn"
         d, f = c.hidden_size, c.moe_intermediate_size
+        x = b.last  # the block's input: the router and the shared expert both read it
         b.gemm("ffn.router", ts, d, c.n_routed_experts, weight=f"{p}.gate.weight", act_out="fp32", split=("dp",),
                kind="router")
         self._route(b, layer, ts)
         comm = ep_dispatch_combine(ts, d=d, top_k=c.num_experts_per_tok)
         b.moe_experts("ffn.experts", ts, experts=c.n_routed_experts, top_k=c.num_experts_per_tok, hidden=d, inter=f,
                       weight=tuple(f"{p}.experts.{w}" for w in ("w1", "w3", "w2")), split=("ep",), comm=comm)
+        routed = b.last
         s = f"{p}.shared_experts"
         fs = c.n_shared_experts * f
-        b.gemm("ffn.shared.w1", ts, d, fs, weight=f"{s}.w1", act_in="fp8", split=("tp", "dp"))
+        # beside the routed path (it needs none of the dispatch/combine), summed with its output
+        b.gemm("ffn.shared.w1", ts, d, fs, weight=f"{s}.w1", act_in="fp8", split=("tp", "dp"),
+               deps=(x,) if x else None)
         b.gemm("ffn.shared.w3", ts, d, fs, weight=f"{s}.w3", act_in="fp8", split=("tp", "dp"))
         b.elementwise("ffn.shared.swiglu", ts, fs, bytes_in=2 * BF16, bytes_out=1.0 + 1 / 32, flops_per_elem=4,
                       kind="activation", split=("tp", "dp"), exps=fs, params={"role": GATED})
         b.gemm("ffn.shared.w2", ts, fs, d, weight=f"{s}.w2", act_in="fp8", split=("tp", "dp"),
                comm=(all_reduce_tp(ts, d, note="row-parallel shared expert", merge=MOE_OUT),))
+        b.join(routed)
 
 
 def load(name_or_path="deepseek-v4.1-flash") -> DeepSeekV41:
