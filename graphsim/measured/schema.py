@@ -108,8 +108,12 @@ def check_frame(df, where: str) -> None:
             f"{', '.join(need)}")
     for c in fam.coords:
         col = df[c]
-        ok = col.dtype.kind in "iu" and bool((col >= 0).all())
-        require(ok, f"{where}.{c}", "shape coordinates are whole numbers >= 0")
+        ok = col.dtype.kind in "iu" and bool((col >= 0).all()) and bool((col < 2**53).all())
+        require(ok, f"{where}.{c}", "shape coordinates are whole numbers in [0, 2**53)")
+    for c in identity_columns(fam.name):
+        col = df[c]
+        ok = col.dtype.kind == "O" and bool(col.map(lambda v: v is None or isinstance(v, str)).all())
+        require(ok, f"{where}.{c}", f"identity columns hold text, got {col.dtype}")
     lat = df[LATENCY]
     ok = lat.dtype.kind == "f" and bool(((lat > 0) & lat.apply(math.isfinite)).all())
     require(ok, f"{where}.{LATENCY}", "latencies are finite seconds > 0")
