@@ -2,9 +2,8 @@
 an unusable path or a wrong suffix is a one-line error naming the field; a missing folder is created),
 written to a uniquely named temporary beside the target and moved into place atomically (a reader never
 sees half a file; two writers never share a temporary), under an exclusive lock when asked
-(:func:`locked_output`: a second writer of the same output fails at once). A symlink is written through:
-its target is replaced. Every OS failure (permissions, a full disk) becomes a
-:class:`~graphsim.errors.GraphsimError` naming the field. Names taken from inputs (a hardware name, a
+(:func:`locked_output`: a second writer of the same output fails at once). Every OS failure (permissions,
+a full disk) becomes a :class:`~graphsim.errors.GraphsimError` naming the field. Names taken from inputs (a hardware name, a
 partition key) become path components only through :func:`safe_name`."""
 from __future__ import annotations
 
@@ -81,11 +80,8 @@ def _is_device(p: Path) -> bool:
 @contextlib.contextmanager
 def atomic_target(path, *, field: str = "output", suffixes: Sequence[str] = ()) -> Iterator[Path]:
     """Yield the path to write (a unique temporary beside ``path`` keeping its suffix); on success it
-    replaces ``path`` atomically (through a symlink: its target); on failure it is removed and the error
-    names ``field``."""
+    replaces ``path`` atomically; on failure it is removed and the error names ``field``."""
     p = output_path(path, field=field, suffixes=suffixes)
-    if p.is_symlink():
-        p = Path(os.path.realpath(p))
     tmp = p.with_name(f".{p.stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp{p.suffix}")
     try:
         yield tmp
