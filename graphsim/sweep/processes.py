@@ -8,9 +8,10 @@ largest group another worker still has. With an output, each worker streams its 
 ``<output>.parts/<struct_id>.parquet`` itself (written to a temporary name, renamed once complete), so no
 table crosses processes and memory stays bounded; without one, workers return the tables. Each worker
 reports progress per chunk through its own pipe (no lock shared between workers that a killed one could
-hold). Workers die with the parent (graphsim.workers: a killed sweep leaves no orphan). A point whose worker dies (killed, out of memory) becomes one error row, not a part (a later run
-retries it), and a fresh worker takes its place; an exception that is a bug stops the sweep as it does in
-the local executor (finished parts stay).
+hold). Workers die with the parent (:mod:`graphsim.workers`: a killed sweep leaves no orphan). A point whose
+worker dies (killed, out of memory) becomes one error row, not a part (a later run retries it), and a fresh
+worker takes its place; an exception that is a bug stops the sweep as it does in the local executor
+(finished parts stay).
 
 Spawned workers import the parent's ``__main__`` module: a script that runs a sweep with this executor
 needs the usual ``if __name__ == "__main__":`` guard.

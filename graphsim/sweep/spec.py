@@ -523,6 +523,17 @@ class Grid:
         return out
 
 
+def _device_of(hw: str) -> str | None:
+    """The device name a measured store is searched under (None where the descriptor does not load: that
+    point is an error row)."""
+    try:
+        from ..hw import load_hw
+
+        return load_hw(hw).name
+    except Exception:  # noqa: BLE001 - a bad descriptor is this point's error row
+        return None
+
+
 @attrs.frozen
 class StructuralPoint:
     """One program: model, hw, mapping, policies, request structure (+ the profile it is evaluated under)."""
@@ -538,35 +549,34 @@ class StructuralPoint:
     #: ``key``: a part is found by name and trusted only while its recorded digests equal these
     inputs: tuple = ()
 
-    def input_digests(self) -> dict:
-        """{model, hw, profile, [measured | fpm], graphsim} -> content digest of what this point reads."""
+    def input_digests(self, memo: dict | None = None) -> dict:
+        """{model, hw, profile, [measured | fpm], graphsim} -> content digest of what this point reads
+        (``memo``: digests already computed in this run, per input)."""
+        from .. import __version__
         from ..identity import fpm_digest, measured_digest, model_digest, toml_digest
 
-        from .. import __version__
+        memo = {} if memo is None else memo
 
-        device = None
-        if self.view[0] in ("op", "hybrid"):
-            try:
-                from ..hw import load_hw
+        def once(key, fn):
+            if key not in memo:
+                memo[key] = fn()
+            return memo[key]
 
-                device = load_hw(self.hw).name
-            except Exception:  # noqa: BLE001 - a bad descriptor is this point's error row
-                device = None
-        out = {"model": model_digest(self.model), "hw": toml_digest(self.hw, "hw"),
-               "profile": toml_digest(self.profile, "profile"), "graphsim": str(__version__)}
+        out = {"model": once(("model", str(self.model)), lambda: model_digest(self.model)),
+               "hw": once(("hw", self.hw), lambda: toml_digest(self.hw, "hw")),
+               "profile": once(("profile", self.profile), lambda: toml_digest(self.profile, "profile")),
+               "graphsim": str(__version__)}
         if self.view[0] == "fpm":
-            out["fpm"] = fpm_digest(self.view[1])
+            out["fpm"] = once(("fpm", self.view[1]), lambda: fpm_digest(self.view[1]))
         elif self.view[0] != "sol":
-            out["measured"] = measured_digest(self.view[1], device)
+            device = once(("device", self.hw), lambda: _device_of(self.hw))
+            out["measured"] = once(("measured", self.view[1], device),
+                                   lambda: measured_digest(self.view[1], device))
         return out
 
     def with_inputs(self, memo: dict | None = None) -> "StructuralPoint":
         """This point with the digests of its inputs (``memo``: digests already computed in this run)."""
-        memo = {} if memo is None else memo
-        k = (str(self.model), self.hw, self.profile, self.view)
-        if k not in memo:
-            memo[k] = tuple(sorted(self.input_digests().items()))
-        return attrs.evolve(self, inputs=memo[k])
+        return attrs.evolve(self, inputs=tuple(sorted(self.input_digests(memo).items())))
 
     def identity(self) -> dict:
         """Identity columns (policies completed with their defaults)."""
