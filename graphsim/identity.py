@@ -6,7 +6,7 @@ it was computed from is byte-for-byte (or, for a model, semantically) the same â
   what the loader reads, so editing a file in place changes it. An input that cannot be read digests to
   ``missing:<what>`` (the result it shapes is an error row, recomputed once the file appears).
 * :func:`part_checksum` / :func:`seal` / :func:`verify` â€” a cached part's checksum in a sidecar
-  ``<part>.json`` beside it, with the digests it was computed from: a part whose bytes or inputs changed is
+  ``<part>.sum`` beside it, with the digests it was computed from: a part whose bytes or inputs changed is
   not trusted (:func:`verify` says why) and is recomputed.
 
 Sweeps use these for their resumable parts (graphsim/sweep); search and serve-sim caches can call the same
@@ -140,8 +140,9 @@ def part_checksum(path) -> str:
 
 
 def _sidecar(path) -> Path:
+    """``<part>.sum`` beside the part (JSON: checksum and input digests)."""
     p = Path(path)
-    return p.with_name(p.name.rsplit(".", 1)[0] + ".json") if "." in p.name else p.with_name(p.name + ".json")
+    return p.with_name(p.name + ".sum")
 
 
 def seal(path, digests: Mapping) -> None:

@@ -116,7 +116,7 @@ def test_a_damaged_or_edited_part_is_recomputed_never_trusted(files, tmp_path):
     run(spec(cfg, hw), out)
     good = read_results(out)
     parts = sorted((tmp_path / "r.parquet.parts").glob("*.parquet"))
-    assert len(parts) == 4 and all(p.with_suffix(".json").is_file() for p in parts)
+    assert len(parts) == 4 and all(p.with_name(p.name + ".sum").is_file() for p in parts)
     # an edited number: a valid Parquet file with another forward time
     t = pq.read_table(parts[0]).to_pandas()
     t["forward_s"] = 1e-9
@@ -125,7 +125,7 @@ def test_a_damaged_or_edited_part_is_recomputed_never_trusted(files, tmp_path):
     raw = bytearray(parts[1].read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     parts[1].write_bytes(bytes(raw))
-    parts[2].with_suffix(".json").unlink()
+    parts[2].with_name(parts[2].name + ".sum").unlink()
     r = run(spec(cfg, hw), out)
     assert r.skipped == 1
     whys = sorted(why for _, why in r.recomputed)
@@ -144,3 +144,18 @@ def test_input_digest_api(files):
     hw.write_text(hw.read_text() + "\n# a comment\n")
     assert identity.toml_digest(str(hw)) != d["hw"]  # the bytes the loader reads
     assert identity.measured_digest(meas, "h200") != identity.measured_digest(meas, "gb200")
+
+
+def test_seal_and_verify_any_cached_file(tmp_path):
+    # the API search / serve-sim caches use: a JSON cache entry sealed beside itself
+    entry = tmp_path / "k.json"
+    entry.write_text('{"ttft_s": 0.07}')
+    d = {"model": "a", "hw": "b"}
+    assert identity.verify(entry, d) == "no valid checksum (written by an older graphsim, or interrupted)"
+    identity.seal(entry, d)
+    assert identity.verify(entry, d) is None
+    assert identity.verify(entry, {**d, "hw": "c"}) == "the hardware file changed"
+    entry.write_text('{"ttft_s": NaN}')
+    assert identity.verify(entry, d) == "its bytes changed since it was written (damaged or edited)"
+    identity.discard(entry)
+    assert not list(tmp_path.iterdir())

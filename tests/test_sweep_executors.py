@@ -41,7 +41,8 @@ def test_processes_executor_parts_merge_and_resume(tmp_path, local):
     pd.testing.assert_frame_equal(read_results(out), local)
     parts = out.with_name(out.name + ".parts")
     ids = local["struct_id"].unique()  # each part with its checksum sidecar (graphsim.identity)
-    assert sorted(p.name for p in parts.iterdir()) == sorted([f"{k}.parquet" for k in ids] + [f"{k}.json" for k in ids])
+    assert sorted(p.name for p in parts.iterdir()) == sorted([f"{k}.parquet" for k in ids]
+                                                             + [f"{k}.parquet.sum" for k in ids])
     assert r.rows == len(local) and r.skipped == 0
     first = local["struct_id"].iloc[0]
     (parts / f"{first}.parquet").unlink()
