@@ -310,7 +310,8 @@ def _check_curve(mix: str, c, w: str) -> Curve:
     require(c["mix"] == mix, f"{w}.mix", f"must be {mix!r} (its key), got {str(c['mix'])[:30]!r}")
     allowed = MIX_COORDS[mix]
     coords = c["coords"]
-    require(isinstance(coords, list) and all(x in allowed for x in coords) and len(set(coords)) == len(coords),
+    require(isinstance(coords, list) and all(isinstance(x, str) and x in allowed for x in coords)
+            and len(set(coords)) == len(coords),
             f"{w}.coords", f"must be distinct coordinates of the {mix} mix ({', '.join(allowed)})")
     fixed = c["fixed"]
     require(isinstance(fixed, list) and all(isinstance(f, list) and len(f) == 2 and f[0] in allowed
