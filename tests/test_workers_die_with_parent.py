@@ -47,6 +47,20 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def _children(pid: int) -> list[int]:
+    """Every process whose parent is ``pid`` (the workers, and multiprocessing's resource tracker)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int(d.joinpath("stat").read_text().rsplit(") ", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_sigkill_of_a_processes_sweep_leaves_no_worker(tmp_path):
     script = tmp_path / "sweep_orphans.py"
     script.write_text(SCRIPT)
@@ -61,6 +75,7 @@ def test_sigkill_of_a_processes_sweep_leaves_no_worker(tmp_path):
         workers = [int(p.name) for p in pids.iterdir()]
         assert len(workers) == 2 and parent.poll() is None, "the workers never started"
         assert all(_alive(w) for w in workers)
+        workers = sorted(set(workers) | set(_children(parent.pid)))  # the resource tracker too, if any
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=30)
         deadline = time.monotonic() + 30
