@@ -13,6 +13,9 @@ KINDS = ("latency", "pareto", "kinds", "memory", "roofline")
 
 def cmd_plot(a) -> None:
     from .exports import plots
+    from .outputs import output_path
+
+    output_path(a.output, suffixes=plots.IMAGE_SUFFIXES)  # before any work: a device, a directory, a wrong type
 
     if a.kind != "pareto" and (a.y or a.color or a.marker):
         raise GraphsimError("kind", "--y, --color and --marker shape the pareto plot; give --kind pareto")
@@ -33,12 +36,13 @@ def cmd_plot(a) -> None:
         if a.kind == "roofline":
             raise GraphsimError("kind", "a roofline needs one plan's schedule: use --model/--request, "
                                 "not a results file")
-        from .outputs import output_path
+        from .filters import apply_filter
         from .sweep import read_results
 
-        output_path(a.output, suffixes=plots.IMAGE_SUFFIXES)  # before reading anything
         df = read_results(a.results)
-        kw = {"where": a.where, "title": a.title}
+        if a.where is not None:
+            df = apply_filter(df, a.where)  # an empty selection is an error naming the filter
+        kw = {"where": None, "title": a.title}
         if a.kind in ("latency", "memory") and a.x:
             kw["x"] = a.x
         if a.kind == "pareto":

@@ -15,6 +15,8 @@ def cmd_sweep(a) -> None:
     progress = a.progress if a.progress is not None else sys.stderr.isatty()
     r = run(spec, a.output, executor=a.executor, address=a.address, progress=progress, resume=not a.fresh,
             jobs=a.jobs)
+    for key, why in r.recomputed:
+        print(f"recomputed {key}: {why}")
     print(f"wrote {r.path}: {r.rows:,} rows from {r.structural_points} structural points "
           f"({r.skipped} already done, {r.structural_errors} structural errors, {r.point_errors:,} point errors) "
           f"in {r.seconds:.1f} s")

@@ -31,6 +31,8 @@ _TOKEN = re.compile(r"""\s*(?:
     )""", re.X)
 OPS = ("==", "!=", "<", "<=", ">", ">=", "in")
 MAX_LENGTH = 2000
+#: nested parentheses / "not"s a filter may hold (the parser recurses once per level)
+MAX_DEPTH = 64
 
 
 def _tokens(text: str) -> list[tuple[str, str]]:
@@ -54,6 +56,11 @@ class _Parser:
         self.toks = _tokens(text)
         self.i = 0
         self.columns = set(map(str, columns))
+        self.depth = 0
+
+    def nest(self) -> None:
+        self.depth += 1
+        require(self.depth <= MAX_DEPTH, "where", f"nested deeper than {MAX_DEPTH} levels of parentheses or 'not'")
 
     def peek(self) -> tuple[str, str] | None:
         return self.toks[self.i] if self.i < len(self.toks) else None
@@ -94,12 +101,16 @@ class _Parser:
         t = self.peek()
         if t == ("kw", "not"):
             self.take()
+            self.nest()
             g = self.not_()
+            self.depth -= 1
             return lambda df: ~g(df)
         if t == ("op", "("):
             self.take()
+            self.nest()
             f = self.or_()
             self.expect(")")
+            self.depth -= 1
             return f
         return self.comparison()
 
@@ -150,8 +161,16 @@ def compile_filter(text: str, columns) -> Callable:
     return _Parser(text, columns).parse()
 
 
-def apply_filter(df, text: str | None):
-    """The rows of ``df`` that ``text`` selects (all of them for None)."""
+def apply_filter(df, text: str | None, *, allow_empty: bool = False):
+    """The rows of ``df`` that ``text`` selects (all of them for None); selecting no row is an error naming
+    the filter (a picture of nothing is not an answer), unless ``allow_empty``."""
     if text is None:
         return df
-    return df[compile_filter(text, df.columns)(df)]
+    mask = compile_filter(text, df.columns)(df)
+    try:
+        mask = mask.fillna(False).astype(bool)
+    except (TypeError, ValueError):
+        raise GraphsimError("where", f"{text[:80]!r} does not give true/false per row") from None
+    out = df[mask]
+    require(allow_empty or len(out) > 0, "where", f"{text[:80]!r} selects none of the {len(df):,} rows")
+    return out

@@ -186,13 +186,21 @@ def test_sweep_spec_with_a_lone_surrogate_escape(tmp_path, capsys, ext):
     assert rc == 2 and err.startswith("graphsim: error: spec.structure.hw:") and "surrogate" in err, err
 
 
-@pytest.mark.parametrize("target", ["{dir}", "{dir}/missing/x.dot", "/dev/full"])
+@pytest.mark.parametrize("target", ["{dir}", "/dev/full", "/dev/null", "{dir}/file/x.dot"])
 def test_outputs_that_cannot_be_written(tmp_path, target, capsys):
-    if target == "/dev/full" and not Path("/dev/full").exists():
-        pytest.skip("no /dev/full on this system")
+    if target.startswith("/dev/") and not Path(target).exists():
+        pytest.skip(f"no {target} on this system")
+    (tmp_path / "file").write_text("x")  # a file where a folder is needed
     out = target.replace("{dir}", str(tmp_path))
     rc, _, err = _cli(["graph", "--model", "llama-3.1-70b", "--request", "decode:8", "-o", out], capsys)
     assert rc == 2 and err.startswith("graphsim: error: output:"), err
+
+
+def test_an_output_in_a_missing_folder_creates_it(tmp_path, capsys):
+    out = tmp_path / "missing" / "x.dot"
+    rc, _, err = _cli(["graph", "--model", "llama-3.1-70b", "--request", "decode:8", "-o", str(out)], capsys)
+    assert rc == 0, err
+    assert out.read_text().startswith("digraph")
 
 
 def test_sweep_point_with_an_out_of_range_mapping_is_reported_not_a_crash(tmp_path):

@@ -40,7 +40,9 @@ def test_processes_executor_parts_merge_and_resume(tmp_path, local):
     r = run(SPEC, out, executor="processes", jobs=2)
     pd.testing.assert_frame_equal(read_results(out), local)
     parts = out.with_name(out.name + ".parts")
-    assert sorted(p.name for p in parts.iterdir()) == sorted(f"{k}.parquet" for k in local["struct_id"].unique())
+    ids = local["struct_id"].unique()  # each part with its checksum sidecar (graphsim.identity)
+    assert sorted(p.name for p in parts.iterdir()) == sorted([f"{k}.parquet" for k in ids]
+                                                             + [f"{k}.parquet.sum" for k in ids])
     assert r.rows == len(local) and r.skipped == 0
     first = local["struct_id"].iloc[0]
     (parts / f"{first}.parquet").unlink()
@@ -64,17 +66,20 @@ def _die_on_first_gb300(spec, sp, key, parts):  # a task whose process dies (run
 def test_a_dying_worker_is_an_error_row_and_the_sweep_goes_on(tmp_path, local):
     from graphsim.sweep.processes import run_processes
 
+    from graphsim.sweep.executors import _seal
+
     spec = SweepSpec.from_dict(SPEC)
-    points = spec.structural_points()
+    points = [sp.with_inputs() for sp in spec.structural_points()]  # as run() gives them: with input digests
     keys = [sp.key(spec) for sp in points]
+    by_key = dict(zip(keys, points))
     parts = tmp_path / "r.parquet.parts"
     parts.mkdir()
     extra, advanced = {}, []
     run_processes(spec, _by_program(list(zip(points, keys))), 2, parts, extra, advanced.append,
-                  task=_die_on_first_gb300)
+                  task=_die_on_first_gb300, sealed=lambda k: _seal(parts, k, by_key[k]))
     assert sum(advanced) == 12 * 9  # the progress covers every point, the dead one's too
     (dead,) = extra
-    assert not (parts / f"{dead}.parquet").exists() and len(list(parts.iterdir())) == 11  # the others completed
+    assert not (parts / f"{dead}.parquet").exists() and len(list(parts.glob("*.parquet"))) == 11  # the others completed
     row = extra[dead][0].to_pylist()[0]
     assert row["error_field"] == "executor" and "died" in row["error"] and row["point"] is None
     assert row["hw"] == "gb300" and row["profile"] == "SOL" and row["tp"] == 4

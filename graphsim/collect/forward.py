@@ -72,7 +72,20 @@ def collect_forward(model, mixes, hw, output, *, warmup: int = 2, reps: int = 5,
                     log=None):
     """Time every mix of ``mixes`` (lists of request strings) and write the samples to ``output``
     (``.parquet``); returns the samples as a DataFrame. ``budget_s``: mixes not started within it are
-    ``missing_sample`` rows."""
+    ``missing_sample`` rows. The output is checked before any work, locked while the run lasts and
+    replaced atomically."""
+    from graphsim.outputs import atomic_target, exclusive, output_path
+
+    require(isinstance(warmup, int) and 0 <= warmup <= 1000, "warmup", f"must be a whole number in [0, 1000], got {warmup!r}")
+    require(isinstance(reps, int) and 1 <= reps <= 10000, "reps", f"must be a whole number in [1, 10000], got {reps!r}")
+    out_path = output_path(output, suffixes=(".parquet",))  # before any work: a device, a folder, a wrong type
+    with exclusive(out_path):
+        return _collect_forward(model, mixes, hw, out_path, warmup, reps, seed, mapping, weights, policies,
+                                budget_s, log, atomic_target)
+
+
+def _collect_forward(model, mixes, hw, out_path, warmup, reps, seed, mapping, weights, policies, budget_s, log,
+                     atomic_target):
     import pandas as pd
 
     from graphsim import ParallelMapping, Plan, Policies
@@ -82,10 +95,6 @@ def collect_forward(model, mixes, hw, output, *, warmup: int = 2, reps: int = 5,
 
     from .env import environment
 
-    require(isinstance(warmup, int) and 0 <= warmup <= 1000, "warmup", f"must be a whole number in [0, 1000], got {warmup!r}")
-    require(isinstance(reps, int) and 1 <= reps <= 10000, "reps", f"must be a whole number in [1, 10000], got {reps!r}")
-    out_path = Path(output)
-    require(out_path.suffix == ".parquet", "output", f"samples are written as .parquet, got {output!r}")
     spec = load_hw(hw)
     m = load_model(model, weights=weights)
     mapping = ParallelMapping(*mapping)
@@ -114,8 +123,8 @@ def collect_forward(model, mixes, hw, output, *, warmup: int = 2, reps: int = 5,
             log(f"[{n + 1}/{len(mixes)}] {'+'.join(reqs):<34} {what}")
     df = pd.DataFrame(rows)
     check_samples(df, str(out_path))
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    df.to_parquet(out_path, index=False)
+    with atomic_target(out_path, suffixes=(".parquet",)) as tmp:
+        df.to_parquet(tmp, index=False)
     if log:
         ok = int((df["status"] == "ok").sum())
         log(f"wrote {out_path}: {len(df)} samples ({ok} ok, {len(df) - ok} failed) in {time.perf_counter() - t_start:.1f} s")

@@ -352,11 +352,20 @@ def _run_copy(points, inp, warmup, reps, tick):
     from jax import lax
 
     f = jax.jit(lambda buf, x, off: lax.dynamic_update_slice(buf, x, (off,)), donate_argnums=0)
+    for p in points:
+        n = p.get("bytes") if isinstance(p, dict) else None
+        require(isinstance(n, int) and not isinstance(n, bool) and 0 < n < 2**48, "grid.copy.bytes",
+                f"must be a whole number of bytes in [1, 2**48), got {n!r}")
     for p in sorted(points, key=lambda p: p["bytes"]):
         n = int(p["bytes"])
-        require(n > 0, "grid.copy", f"bytes must be > 0, got {n}")
-        x = inp.get(("bytes", n), (n,), np.uint8)
-        state = {"buf": jax.device_put(np.zeros((2 * n,), np.uint8)), "i": 0}
+        try:
+            x = inp.get(("bytes", n), (n,), np.uint8)
+            state = {"buf": jax.device_put(np.zeros((2 * n,), np.uint8)), "i": 0}
+        except MemoryError:  # the host cannot hold the inputs: like a point the device cannot hold
+            tick()
+            yield {"op": "copy", "dtype": "uint8", "kv_dtype": "", "kernel": "dynamic_update_slice (donated)",
+                   "bytes": n}, None, None
+            continue
         offs = [jnp.int32(o) for o in (0, n // 3, n // 2, n)]
 
         def call():
@@ -437,9 +446,18 @@ def collect_ops(hw, out_dir, *, families=None, quick: bool = False, warmup: int 
     bad = sorted(set(wanted) - set(FAMILIES))
     require(not bad, "family", f"unknown {bad}; the collector times {', '.join(FAMILIES)}")
     wanted = [f for f in FAMILIES if f in wanted]
-    device = _device_name(hw)
-    out = Path(out_dir)
-    require(not out.exists() or out.is_dir(), "output", f"{out_dir} exists and is not a folder")
+    from graphsim.outputs import exclusive, output_path, safe_name
+
+    device = safe_name(_device_name(hw).lower(), "hw.name")  # it names a folder under the output
+    out = output_path(out_dir, folder=True)  # before any work: a file, a device, an unwritable place
+    with exclusive(out):
+        return _collect(out, out_dir, device, wanted, grid, quick, warmup, reps, log, seed)
+
+
+def _collect(out: Path, out_dir, device: str, wanted: list, grid, quick: bool, warmup: int, reps: int, log,
+             seed: int) -> dict:
+    from graphsim.outputs import atomic_target, safe_name
+
     env = environment(device)
     grids = default_grid(env["platform"], quick)
     if grid is not None:
@@ -479,9 +497,9 @@ def collect_ops(hw, out_dir, *, families=None, quick: bool = False, warmup: int 
         inp.keep()
         secs = time.perf_counter() - t0
         df = _frame(fam, env, rows, reps)
-        dst = out / env["device"] / fam / backend / FILE
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        df.to_parquet(dst, index=False)
+        dst = out / safe_name(env["device"], "hw.name") / fam / safe_name(backend, "backend") / FILE
+        with atomic_target(dst, suffixes=(".parquet",)) as tmp:
+            df.to_parquet(tmp, index=False)
         summary["rows"][fam] = len(df)
         summary["seconds"][fam] = round(secs, 3)
         summary["files"].append(str(dst))
@@ -504,7 +522,8 @@ def collect_ops(hw, out_dir, *, families=None, quick: bool = False, warmup: int 
 def _write_provenance(out: Path, env: dict, warmup: int, reps: int, families: dict) -> None:
     """provenance.json: the collector, its timing method and the environment; per family the run that wrote
     its table (families collected by an earlier run into the same folder are kept)."""
-    out.mkdir(parents=True, exist_ok=True)
+    from graphsim.outputs import write_text
+
     path = out / "provenance.json"
     prev = {}
     if path.is_file():
@@ -522,7 +541,7 @@ def _write_provenance(out: Path, env: dict, warmup: int, reps: int, families: di
     prov = {"collector": "graphsim collect ops", "revision": COLLECTOR_REVISION,
             "source": f"graphsim collect ops r{COLLECTOR_REVISION}", "environment": env, "timing": timing,
             "families": {**kept, **families}}
-    path.write_text(json.dumps(prov, indent=2, default=str))
+    write_text(path, json.dumps(prov, indent=2, default=str))
 
 
 __all__ = ["collect_ops", "default_grid", "cartesian", "time_call", "FAMILIES"]

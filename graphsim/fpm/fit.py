@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 from pathlib import Path
 
 import attrs
@@ -101,6 +102,18 @@ class Curve:
         for c, v in self.fixed:
             out[:, COORD_NAMES.index(c)] = np.abs(np.asarray(x[c], np.float64) - v) > 1e-9 * max(1.0, abs(v))
         return self._basis(z) @ np.asarray(self.coef), out
+
+    def max_log_ratio(self) -> float:
+        """The largest log(t/SOL) over the curve's domain (each coordinate in [lo, hi]): the terms are
+        separable and piecewise linear, so each one's maximum is at lo, hi or a knot inside."""
+        top = self.coef[0]
+        i = 1
+        for j, ks in enumerate(self.knots):
+            cand = [self.lo[j], self.hi[j], *(k for k in ks if self.lo[j] <= k <= self.hi[j])]
+            a, cs = self.coef[i], self.coef[i + 1: i + 1 + len(ks)]
+            top += max(a * z + sum(c * max(0.0, z - k) for c, k in zip(cs, ks)) for z in cand)
+            i += 1 + len(ks)
+        return top
 
     def describe(self) -> str:
         parts = [f"log(t/SOL) = {self.coef[0]:+.3f}"]
@@ -183,30 +196,36 @@ class FPMModel:
                                for p in self.partitions]}
 
     def save(self, path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1, default=_json_default))
+        """Write the model (checked, locked, atomic: a directory, a device or an unwritable place is one line)."""
+        from graphsim.outputs import locked_output, write_text
+
+        with locked_output(path) as p:
+            write_text(p, json.dumps(self.to_json(), indent=1, default=_json_default, allow_nan=False))
 
     @staticmethod
     def load(path) -> "FPMModel":
         p = Path(path)
-        require(p.is_file(), "fpm", f"{path}: no such file (fit one: graphsim fpm fit samples.parquet -o model.fpm)")
         try:
-            d = json.loads(p.read_text())
-        except (ValueError, UnicodeDecodeError):
+            found = p.is_file()
+        except (OSError, ValueError):
+            found = False
+        require(found, "fpm", f"{str(path)[:100]}: no such file (fit one: graphsim fpm fit samples.parquet -o model.fpm)")
+        try:
+            d = json.loads(p.read_text(), parse_constant=_no_constant)
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise GraphsimError("fpm", f"{p.name}: not an FPM model (JSON from graphsim fpm fit)") from None
         require(isinstance(d, dict) and d.get("format") == FORMAT, "fpm", f"{p.name}: not a {FORMAT} file")
         require(d.get("schema_version") == SCHEMA_VERSION, "fpm.schema_version",
                 f"{p.name} has version {d.get('schema_version')!r}; this graphsim reads {SCHEMA_VERSION} (refit it)")
-        parts = []
-        for q in d["partitions"]:
-            curves = {}
-            for m, c in q["curves"].items():
-                c = dict(c)
-                c.pop("formula", None)
-                curves[m] = Curve(mix=c["mix"], coords=tuple(c["coords"]), fixed=tuple(tuple(f) for f in c["fixed"]),
-                                  lo=tuple(c["lo"]), hi=tuple(c["hi"]), knots=tuple(tuple(k) for k in c["knots"]),
-                                  coef=tuple(c["coef"]), n=int(c["n"]), train_err=tuple(c["train_err"]))
-            parts.append(Partition(dict(q["identity"]), curves, dict(q["failures"])))
-        return FPMModel(tuple(parts), d.get("created", ""), tuple(d.get("samples", ())))
+        try:
+            parts = _check_partitions(d.get("partitions"))
+            created, samples = d.get("created", ""), d.get("samples", [])
+            require(isinstance(created, str), "fpm.created", "must be text")
+            require(isinstance(samples, list) and all(isinstance(x, str) for x in samples), "fpm.samples",
+                    "must be a list of file names")
+        except GraphsimError as e:  # the field, then the file it is in
+            raise GraphsimError(e.field, f"{p.name}: {str(e)[len(e.field) + 2:]}") from None
+        return FPMModel(tuple(parts), created, tuple(samples))
 
     # ---- queries ------------------------------------------------------------------------------------
     def find(self, identity: dict, backend: str = "") -> Partition:
@@ -232,6 +251,90 @@ class FPMModel:
         fields = [k for k in IDENTITY if len({str(p.identity.get(k)) for p in match}) > 1]
         raise GraphsimError("fpm", f"{len(match)} FPM partitions match this plan, differing in {', '.join(fields)}; "
                             "name one with --backend FRAMEWORK@VERSION or fit them into separate files")
+
+
+#: the largest ratio to SOL a curve may reach over its domain (a forward a billion times its SOL is no
+#: measurement: a damaged or hand-edited file)
+MAX_RATIO = 1e9
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number in a model file")
+
+
+def _num(v, where: str, lo: float = -math.inf) -> float:
+    require(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= lo, where,
+            f"must be a finite number{f' >= {lo:g}' if lo > -math.inf else ''}, got {str(v)[:40]!r}")
+    return float(v)
+
+
+def _nums(v, where: str, n: int | None = None) -> tuple:
+    require(isinstance(v, list), where, f"must be a list of numbers, got {type(v).__name__}")
+    require(n is None or len(v) == n, where, f"must hold {n} numbers, got {len(v)}")
+    return tuple(_num(x, f"{where}[{i}]") for i, x in enumerate(v))
+
+
+def _check_partitions(parts) -> list:
+    """Every partition and curve of a model file, field by field (type, range, finiteness): a damaged or
+    hand-edited file is a one-line error naming the file and the field, never a KeyError or a 0 s forward."""
+    require(isinstance(parts, list) and parts, "fpm.partitions", "must be a non-empty list")
+    out = []
+    for i, q in enumerate(parts):
+        w = f"fpm.partitions[{i}]"
+        require(isinstance(q, dict), w, "must be an object")
+        ident, fails, curves = q.get("identity"), q.get("failures", {}), q.get("curves")
+        require(isinstance(ident, dict), f"{w}.identity", "must be an object")
+        for k in IDENTITY:
+            v = ident.get(k)
+            if k in ("devices", "mtp", "warmup"):
+                require(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31, f"{w}.identity.{k}",
+                        f"must be an integer >= 0, got {str(v)[:40]!r}")
+            else:
+                require(isinstance(v, str), f"{w}.identity.{k}", f"must be text, got {str(v)[:40]!r}")
+        require(isinstance(fails, dict) and all(k in STATUSES and isinstance(n, int) and not isinstance(n, bool)
+                                                and n >= 0 for k, n in fails.items()), f"{w}.failures",
+                f"must map failure statuses ({', '.join(STATUSES[1:])}) to counts >= 0")
+        require(isinstance(curves, dict), f"{w}.curves", "must be an object of request mix -> curve")
+        cs = {}
+        for m, c in curves.items():
+            require(m in MIXES, f"{w}.curves", f"unknown request mix {str(m)[:30]!r}; allowed: {', '.join(MIXES)}")
+            cs[m] = _check_curve(m, c, f"{w}.curves.{m}")
+        out.append(Partition(dict(ident), cs, dict(fails)))
+    return out
+
+
+def _check_curve(mix: str, c, w: str) -> Curve:
+    require(isinstance(c, dict), w, "must be an object")
+    for k in ("mix", "coords", "fixed", "lo", "hi", "knots", "coef", "n", "train_err"):
+        require(k in c, f"{w}.{k}", "missing")
+    require(c["mix"] == mix, f"{w}.mix", f"must be {mix!r} (its key), got {str(c['mix'])[:30]!r}")
+    allowed = MIX_COORDS[mix]
+    coords = c["coords"]
+    require(isinstance(coords, list) and all(isinstance(x, str) and x in allowed for x in coords)
+            and len(set(coords)) == len(coords),
+            f"{w}.coords", f"must be distinct coordinates of the {mix} mix ({', '.join(allowed)})")
+    fixed = c["fixed"]
+    require(isinstance(fixed, list) and all(isinstance(f, list) and len(f) == 2 and f[0] in allowed
+                                            and f[0] not in coords for f in fixed), f"{w}.fixed",
+            f"must be [coordinate, value] pairs of other coordinates of the {mix} mix")
+    fixed = tuple((f[0], _num(f[1], f"{w}.fixed.{f[0]}", 0.0)) for f in fixed)
+    k = len(coords)
+    lo, hi = _nums(c["lo"], f"{w}.lo", k), _nums(c["hi"], f"{w}.hi", k)
+    for j in range(k):
+        require(0.0 <= lo[j] <= hi[j], f"{w}.lo[{j}]", "each range is 0 <= lo <= hi (in z = log(1 + x))")
+    knots = c["knots"]
+    require(isinstance(knots, list) and len(knots) == k, f"{w}.knots", f"must hold one list per coordinate ({k})")
+    knots = tuple(_nums(kn, f"{w}.knots[{j}]") for j, kn in enumerate(knots))
+    coef = _nums(c["coef"], f"{w}.coef", 1 + sum(1 + len(kn) for kn in knots))
+    n = c["n"]
+    require(isinstance(n, int) and not isinstance(n, bool) and n >= 1, f"{w}.n", f"must be an integer >= 1, got {n!r}")
+    err = _nums(c["train_err"], f"{w}.train_err", 3)
+    require(all(e >= 0 for e in err), f"{w}.train_err", "errors are >= 0")
+    cur = Curve(mix, tuple(coords), fixed, lo, hi, knots, coef, n, err)
+    top = cur.max_log_ratio()
+    require(top <= math.log(MAX_RATIO), f"{w}.coef", f"the curve reaches {math.exp(min(top, 700)):.3g} x SOL inside its "
+            f"domain (at most {MAX_RATIO:.0e}): a damaged or hand-edited model; refit it")
+    return cur
 
 
 def _json_default(o):
@@ -269,6 +372,10 @@ def fit(samples, *, sources: tuple = ()) -> FPMModel:
 def fit_files(paths, output=None, log=None) -> FPMModel:
     import pandas as pd
 
+    if output:
+        from graphsim.outputs import output_path
+
+        output_path(output)  # before any work
     frames = [read_samples(p) for p in paths]
     model = fit(pd.concat(frames, ignore_index=True), sources=tuple(str(Path(p).name) for p in paths))
     if output:
@@ -314,6 +421,8 @@ def predict(part: Partition, cols: dict, sol) -> Prediction:
         sel = mixes == mix
         if sel.any():
             lr, out = cur.log_ratio({c: v[sel] for c, v in x.items()})
-            t[sel] = sol[sel] * np.exp(lr)
+            # no forward beats its SOL: a fit that dips below 1 x SOL (a negative intercept, noise at an
+            # edge) is held at the bound
+            t[sel] = sol[sel] * np.exp(np.maximum(lr, 0.0))
             outside[sel] = out
     return Prediction(t, outside, mixes)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import math
 
-from graphsim.errors import require
+from graphsim.errors import GraphsimError, require
 
 IDENTITY = (
     "model", "model_digest", "weights", "kv_dtype", "attention_precision",
@@ -103,6 +103,23 @@ def check_samples(df, where: str) -> None:
     for c in COORDS:
         col = df[c]
         require(col.dtype.kind in "iu" and bool((col >= 0).all()), f"{where}.{c}", "coordinates are whole numbers >= 0")
+    for c in ("devices", "mtp", "warmup"):  # integer identity fields (everything else is text)
+        col = df[c]
+        if col.dtype.kind in "iu":
+            good = bool((col >= 0).all())
+        else:
+            import pandas as pd
+
+            v = pd.to_numeric(col, errors="coerce") if col.dtype.kind in "fO" else None
+            good = v is not None and bool((v.notna() & (v >= 0) & (v == v.round()) & (v.abs() < 2**53)).all())
+        require(good, f"{where}.{c}", "an integer >= 0 in every row")
+    for c in RESULTS:
+        try:
+            v = df[c].astype(float)
+        except (TypeError, ValueError):
+            raise GraphsimError(f"{where}.{c}", "must be numbers (NaN where nothing was timed)") from None
+        require(not bool((v < 0).any()) and not bool((v == math.inf).any()), f"{where}.{c}",
+                "must be finite and >= 0 (NaN where nothing was timed)")
     ok = df[df["status"] == "ok"]
     for c in ("latency_s", "sol_s"):
         v = ok[c].astype(float)
@@ -116,15 +133,17 @@ def read_samples(path) -> "object":
 
     import pyarrow.parquet as pq
 
-    from graphsim.errors import GraphsimError
-
     p = Path(path)
-    require(p.is_file(), "samples", f"{path}: no such file (write one with graphsim collect forward)")
+    try:
+        found = p.is_file()
+    except (OSError, ValueError):
+        found = False
+    require(found, "samples", f"{path}: no such file (write one with graphsim collect forward)")
     try:
         df = pq.read_table(p).to_pandas()
     except Exception as e:  # noqa: BLE001 - a damaged or foreign file is the user's input
         raise GraphsimError("samples", f"{p.name}: not a readable Parquet table ({type(e).__name__})") from None
     check_samples(df, p.name)
     for c in IDENTITY:
-        df[c] = df[c].astype(str) if c not in ("devices", "mtp", "warmup") else df[c].astype("int64")
+        df[c] = df[c].astype(str) if c not in ("devices", "mtp", "warmup") else df[c].astype(float).astype("int64")
     return df

@@ -17,9 +17,15 @@ _MODELS: dict = {}
 
 
 def _load(path: str) -> FPMModel:
-    if path not in _MODELS:
-        _MODELS[path] = FPMModel.load(path)
-    return _MODELS[path]
+    """A model file, read once per content (a file edited in place is read again)."""
+    from graphsim.identity import fpm_digest
+
+    key = (path, fpm_digest(path))
+    if key not in _MODELS:
+        while len(_MODELS) >= 16:
+            _MODELS.pop(next(iter(_MODELS)))
+        _MODELS[key] = FPMModel.load(path)
+    return _MODELS[key]
 
 
 @attrs.frozen(eq=False)

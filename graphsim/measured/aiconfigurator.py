@@ -250,10 +250,16 @@ def convert_file(path: Path, data_root: Path, pkg_version: str = ""):
 
 def import_tables(src: str | None, out: str, *, systems=None, families=None, log=print) -> dict:
     """Convert every table graphsim has a family for; returns a summary {files, rows, skipped}."""
+    from graphsim.outputs import locked_output
+
     data, pkg_version = find_data(src)
-    out_dir = Path(out)
-    require(not out_dir.exists() or out_dir.is_dir(), "output", f"{out} exists and is not a folder")
-    require(out_dir.parent.is_dir(), "output", f"the folder {out_dir.parent} does not exist")
+    with locked_output(out, folder=True) as out_dir:  # checked before work, one importer at a time
+        return _import(data, pkg_version, out_dir, systems, families, log)
+
+
+def _import(data: Path, pkg_version: str, out_dir: Path, systems, families, log) -> dict:
+    from graphsim.outputs import atomic_target, safe_name, write_text
+
     want_sys = set(systems) if systems else None
     want_fam = set(families) if families else None
     if want_fam:
@@ -283,19 +289,18 @@ def import_tables(src: str | None, out: str, *, systems=None, families=None, log
         if want_fam and fam not in want_fam:
             continue
         dev, fw, ver = df["device"].iloc[0], df["framework"].iloc[0], df["version"].iloc[0]
-        dst = out_dir / dev / fam / f"{fw}@{ver}" / path.name
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        df.to_parquet(dst, index=False)
+        dst = out_dir / safe_name(str(dev), "device") / fam / safe_name(f"{fw}@{ver}", "version") / path.name
+        with atomic_target(dst, suffixes=(".parquet",)) as tmp:
+            df.to_parquet(tmp, index=False)
         files += 1
         rows += len(df)
     require(files > 0, "from", f"{data}: no tables graphsim has a family for"
             + (f" (systems {sorted(want_sys)}, families {sorted(want_fam) if want_fam else 'all'})" if want_sys else ""))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "NOTICE.md").write_text(NOTICE)
+    write_text(out_dir / "NOTICE.md", NOTICE)
     prov = {"importer": "graphsim measured import aiconfigurator", "input": "aiconfigurator_core/systems/data",
             "package_version": pkg_version, "imported": datetime.date.today().isoformat(), "files": files,
             "rows": rows, "not_imported": skipped, "reuse_declarations": reuse,
             "license": "Apache-2.0 (NOTICE.md)"}
-    (out_dir / "provenance.json").write_text(json.dumps(prov, indent=2, default=str))
+    write_text(out_dir / "provenance.json", json.dumps(prov, indent=2, default=str))
     log(f"imported {rows:,} rows from {files} tables into {out_dir} ({len(skipped)} tables without a graphsim family)")
     return {"files": files, "rows": rows, "skipped": skipped}

@@ -93,26 +93,43 @@ def identity_columns(family: str) -> tuple:
 
 def check_frame(df, where: str) -> None:
     """Validate a measured table (a pandas DataFrame): columns, one family, integer coordinates >= 0,
-    finite latencies > 0. Raises a one-line GraphsimError naming the column and the file."""
-    import numpy as np
+    finite latencies > 0, text identities. Raises a one-line GraphsimError naming the file and the column
+    (field ``<file name>.<column>``; a file deeper in the store is named in full in the message)."""
+    import re
 
-    require("family" in df.columns, f"{where}.family", "missing column (every measured row names its family)")
+    import numpy as np
+    import pandas as pd
+
+    name = where.replace("\\", "/").rsplit("/", 1)[-1]
+    base = name if re.fullmatch(r"[A-Za-z_][\w\-]*(\.[\w\-]+)*", name) else "measured"
+    suffix = f" (in {where})" if base != where else ""
+
+    def need(cond, column: str, message: str) -> None:
+        require(cond, f"{base}.{column}", message + suffix)
+
+    need("family" in df.columns, "family", "missing column (every measured row names its family)")
     fams = set(df["family"].astype(str).unique())
     bad = sorted(fams - set(FAMILIES))
-    require(not bad, f"{where}.family", f"unknown {bad[:3]}; allowed: {', '.join(FAMILIES)}")
-    require(len(fams) == 1, f"{where}.family", f"one family per file, got {sorted(fams)}")
+    need(not bad, "family", f"unknown {bad[:3]}; allowed: {', '.join(FAMILIES)}")
+    need(len(fams) == 1, "family", f"one family per file, got {sorted(fams)}")
     fam = FAMILIES[fams.pop()]
-    need = list(identity_columns(fam.name)) + list(fam.coords) + [LATENCY]
-    missing = [c for c in need if c not in df.columns]
-    require(not missing, f"{where}.{missing[0] if missing else ''}", f"missing column; a {fam.name} table has "
-            f"{', '.join(need)}")
+    cols = list(identity_columns(fam.name)) + list(fam.coords) + [LATENCY]
+    missing = [c for c in cols if c not in df.columns]
+    need(not missing, missing[0] if missing else "", f"missing column; a {fam.name} table has {', '.join(cols)}")
     for c in fam.coords:
         col = df[c]
-        ok = col.dtype.kind in "iu" and bool((col >= 0).all())
-        require(ok, f"{where}.{c}", "shape coordinates are whole numbers >= 0")
+        ok = col.dtype.kind in "iu" and bool((col >= 0).all()) and bool((col < 2**53).all())
+        need(ok, c, "shape coordinates are whole numbers in [0, 2**53)")
+        if c not in fam.exact:  # interpolated in log space: a 0 has no logarithm
+            need(bool((col >= 1).all()), c, "an interpolated shape coordinate is a whole number >= 1")
+    for c in identity_columns(fam.name):
+        col = df[c]
+        # pandas' C type inference: text (None / NaN allowed) without a Python call per row
+        ok = col.dtype.kind == "O" and pd.api.types.infer_dtype(col, skipna=True) in ("string", "empty")
+        need(ok, c, f"identity columns hold text, got {col.dtype}")
     lat = df[LATENCY]
     ok = lat.dtype.kind == "f" and bool(((lat > 0) & np.isfinite(lat.to_numpy())).all())
-    require(ok, f"{where}.{LATENCY}", "latencies are finite seconds > 0")
+    need(ok, LATENCY, "latencies are finite seconds > 0")
     bnd = sorted(set(df["boundary"].astype(str).unique()) - set(BOUNDARIES))
-    require(not bnd, f"{where}.boundary", f"must be one of {', '.join(BOUNDARIES)}, got {bnd[:3]}")
+    need(not bnd, "boundary", f"must be one of {', '.join(BOUNDARIES)}, got {bnd[:3]}")
 

@@ -17,8 +17,34 @@ from .spec import StructuralPoint, SweepSpec
 EXECUTORS = ("local", "processes", "ray")
 
 
-def _done_ids(parts: Path) -> set:
-    return {p.name[: -len(".parquet")] for p in parts.glob("*.parquet")} if parts.is_dir() else set()
+def _trusted(parts: Path, points: dict) -> tuple[set, list]:
+    """The struct_ids whose part may be reused (its checksum holds and it was computed from the same input
+    digests), and (struct_id, why) for each part that is not trusted (it is removed: it will be recomputed)."""
+    from ..identity import discard, verify
+
+    if not parts.is_dir():
+        return set(), []
+    done, stale = set(), []
+    for f in parts.glob("*.parquet"):
+        key = f.name[: -len(".parquet")]
+        if key not in points:
+            continue  # another spec's part: not ours to judge
+        why = verify(f, dict(points[key].inputs))
+        if why is None:
+            done.add(key)
+        else:
+            stale.append((key, why))
+            discard(f)
+    return done, sorted(stale)
+
+
+def _seal(parts: Path, key: str, sp: StructuralPoint) -> None:
+    """Record a finished part's checksum and input digests (a part without them is never reused)."""
+    from ..identity import seal
+
+    f = parts / f"{key}.parquet"
+    if f.is_file():
+        seal(f, dict(sp.inputs))
 
 
 def run(spec: SweepSpec | Mapping | str | Path, output: str | Path | None = None, *, executor: str = "local",
@@ -85,15 +111,18 @@ def _run(spec: SweepSpec, out: Path | None, executor: str, address, progress, re
          jobs: int | None = None) -> SweepResult:
     t0 = time.perf_counter()
     _PROGRAMS.failed.clear()  # a failed compilation is retried by the next run (files may have been fixed)
-    points = spec.structural_points()
+    memo: dict = {}
+    points = [sp.with_inputs(memo) for sp in spec.structural_points()]  # content digests of every input
+    _forget_stores(points)
     keys = [sp.key(spec) for sp in points]
+    stale: list = []
     if out is not None:
         parts = out.with_name(out.name + ".parts")
         if not resume:
             shutil.rmtree(parts, ignore_errors=True)
             if out.exists():
                 out.unlink()
-        done = _done_ids(parts)
+        done, stale = _trusted(parts, dict(zip(keys, points)))
         parts.mkdir(parents=True, exist_ok=True)
     else:
         parts, done = None, set()
@@ -106,11 +135,14 @@ def _run(spec: SweepSpec, out: Path | None, executor: str, address, progress, re
     # that are not a part (a worker process that died) are kept here: a later run retries them.
     memory_tables: dict = {}
 
+    by_key = dict(zip(keys, points))
+
     def collect(key: str, tables: Iterable) -> None:
         if parts is None:
             memory_tables[key] = list(tables)
         else:
             _write_part(parts, key, tables)
+            _seal(parts, key, by_key[key])
 
     try:
         if executor == "ray":
@@ -118,7 +150,8 @@ def _run(spec: SweepSpec, out: Path | None, executor: str, address, progress, re
         elif executor == "processes" and todo:
             from .processes import run_processes
 
-            run_processes(spec, todo, jobs or os.cpu_count() or 1, parts, memory_tables, bar)
+            run_processes(spec, todo, jobs or os.cpu_count() or 1, parts, memory_tables, bar,
+                          sealed=lambda key: _seal(parts, key, by_key[key]) if parts is not None else None)
         else:
             for sp, key in todo:
                 collect(key, structural_tables(spec, sp, progress=bar))
@@ -134,7 +167,21 @@ def _run(spec: SweepSpec, out: Path | None, executor: str, address, progress, re
         counts = _counts([table]) if aligned else (0, 0, 0)
         return SweepResult(None, table, counts[0], len(points), skipped, counts[1], counts[2], time.perf_counter() - t0)
     counts = _merge(out, parts, keys, axes, memory_tables)
-    return SweepResult(str(out), None, counts[0], len(points), skipped, counts[1], counts[2], time.perf_counter() - t0)
+    return SweepResult(str(out), None, counts[0], len(points), skipped, counts[1], counts[2], time.perf_counter() - t0,
+                       tuple(stale))
+
+
+def _forget_stores(points: list) -> None:
+    """Measured stores and FPM models are cached per path within a process: a run reads them afresh (their
+    files may have changed since the last run; the parts' digests say whether they did)."""
+    import sys
+
+    paths = {sp.view[1] for sp in points if sp.view[0] != "sol"}
+    for mod, name in (("graphsim.measured.view", "_STORES"),):  # (FPM models are cached by content)
+        cache = getattr(sys.modules.get(mod), name, None)
+        if cache:
+            for p in paths:
+                cache.pop(p, None)
 
 
 def _run_ray(spec: SweepSpec, todo: list, address: str | None, collect, bar) -> None:

@@ -26,7 +26,8 @@ class _Programs:
         self.kv: dict = {}
 
     def get(self, sp: StructuralPoint, requests: tuple):
-        key = (sp.model, sp.hw, sp.mapping, sp.policies, requests, sp.view)
+        # the input digests are part of the key: a file edited between two runs in one process is re-read
+        key = (sp.model, sp.hw, sp.mapping, sp.policies, requests, sp.view, sp.inputs)
         if key in self.failed:
             raise self.failed[key].with_traceback(None)
         try:
@@ -53,8 +54,9 @@ class _Programs:
         from ..metrics import KVTable
 
         if key not in self.compiled:
-            if sp.model not in self.models:
-                self.models[sp.model] = sp.model.load()
+            mkey = (sp.model, dict(sp.inputs).get("model"))
+            if mkey not in self.models:
+                self.models[mkey] = sp.model.load()
             mapping = ParallelMapping(**dict(sp.mapping))
             try:
                 policies = Policies(**dict(sp.policies))
@@ -68,15 +70,16 @@ class _Programs:
                 from ..measured.view import ViewSpec
 
                 view = ViewSpec(*sp.view)
-            c = compile_plan(self.models[sp.model], Plan(requests, mapping, policies), sp.hw, view=view)
+            c = compile_plan(self.models[mkey], Plan(requests, mapping, policies), sp.hw, view=view)
             while len(self.compiled) >= self.keep:
                 self.weights.pop(next(iter(self.compiled)), None)
                 self.compiled.pop(next(iter(self.compiled)))
             self.compiled[key] = c
         plan = self.compiled[key].plan
-        kv_key = (sp.model, plan.policies.dspark, plan.mapping)  # DSpark's draft blocks hold SWA caches too
+        mkey = (sp.model, dict(sp.inputs).get("model"))
+        kv_key = (mkey, plan.policies.dspark, plan.mapping)  # DSpark's draft blocks hold SWA caches too
         if kv_key not in self.kv:
-            self.kv[kv_key] = KVTable(self.models[sp.model], plan.policies, plan.mapping)
+            self.kv[kv_key] = KVTable(self.models[mkey], plan.policies, plan.mapping)
         return self.compiled[key], self.kv[kv_key]
 
 

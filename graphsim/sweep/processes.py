@@ -8,9 +8,10 @@ largest group another worker still has. With an output, each worker streams its 
 ``<output>.parts/<struct_id>.parquet`` itself (written to a temporary name, renamed once complete), so no
 table crosses processes and memory stays bounded; without one, workers return the tables. Each worker
 reports progress per chunk through its own pipe (no lock shared between workers that a killed one could
-hold). A point whose worker dies (killed, out of memory) becomes one error row, not a part (a later run
-retries it), and a fresh worker takes its place; an exception that is a bug stops the sweep as it does in
-the local executor (finished parts stay).
+hold). Workers die with the parent (:mod:`graphsim.workers`: a killed sweep leaves no orphan). A point whose
+worker dies (killed, out of memory) becomes one error row, not a part (a later run retries it), and a fresh
+worker takes its place; an exception that is a bug stops the sweep as it does in the local executor
+(finished parts stay).
 
 Spawned workers import the parent's ``__main__`` module: a script that runs a sweep with this executor
 needs the usual ``if __name__ == "__main__":`` guard.
@@ -48,10 +49,15 @@ class _Worker:
     """One worker process (a one-process pool, so the parent chooses what it runs) and its progress pipe."""
 
     def __init__(self, ctx):
+        import os
         from concurrent.futures import ProcessPoolExecutor
 
+        from ..workers import pool_initializer
+
         self.reader, self.writer = ctx.Pipe(duplex=False)  # the pool may start its process lazily: keep both ends
-        self.pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_init, initargs=(self.writer,))
+        # the worker dies with this process (SIGKILL of the parent leaves no orphan)
+        self.pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=pool_initializer,
+                                        initargs=(os.getpid(), _init, self.writer))
         self.group: deque = deque()  # the rest of the program group this worker runs
         self.busy = False
 
@@ -77,11 +83,12 @@ class _Worker:
         self.writer.close()
 
 
-def run_processes(spec, todo: list, jobs: int, parts: Path | None, tables_of: dict, bar, task=_task) -> None:
+def run_processes(spec, todo: list, jobs: int, parts: Path | None, tables_of: dict, bar, task=_task,
+                  sealed=None) -> None:
     """Run ``todo`` ((structural point, struct_id) pairs, grouped by program) on ``jobs`` processes: parts are
     written to ``parts`` (or, without, the tables are put in ``tables_of``), rows that are not a part (a dead
     worker's point) in ``tables_of``; ``bar(n)`` advances the progress by n points. ``task``: a picklable
-    function with :func:`_task`'s signature (tests)."""
+    function with :func:`_task`'s signature (tests); ``sealed(key)``: called once a point's part is written."""
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, wait
     from concurrent.futures.process import BrokenProcessPool
@@ -166,6 +173,8 @@ def run_processes(spec, todo: list, jobs: int, parts: Path | None, tables_of: di
                                        "died (out of memory?); run the sweep again to retry it", "executor")]
                 if got is not None:
                     tables_of[key] = got
+                elif sealed is not None:
+                    sealed(key)
                 if bar:
                     bar(max(spec.grid(sp.kinds).size - reported[key], 0))
                 del reported[key]

@@ -94,6 +94,8 @@ class SweepResult:
     structural_errors: int
     point_errors: int
     seconds: float
+    #: (struct_id, why) of each finished part that was not reused (an input changed, its bytes changed)
+    recomputed: tuple = ()
 
     def to_pandas(self):
         if self.table is not None:

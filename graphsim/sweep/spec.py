@@ -13,6 +13,7 @@ import attrs
 import numpy as np
 
 from ..errors import GraphsimError, require
+from ..identity import combined
 from ..ir import REQUEST_KINDS
 from ..limits import MAX_SWEEP_POINTS
 
@@ -33,7 +34,9 @@ SPEC_KEYS = ("name", "structure", "axes", "zip", "outputs", "chunk", "precision"
 PRECISIONS = ("exact", "fast")
 EXTRA_OUTPUTS = ("stages", "kinds", "traffic")
 IDENTITY_HEAD = ("struct_id", "sweep", "graphsim_version", "model", "hw", "profile", "view", "backend", "measured",
-                 "mapping")
+                 "inputs_digest", "model_digest", "hw_digest", "profile_digest", "view_digest", "mapping")
+#: digest columns -> the input each is the content digest of (graphsim.identity.input_digest keys)
+DIGEST_COLUMNS = {"model_digest": "model", "hw_digest": "hw", "profile_digest": "profile", "view_digest": "view"}
 TOKEN_COLUMNS = ("prefill_tokens", "decode_tokens", "decode_requests", "ttft_s", "itl_s", "tokens_per_s",
                  "tokens_per_s_per_gpu", "output_tokens_per_s_per_gpu", "tokens_per_s_per_user")
 MEMORY_COLUMNS = ("weights_gib", "kv_gib", "workspace_gib", "total_gib", "capacity_gib", "headroom_gib", "fits")
@@ -332,6 +335,12 @@ class SweepSpec:
         pol = dict(s.get("policies", {}))
         bad = set(pol) - set(pol_fields)
         require(not bad, "structure.policies", f"unknown policies {sorted(bad)}; known {sorted(pol_fields)}")
+        for key in ("model", "hw", "profile", "mapping", "requests", "view", "backend"):
+            require(not (isinstance(s.get(key), (list, tuple)) and len(s[key]) == 0), f"structure.{key}",
+                    "an empty list gives no structural point; name at least one value (or leave the key out)")
+        for n, v in pol.items():
+            require(not (isinstance(v, (list, tuple)) and len(v) == 0), f"structure.policies.{n}",
+                    "an empty list gives no structural point; name at least one value")
         names = list(pol)
         # A list gives alternatives; a table (e.g. algorithms = {all_reduce = "tree"}) is one value.
         combos = [tuple(zip(names, (_hashable(x) for x in c)))
@@ -514,6 +523,17 @@ class Grid:
         return out
 
 
+def _device_of(hw: str) -> str | None:
+    """The device name a measured store is searched under (None where the descriptor does not load: that
+    point is an error row)."""
+    try:
+        from ..hw import load_hw
+
+        return load_hw(hw).name
+    except Exception:  # noqa: BLE001 - a bad descriptor is this point's error row
+        return None
+
+
 @attrs.frozen
 class StructuralPoint:
     """One program: model, hw, mapping, policies, request structure (+ the profile it is evaluated under)."""
@@ -525,6 +545,38 @@ class StructuralPoint:
     kinds: tuple
     profile: str = "SOL"
     view: tuple = ("sol", "", "")  # (view, measured folder, backend)
+    #: ((input, content digest), ...) of the files this point reads (:meth:`with_inputs`); not part of
+    #: ``key``: a part is found by name and trusted only while its recorded digests equal these
+    inputs: tuple = ()
+
+    def input_digests(self, memo: dict | None = None) -> dict:
+        """{model, hw, profile, [measured | fpm], graphsim} -> content digest of what this point reads
+        (``memo``: digests already computed in this run, per input)."""
+        from .. import __version__
+        from ..identity import fpm_digest, measured_digest, model_digest, toml_digest
+
+        memo = {} if memo is None else memo
+
+        def once(key, fn):
+            if key not in memo:
+                memo[key] = fn()
+            return memo[key]
+
+        out = {"model": once(("model", str(self.model)), lambda: model_digest(self.model)),
+               "hw": once(("hw", self.hw), lambda: toml_digest(self.hw, "hw")),
+               "profile": once(("profile", self.profile), lambda: toml_digest(self.profile, "profile")),
+               "graphsim": str(__version__)}
+        if self.view[0] == "fpm":
+            out["fpm"] = once(("fpm", self.view[1]), lambda: fpm_digest(self.view[1]))
+        elif self.view[0] != "sol":
+            device = once(("device", self.hw), lambda: _device_of(self.hw))
+            out["measured"] = once(("measured", self.view[1], device),
+                                   lambda: measured_digest(self.view[1], device))
+        return out
+
+    def with_inputs(self, memo: dict | None = None) -> "StructuralPoint":
+        """This point with the digests of its inputs (``memo``: digests already computed in this run)."""
+        return attrs.evolve(self, inputs=tuple(sorted(self.input_digests(memo).items())))
 
     def identity(self) -> dict:
         """Identity columns (policies completed with their defaults)."""
@@ -550,10 +602,16 @@ class StructuralPoint:
         out = {"graphsim_version": __version__, "model": str(self.model), "hw": self.hw, "profile": self.profile,
                "view": self.view[0], "backend": self.view[2], "measured": self.view[1],
                "mapping": mapping, **m, "gpus": gpus, "requests": "+".join(self.kinds)}
+        digests = dict(self.inputs)
+        out["inputs_digest"] = combined(digests) if digests else None
+        for col, k in DIGEST_COLUMNS.items():
+            out[col] = digests.get(k) if k != "view" else digests.get("measured", digests.get("fpm", "sol" if digests else None))
         out.update(pol)
         return out
 
     def key(self, spec: SweepSpec) -> str:
-        """struct_id: a hash of the identity, the continuous spec and the graphsim version."""
-        ident = json.dumps([self.identity(), spec.signature()], sort_keys=True, default=str)
+        """struct_id: a hash of the identity by name (not the input digests: a part keeps its name when a file
+        changes, and its sidecar says what changed), the continuous spec and the graphsim version."""
+        ident = {k: v for k, v in self.identity().items() if k != "inputs_digest" and k not in DIGEST_COLUMNS}
+        ident = json.dumps([ident, spec.signature()], sort_keys=True, default=str)
         return hashlib.sha1(ident.encode()).hexdigest()[:16]

@@ -372,3 +372,176 @@ def sweep_text(draw) -> tuple:
     if rare(draw, 15):
         return text.encode() + b"\xff\xfe", ext
     return text, ext
+
+
+# --------------------------------------------------------------------------------------------------
+# FPM models and samples, measured tables, collect, plot (issue 26)
+# --------------------------------------------------------------------------------------------------
+
+#: a small real model for FPM identities (forwards are never timed here)
+FPM_MODEL = str(Path(__file__).resolve().parents[2] / "examples" / "configs" / "tiny-llama.json")
+_BASE: dict = {}
+
+
+def base_samples():
+    """Samples of a real plan identity with known ratios to SOL (a DataFrame; built once per process)."""
+    if "samples" not in _BASE:
+        import pandas as pd
+
+        import graphsim as gs
+        from graphsim.fpm.schema import sample_identity
+
+        m, spec = gs.load_model(FPM_MODEL), gs.load_hw("gb200")
+        env = {"framework": "jax", "version": "0.1", "image_digest": "env:0.1", "kernel_source": "xla:cpu",
+               "instrumentation": "fuzz", "device_name": "fuzz cpu", "devices": 1}
+        rows = []
+        for b in (1, 2, 4, 8):
+            for ctx in (64, 256, 1024):
+                plan = gs.Plan([f"decode:{ctx}x{b}"])
+                ident = sample_identity(m, plan.mapping, plan.policies, spec, env, 1)
+                sol = 1e-3 * b + 1e-6 * ctx
+                r = 1.5 + 0.1 * b
+                rows.append({**ident, "requests": f"decode:{ctx}x{b}", "prefill_requests": 0, "prefill_tokens": 0,
+                             "prefill_past": 0, "decode_requests": b, "decode_tokens": b, "decode_past": b * ctx,
+                             "latency_s": sol * r, "latency_min_s": sol * r, "latency_p90_s": sol * r, "reps": 3,
+                             "compile_s": 0.1, "sol_s": sol, "status": "ok", "error": ""})
+        _BASE["samples"] = pd.DataFrame(rows)
+    return _BASE["samples"].copy()
+
+
+def base_fpm_model() -> dict:
+    """A fitted FPM model file's JSON (built once per process)."""
+    if "model" not in _BASE:
+        from graphsim.fpm.fit import fit
+
+        _BASE["model"] = json.loads(json.dumps(fit(base_samples()).to_json(), default=float))
+    return json.loads(json.dumps(_BASE["model"]))
+
+
+def _paths(d, prefix=()) -> list:
+    """Every (path) to a value inside a JSON tree."""
+    out = [prefix]
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out += _paths(v, prefix + (k,))
+    elif isinstance(d, list):
+        for i, v in enumerate(d):
+            out += _paths(v, prefix + (i,))
+    return out
+
+
+@st.composite
+def fpm_model_text(draw):
+    """An FPM model file: the fitted one with 1-3 values replaced, removed or grown; sometimes truncated,
+    NaN/Infinity literals, or not JSON."""
+    d = base_fpm_model()
+    paths = [p for p in _paths(d) if p]
+    for _ in range(draw(st.integers(1, 3))):
+        p = draw(st.sampled_from(paths))
+        parent = d
+        try:
+            for k in p[:-1]:
+                parent = parent[k]
+            op = draw(st.integers(0, 4))
+            if op == 4 and isinstance(parent, dict):
+                parent.pop(p[-1], None)
+            elif op == 3 and isinstance(parent[p[-1]], (int, float)) and not isinstance(parent[p[-1]], bool):
+                parent[p[-1]] = parent[p[-1]] * draw(st.sampled_from([-1, 0, 1e3, 1e300, -1e300, 1 + 1e-12]))
+            else:
+                parent[p[-1]] = draw(st.one_of(anything, st.sampled_from([-1000.0, 1000.0, [], {}, [1.0] * 9])))
+        except (KeyError, IndexError, TypeError):
+            pass
+    text = json.dumps(d, default=str)
+    if rare(draw, 8):
+        text = text.replace("0.", draw(st.sampled_from(["NaN", "Infinity", "-Infinity"])) + "0.", 1)
+    if rare(draw, 10):
+        text = text[: draw(st.integers(0, len(text)))]
+    if rare(draw, 20):
+        return text.encode() + b"\xff"
+    return text
+
+
+SAMPLE_VALUES = (0, -1, 1.5, 2**53 + 1, float("nan"), float("inf"), "x", "", None, True, "1")
+
+
+@st.composite
+def fpm_samples_case(draw) -> dict:
+    """Mutations of a samples table: {column: value (every row) or (row, value)}, sometimes a dropped
+    column or failed rows."""
+    from graphsim.fpm.schema import COORDS, IDENTITY, RESULTS
+
+    cols = list(IDENTITY + COORDS + RESULTS + ("status", "error", "requests"))
+    muts = {}
+    for c in draw(st.lists(st.sampled_from(cols), max_size=2, unique=True)):
+        v = draw(st.one_of(st.sampled_from(SAMPLE_VALUES), anything))
+        muts[c] = (draw(st.integers(0, 11)), v) if draw(st.booleans()) else v
+    drop = draw(st.sampled_from(cols)) if rare(draw, 6) else None
+    status = draw(st.sampled_from(["ok", "oom", "unsupported", "x"])) if rare(draw, 4) else None
+    return {"mutations": muts, "drop": drop, "status": status, "eval": draw(st.booleans())}
+
+
+MEASURED_COLUMNS = ("m", "n", "k", "latency_s", "framework", "version", "device", "family", "op", "dtype",
+                    "boundary", "kernel_source", "kv_dtype")
+
+
+@st.composite
+def measured_case(draw) -> dict:
+    """A GEMM table of the fixture with mutated columns (one value or every row), in a copy of the fixture."""
+    muts = {}
+    for c in draw(st.lists(st.sampled_from(MEASURED_COLUMNS), max_size=2, unique=True)):
+        v = draw(st.one_of(st.sampled_from(SAMPLE_VALUES + (1e-30, 1e30, 2**62, "gb300", "../x", "kernel"))))
+        muts[c] = (draw(st.integers(0, 5)), v) if draw(st.booleans()) else v
+    return {"mutations": muts, "view": draw(st.sampled_from(["op", "hybrid", "hybrid"])),
+            "request": draw(valid_request()), "truncate": rare(draw, 10)}
+
+
+HW_NAMES = ("testcpu", "testcpu", "GB200", "../../x", "/abs/x", "a/b", "..", ".", "", "x" * 200, "tab\tname",
+            "nul\x00name", "ünïcode", "a\\b", ".hidden")
+COLLECT_OUTPUTS = ["{tmp}/out", "{tmp}/out", "{tmp}/new/deep/out", "{tmp}/file", "{tmp}", "/dev/null", "/dev/full"]
+
+
+@st.composite
+def collect_case(draw) -> dict:
+    return {"name": draw(st.one_of(st.sampled_from(HW_NAMES), st.text(max_size=6))),
+            "out": draw(st.sampled_from(COLLECT_OUTPUTS)),
+            "families": draw(st.sampled_from([["copy"], ["copy"], [], ["nope"], ["copy", "nope"]])),
+            "bytes": draw(st.sampled_from([1024, 4096, 1024, 0, -5, 1.5, 2**40, "x"])),
+            "warmup": draw(st.sampled_from([0, 0, 1, -1, 1.5, "x"])),
+            "reps": draw(st.sampled_from([1, 1, 2, 0, -1, "x"]))}
+
+
+PLOT_COLUMNS = ("decode.count", "decode.context", "forward_s", "mapping", "hw", "fits", "nope", "`decode.count`",
+                "error", "tokens_per_s_per_gpu")
+LITERALS = ("8", "64", "1e9", "-1", "'tp4'", "'GB200'", "true", "false", "[8, 64]", "['a']", "nan", "'", "[")
+OPS_W = ("==", "!=", "<", "<=", ">", ">=", "in", "=", "~")
+
+
+@st.composite
+def where_text(draw, depth: int = 0):
+    """A filter: comparisons of a column with a literal, joined by and/or/not, nested, sometimes malformed."""
+    kind = draw(st.integers(0, 6 if depth < 4 else 2))
+    if kind <= 2:
+        return f"{draw(st.sampled_from(PLOT_COLUMNS))} {draw(st.sampled_from(OPS_W))} {draw(st.sampled_from(LITERALS))}"
+    if kind == 3:
+        return f"not {draw(where_text(depth + 1))}"
+    if kind == 4:
+        return f"({draw(where_text(depth + 1))})"
+    return f"{draw(where_text(depth + 1))} {draw(st.sampled_from(['and', 'or', 'AND', 'xor']))} {draw(where_text(depth + 1))}"
+
+
+@st.composite
+def plot_case(draw) -> dict:
+    where = None
+    if draw(st.booleans()):
+        where = draw(st.one_of(where_text(), st.sampled_from(WHERE),
+                               st.integers(50, 400).map(lambda n: "(" * n + "decode.count == 8" + ")" * n),
+                               st.integers(50, 400).map(lambda n: "not " * n + "decode.count == 8")))
+    argv = ["plot", "{tmp}/r.parquet", "--kind", draw(st.sampled_from(["latency", "pareto", "kinds", "memory",
+                                                                       "roofline"])),
+            "-o", draw(st.sampled_from(["{tmp}/p.png", "{tmp}/p.svg", "{tmp}/new/p.png", "{tmp}", "/dev/null",
+                                        "/dev/full", "{tmp}/p.txt"]))]
+    if where is not None:
+        argv += ["--where", where]
+    if rare(draw, 3):
+        argv += ["--x", draw(st.sampled_from(["decode.context", "decode.count", "nope", "forward_s"]))]
+    return {"argv": argv}

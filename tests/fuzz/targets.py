@@ -204,3 +204,226 @@ def run_sweep(spec: Any, text: str | bytes | None = None, ext: str = ".json") ->
         if not (f > 0).all() or not (f < math.inf).all():
             return "nonsense", f"forward_s {f[:5]}"
     return "ok", ""
+
+
+# ---- FPM, measured, collect, plot (issue 26) -------------------------------------------------------------
+
+_RESULTS: dict = {}
+
+
+def base_results() -> bytes:
+    """A small sweep's results (Parquet bytes; computed once per process)."""
+    if "r" not in _RESULTS:
+        from graphsim.sweep import run
+
+        with tempfile.TemporaryDirectory() as tmp:
+            spec = {"name": "fz", "structure": {"model": "deepseek-v3", "mapping": [{"tp": 4, "ep": 4}, {"tp": 8}]},
+                    "axes": {"decode.count": [8, 64], "decode.context": [1024, 4096]}, "outputs": ["stages", "kinds"]}
+            out = os.path.join(tmp, "r.parquet")
+            run(spec, out)
+            with open(out, "rb") as f:
+                _RESULTS["r"] = f.read()
+    return _RESULTS["r"]
+
+
+def _fpm_sane(rep: dict) -> str | None:
+    """An FPM estimate: finite, > 0, never below its SOL forward."""
+    bad = _finite_tree(rep)
+    if bad:
+        return f"non-finite {bad}"
+    f, sol = rep.get("forward_s"), (rep.get("fpm") or {}).get("sol_forward_s")
+    if not isinstance(f, (int, float)) or not f > 0:
+        return f"forward_s {f}"
+    if isinstance(sol, (int, float)) and f < sol * (1 - 1e-12):
+        return f"forward_s {f} below its SOL {sol}"
+    return None
+
+
+def run_fpm_model(text) -> tuple[str, str]:
+    """An FPM model file through ``estimate --view fpm`` (and FPMModel.load): a sane estimate or one line."""
+    from fuzz.strategies import FPM_MODEL
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "m.fpm")
+        with open(path, "wb" if isinstance(text, bytes) else "w") as f:
+            f.write(text)
+        outcome, detail, out = _cli_capture(["estimate", "--model", FPM_MODEL, "--hw", "gb200", "--request",
+                                             "decode:200x3", "--view", "fpm", "--fpm", path, "--json"])
+    if outcome != "ok":
+        return outcome, detail
+    try:
+        bad = _fpm_sane(json.loads(out))
+    except ValueError as e:
+        return "nonsense", f"invalid JSON ({e})"
+    return ("nonsense", bad) if bad else ("ok", "")
+
+
+def _cli_capture(argv: list[str]) -> tuple[str, str, str]:
+    """run_cli's classification, plus stdout."""
+    from graphsim.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(argv)
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 2
+    except Exception as e:  # noqa: BLE001
+        return "crash", f"{type(e).__name__}: {e}", ""
+    e = err.getvalue().strip()
+    if rc == 0:
+        return ("crash", e[-300:], "") if "Traceback" in e else ("ok", "", out.getvalue())
+    if rc == 2:
+        lines = e.splitlines()
+        m = CLI_ERROR.match(lines[-1]) if lines else None
+        if not m or len(lines) != 1:
+            return "unnamed", e[-300:], ""
+        return outcome_of_message(m.group(1)), m.group(1), ""
+    return "crash", f"exit {rc}: {e[-300:]}", ""
+
+
+def _mutate(df, muts: dict):
+    import pandas as pd
+
+    for c, v in muts.items():
+        if isinstance(v, tuple):
+            row, val = v
+            if c in df and len(df):
+                col = df[c].astype(object)
+                col.iloc[row % len(df)] = val
+                df[c] = col
+        else:
+            df[c] = pd.Series([v] * len(df), index=df.index, dtype=object) if isinstance(v, (list, dict)) else v
+    return df
+
+
+def _to_parquet(df, path) -> bool:
+    """Write a mutated table; False when pyarrow cannot store it (no file a user could have)."""
+    try:
+        df.to_parquet(path, index=False)
+        return True
+    except Exception:  # noqa: BLE001 - mixed-type columns pyarrow refuses
+        return False
+
+
+def run_fpm_samples(case: dict) -> tuple[str, str]:
+    """Mutated FPM samples through ``fpm fit`` (and ``fpm eval`` of the fit on them)."""
+    from fuzz.strategies import base_samples
+
+    df = base_samples()
+    if case.get("status"):
+        df.loc[df.index[::3], "status"] = case["status"]
+    df = _mutate(df, case["mutations"])
+    if case.get("drop") in df:
+        df = df.drop(columns=[case["drop"]])
+    with tempfile.TemporaryDirectory() as tmp:
+        s = os.path.join(tmp, "s.parquet")
+        if not _to_parquet(df, s):
+            return "ok", "not storable"
+        m = os.path.join(tmp, "m.fpm")
+        outcome, detail = run_cli(["fpm", "fit", s, "-o", m])
+        if outcome != "ok" or not case.get("eval"):
+            return outcome, detail
+        outcome, detail, out = _cli_capture(["fpm", "eval", m, "--holdout", s, "--json"])
+    if outcome != "ok":
+        return outcome, detail
+    try:
+        rep = json.loads(out, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    except ValueError as e:
+        return "nonsense", f"invalid JSON ({e})"
+    bad = _finite_tree(rep)
+    return ("nonsense", f"non-finite {bad}") if bad else ("ok", "")
+
+
+def run_measured(case: dict) -> tuple[str, str]:
+    """A copy of the measured fixture with one GEMM table mutated, through ``estimate --view op|hybrid``: a
+    sane report (never below SOL in hybrid) or one line."""
+    import shutil
+    from pathlib import Path
+
+    import pandas as pd
+
+    from fuzz.strategies import MEASURED
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "m"
+        shutil.copytree(MEASURED, root)
+        gemm = sorted(root.glob("gb200/gemm/*/*.parquet"))[0]
+        df = _mutate(pd.read_parquet(gemm), case["mutations"])
+        if not _to_parquet(df, gemm):
+            return "ok", "not storable"
+        if case.get("truncate"):
+            data = gemm.read_bytes()
+            gemm.write_bytes(data[: len(data) // 2])
+        outcome, detail, out = _cli_capture(["estimate", "--model", "deepseek-v3", "--hw", "gb200", "--tp", "4",
+                                             "--ep", "4", "--request", case["request"], "--view", case["view"],
+                                             "--measured", str(root), "--backend", "trtllm@1.3.0rc20", "--json"])
+    if outcome != "ok":
+        return outcome, detail
+    try:
+        rep = json.loads(out, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    except ValueError as e:
+        return "nonsense", f"invalid JSON ({e})"
+    bad = _finite_tree(rep)
+    if bad:
+        return "nonsense", f"non-finite {bad}"
+    if not rep.get("forward_s", 0) > 0:
+        return "nonsense", f"forward_s {rep.get('forward_s')}"
+    return "ok", ""
+
+
+def run_collect(case: dict) -> tuple[str, str]:
+    """``collect ops`` (API, a one-point grid) with a descriptor whose name comes from the case and an output
+    that may be a file, a device or a new folder: it writes only under the output (and its lock beside it),
+    or refuses with one line before any work."""
+    from pathlib import Path
+
+    import graphsim as gs
+    from graphsim.collect.ops import collect_ops
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "work"
+        root.mkdir()
+        toml = (Path(__file__).resolve().parents[2] / "hw" / "data" / "gb200.toml").read_text()
+        hw = root / "hw.toml"
+        hw.write_text(toml.replace('name = "GB200"', f"name = {json.dumps(case['name'])}"), encoding="utf-8",
+                      errors="surrogatepass")
+        (root / "file").write_text("x")
+        out = case["out"].replace("{tmp}", str(root))
+        before = {p for p in Path(tmp).rglob("*")}
+        grid = {"copy": [{"bytes": case["bytes"]}]}  # one point (no family: the grid's, i.e. copy)
+        try:
+            collect_ops(str(hw), out, families=case["families"] or None, grid=grid, warmup=case["warmup"],
+                        reps=case["reps"])
+            outcome, detail = "ok", ""
+        except gs.GraphsimError as e:
+            outcome, detail = outcome_of_message(str(e)), str(e)
+        except Exception as e:  # noqa: BLE001
+            return "crash", f"{type(e).__name__}: {e}"
+        new = {p for p in Path(tmp).rglob("*")} - before
+        base = Path(out).resolve() if not out.startswith("/dev/") else None
+        for p in new:
+            q = p.resolve()
+            inside = base is not None and (q == base or base in q.parents or q == Path(str(base) + ".lock"))
+            if not inside and not (base is not None and q in base.parents):
+                return "nonsense", f"wrote {p} outside the output {out}"
+    return outcome, detail
+
+
+def run_plot(case: dict) -> tuple[str, str]:
+    """``graphsim plot`` of a real results file: a written, non-empty image or one line."""
+    from pathlib import Path
+
+    data = base_results()
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "r.parquet").write_bytes(data)
+        args = [a.replace("{tmp}", tmp) for a in case["argv"]]
+        outcome, detail, out = _cli_capture(args)
+        if outcome == "ok":
+            target = Path(args[args.index("-o") + 1])
+            if not target.is_file() or target.stat().st_size == 0:
+                return "nonsense", f"exit 0 but no image at {target}"
+    for dev in ("/dev/null", "/dev/full"):
+        if Path(dev + ".png").exists():
+            return "nonsense", f"wrote {dev}.png"
+    return outcome, detail

@@ -1,0 +1,100 @@
+"""Workers die with their parent (issue 26): SIGKILL a sweep running on the processes executor and no worker
+survives it (graphsim.workers: parent-death signal and a watchdog on the parent's pid)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+SCRIPT = textwrap.dedent('''
+    import os, sys, time
+    from pathlib import Path
+
+    PIDS = Path(sys.argv[1])
+
+    def task(spec, sp, key, parts):  # a worker's task: say who runs it, then work "for ever"
+        (PIDS / str(os.getpid())).write_text("")
+        time.sleep(120)
+
+    if __name__ == "__main__":
+        from graphsim.sweep import SweepSpec
+        from graphsim.sweep.processes import run_processes
+
+        spec = SweepSpec.from_dict({"name": "orphans", "structure": {"model": "deepseek-v3",
+                                    "mapping": [{"tp": 4, "ep": 4}, {"dp": 8, "ep": 8}]},
+                                    "axes": {"decode.context": [1024]}})
+        todo = [(sp, sp.key(spec)) for sp in spec.structural_points()]
+        run_processes(spec, todo, 2, None, {}, None, task=task)
+''')
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead (its parent has not reaped it yet)
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _children(pid: int) -> list[int]:
+    """Every process whose parent is ``pid`` (the workers, and multiprocessing's resource tracker)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int(d.joinpath("stat").read_text().rsplit(") ", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_sigkill_of_a_processes_sweep_leaves_no_worker(tmp_path):
+    script = tmp_path / "sweep_orphans.py"
+    script.write_text(SCRIPT)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    parent = subprocess.Popen([sys.executable, str(script), str(pids)], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240  # two spawned workers import graphsim on a busy machine
+        while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline and parent.poll() is None:
+            time.sleep(0.2)
+        workers = [int(p.name) for p in pids.iterdir()]
+        assert len(workers) == 2 and parent.poll() is None, "the workers never started"
+        assert all(_alive(w) for w in workers)
+        workers = sorted(set(workers) | set(_children(parent.pid)))  # the resource tracker too, if any
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(w) for w in workers), "a worker outlived its parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for p in pids.iterdir():
+            try:
+                os.kill(int(p.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_die_with_parent_ends_a_process_whose_parent_is_gone(tmp_path):
+    # a grandchild armed against a parent pid that is no longer its parent ends at once
+    code = ("import os, time; from graphsim.workers import die_with_parent; "
+            "die_with_parent(os.getppid() + 1000000); time.sleep(30)")
+    p = subprocess.run([sys.executable, "-c", code], timeout=60)
+    assert p.returncode == -signal.SIGKILL
