@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 
 def cmd_measured(a) -> None:
@@ -43,7 +44,8 @@ def _check(a) -> int:
 
         with atomic_target(out, suffixes=(".parquet",)) as tmp:
             v.to_parquet(tmp, index=False)
-        print(f"wrote {out} ({len(v):,} violations)")
+        # stderr when stdout carries the JSON document (it stays parseable)
+        print(f"wrote {out} ({len(v):,} violations)", file=sys.stderr if a.json else sys.stdout)
     if a.json or out.endswith(".json"):
         from .outputs import json_document
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .errors import GraphsimError
+from .errors import GraphsimError, require
 
 TABLE_SUFFIXES = (".parquet", ".csv")
 
@@ -93,6 +93,9 @@ def register(sub) -> None:
     sp.add_argument("--acceptance", default="", metavar="A1,...,AK",
                     help="search speculative decoding (MTP-K, or DSpark with K = its draft block) at these "
                          "per-position acceptances; without it speculation stays off")
+    sp.add_argument("--mtp", type=int, default=None, metavar="K",
+                    help="the deepest MTP draft searched (depths 0..K), as in estimate --mtp: give K --acceptance "
+                         "values (without --mtp, K is the number of --acceptance values)")
     sp.add_argument("--refine", type=int, default=4, metavar="N",
                     help="how many of the best deployments along the tok/s/GPU vs tok/s/user front get the policy "
                          "stage (default 4; 0 = base policies only; chosen without the SLA)")
@@ -125,6 +128,10 @@ def _space(a):
     from .search import DEFAULT_BATCHES, DEFAULT_PREFILL_BATCHES, Space
 
     acc = float_list(a.acceptance, "acceptance")
+    if a.mtp is not None:
+        require(a.mtp >= 0, "mtp", f"a draft depth >= 0, got {a.mtp}")
+        require(len(acc) == a.mtp, "acceptance", f"--mtp {a.mtp} searches draft depths up to {a.mtp}: give "
+                f"{a.mtp} per-position acceptances (A1,...,A{a.mtp}), got {len(acc)}")
     modes = tuple(m.strip() for m in a.modes.split(",") if m.strip())
     return Space(modes=modes, tp=int_list(a.tp, "tp"), dp=int_list(a.dp, "dp"), ep=int_list(a.ep, "ep"),
                  pp=int_list(a.pp, "pp"), cp=int_list(a.cp, "cp"), batches=int_list(a.batch, "batch") or DEFAULT_BATCHES,

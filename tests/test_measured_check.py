@@ -4,6 +4,7 @@ own rules at the row's shape and lists the rows measured faster than that SOL.
 The fixture (tests/data/measured) is cut from aiconfigurator 0.12's GB200 / H200 collections (NOTICE.md)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,10 @@ def test_check_command_exit_code_and_violations_file(tmp_path, capsys):
     assert v["sol_s"][0] == pytest.approx(sol, rel=1e-9)
     assert main(["measured", "check", bad, "--json"]) == 1
     assert '"violations": 1' in capsys.readouterr().out
+    # with --json and a violations file, stdout is the JSON document alone (the "wrote" line goes to stderr)
+    assert main(["measured", "check", bad, "--json", "-o", str(tmp_path / "w.parquet")]) == 1
+    got = capsys.readouterr()
+    assert json.loads(got.out)["violations"] == 1 and "wrote" in got.err
     assert main(["measured", "check", bad, "--family", "nope"]) == 2
 
 

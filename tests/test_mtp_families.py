@@ -79,3 +79,15 @@ def test_search_keeps_every_mtp_depth_of_v32():
                  space=Space(tp=(1,), ep=(8,), batches=(8, 64), modes=("agg",), acceptance=ACC, refine=1))
     assert not res.skipped
     assert {"mtp=1", "mtp=2", "mtp=3"} <= set(res.table["policies"])
+
+
+def test_search_mtp_flag_names_the_acceptances_it_needs(capsys):
+    """`graphsim search --mtp K` (as estimate's) takes K per-position acceptances: a count that differs is a one-line
+    error naming --acceptance, before any program is built."""
+    from graphsim.cli import main
+
+    args = ["search", "--model", str(DATA / "deepseek-ai--DeepSeek-V3.2_config.json"), "--hw", "gb200", "--gpus",
+            "8", "--isl", "2000", "--osl", "500", "--mtp", "3", "--acceptance", "0.8"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("graphsim: error: acceptance:") and "got 1" in err[0]
