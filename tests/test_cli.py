@@ -199,5 +199,11 @@ def test_every_result_can_go_to_a_file(args, tmp_path, capsys):
     assert main([*args, "-o", str(out)]) == 0
     assert capsys.readouterr().out.strip() == f"wrote {out} ({'JSON' if '--json' in args else 'text'})"
     assert out.read_text() == printed
-    assert main([*args, "-o", str(tmp_path / "no" / "such" / "dir" / "x")]) == 2
-    assert "output: the folder" in capsys.readouterr().err
+    # issue 26: a missing folder is created; a place no folder can be made (under a regular file) is one line
+    deep = tmp_path / "no" / "such" / "dir" / "x"
+    assert main([*args, "-o", str(deep)]) == 0 and deep.read_text() == printed
+    capsys.readouterr()
+    (tmp_path / "afile").write_text("")
+    assert main([*args, "-o", str(tmp_path / "afile" / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("graphsim: error: output:")
