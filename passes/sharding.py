@@ -79,7 +79,8 @@ def check_algorithms(value) -> tuple:
     if not value:
         return ()
     try:
-        pairs = tuple(sorted((str(k), v) for k, v in dict(value).items()))
+        # protocol names in any case: reports print them as LL / LL128 / Simple
+        pairs = tuple(sorted((str(k), v.lower() if isinstance(v, str) else v) for k, v in dict(value).items()))
     except (TypeError, ValueError):
         raise GraphsimError("policies.algorithms", f"must map collective -> algorithm, got {value!r}") from None
     for coll, algo in pairs:

@@ -153,6 +153,8 @@ def test_forcing_on_the_command_line_and_bad_names():
     assert [x["algorithm"] for x in r.collectives if x["collective"] == "all_reduce"] == ["one_shot/LL128"]
     assert sum(x["ops"] for x in r.collectives if x["collective"] == "all_reduce") == len(ar)
     assert gs.Policies(algorithms={"all_reduce": "tree"}).algorithms == (("all_reduce", "tree"),)  # old names
+    # the label a report prints (ring/LL128) forces the same thing as the lower-case name
+    assert gs.Policies(algorithms={"all_reduce": "Ring/LL128"}).algorithms == (("all_reduce", "ring/ll128"),)
     with pytest.raises(gs.GraphsimError, match=r"policies\.algorithms\.all_reduce: unknown algorithm 'nvls/ll'"):
         gs.Policies(algorithms={"all_reduce": "nvls/ll"})  # in-switch reduction has no LL protocol
     with pytest.raises(gs.GraphsimError, match="policies.algorithms.all_gather"):
