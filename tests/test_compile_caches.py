@@ -45,8 +45,30 @@ def test_build_cache_is_per_model_object_and_bounded():
     view.cfg = m.cfg
     assert view.build(("decode",), policies=gs.Policies()) is not g
     for w in range(1, m.BUILD_CACHE_SIZE + 3):
-        m.build(("decode",), policies=gs.Policies(replay_window=w))
+        m.build(("decode",), policies=gs.Policies(), requests=(gs.Request.parse(f"decode:{w}"),))
     assert len(m.__dict__["_build_cache"][1]) == m.BUILD_CACHE_SIZE
+
+
+def test_build_cache_keys_the_policies_by_the_fields_the_build_read():
+    """A build is a function of the policy fields it reads: policies that differ only elsewhere (overlap, the
+    collective algorithms: passes, not the model, read them) share it; a field it read (how Engram's projections
+    are sharded) does not, and every hit equals an uncached build."""
+    plan = gs.Plan(["decode:4096x8"], policies=gs.Policies())
+    base = MODEL.build(plan.kinds, policies=plan.policies, requests=plan.requests)
+    reads = next(r for k, r, g in MODEL.__dict__["_build_cache"][1].values() if g is base)
+    names = dict(reads)
+    assert "engram_proj" in names and "overlap" not in names and "algorithms" not in names
+    for pol in (attrs.evolve(plan.policies, overlap="two-batch"),
+                attrs.evolve(plan.policies, algorithms={"all_reduce": "tree"})):
+        hit = MODEL.build(plan.kinds, policies=pol, requests=plan.requests)
+        assert hit is base
+        _same_graph(hit, MODEL._build_graph(plan.kinds, {"policies": pol, "requests": plan.requests}))
+    proj = MODEL.build(plan.kinds, policies=attrs.evolve(plan.policies, engram_proj="tp"), requests=plan.requests)
+    assert proj is not base and proj.ops != base.ops
+    with pytest.raises(AttributeError, match="read-only"):  # a build cannot change the policies it is given
+        from graphsim.models.base import _PolicyReads
+
+        _PolicyReads(plan.policies).fusion = "x"
 
 
 def test_pickles_and_copies_leave_the_caches_behind():

@@ -22,6 +22,26 @@ from ..rules import (  # noqa: F401  (re-exported: the model files' vocabulary)
 KV_FORMAT_AT = {"fp8": "fp8", "fp4": "fp4_e2m1_e4m3_16"}
 
 
+
+class _PolicyReads:
+    """A read-only stand-in for a :class:`~graphsim.pipeline.Policies` value that records each field a build
+    reads (name -> value): the build cache's key for the policies."""
+
+    __slots__ = ("_policies", "read")
+
+    def __init__(self, policies) -> None:
+        object.__setattr__(self, "_policies", policies)
+        object.__setattr__(self, "read", {})
+
+    def __getattr__(self, name: str):
+        value = getattr(self._policies, name)
+        if not name.startswith("_") and not callable(value):
+            self.read[name] = value
+        return value
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(f"policies are read-only during a build ({name})")
+
 class Model:
     """The model protocol. Subclasses set ``name``/``family``/``cfg`` and implement ``weights``, ``_build`` and
     ``kv_bytes``; every optional capability has a declared default here (no caller probes for attributes):
@@ -212,12 +232,17 @@ class Model:
 
     def build(self, kinds: Sequence[str], **options) -> Graph:
         """The logical (unsharded) graph for a batch whose request groups have ``kinds``. Builds are
-        memoized per (kinds, options) on the model (a small LRU; the graph is a frozen value)."""
+        memoized per (kinds, options) on the model (a small LRU; the graph is a frozen value). The policies
+        enter the key by the fields the build *read* (recorded while it ran): a build is a function of what it
+        reads, so a search over overlap, replay windows or collective algorithms reuses one build per
+        (kinds, requests, the policy values the model looks at)."""
         kinds = tuple(kinds)
         if not kinds:
             raise GraphsimError("requests", "give at least one request")
+        policies = options.get("policies")
+        rest = {k: v for k, v in options.items() if k != "policies"}
         try:
-            key = (kinds, tuple(sorted(options.items())))
+            key = (kinds, policies is None, tuple(sorted(rest.items())))
             hash(key)
         except TypeError:  # unhashable options: build without the cache
             return self._build_graph(kinds, options)
@@ -225,12 +250,19 @@ class Model:
         if owner is not self:  # none yet, or a copy.copy of another model (a variant with its own config)
             cache = {}
             self.__dict__["_build_cache"] = (self, cache)
-        graph = cache.pop(key, None)
-        if graph is None:
-            graph = self._build_graph(kinds, options)
-            while len(cache) >= self.BUILD_CACHE_SIZE:
-                cache.pop(next(iter(cache)))  # least recently used first
-        cache[key] = graph
+        for k, (key_, reads, graph) in cache.items():
+            if key_ == key and all(getattr(policies, f) == v for f, v in reads):
+                cache[k] = cache.pop(k)  # most recently used last
+                return graph
+        if policies is None:
+            graph, reads = self._build_graph(kinds, options), ()
+        else:
+            seen = _PolicyReads(policies)
+            graph = self._build_graph(kinds, {**options, "policies": seen})
+            reads = tuple(sorted(seen.read.items()))
+        while len(cache) >= self.BUILD_CACHE_SIZE:
+            cache.pop(next(iter(cache)))  # least recently used first
+        cache[object()] = (key, reads, graph)
         return graph
 
     def _build_graph(self, kinds: tuple, options: dict) -> Graph:
