@@ -3,6 +3,7 @@ disaggregated, every parallel mapping, batch sizes and the model's policies — 
 why the others lost and the equivalent SGLang / vLLM launch flags (graphsim.search; docs/search.md)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -145,7 +146,7 @@ def run(a) -> None:
     from pathlib import Path
 
     from .cli import load_model_args, view_spec
-    from .outputs import check_output, emit, output_path
+    from .outputs import check_output, emit, exclusive, output_path
     from .search import SLA, Traffic, search
 
     from .search import DEFAULT_KV_MARGIN
@@ -171,57 +172,58 @@ def run(a) -> None:
         from .exports.plots import IMAGE_SUFFIXES
 
         output_path(plot, suffixes=IMAGE_SUFFIXES)
-    cache = None
-    if table_out:
-        cache = Path(table_out + ".parts")
-        if a.fresh:
-            shutil.rmtree(cache, ignore_errors=True)
-    show = a.progress if a.progress is not None else sys.stderr.isatty()
-    bar = _Progress() if show else None
-    try:
-        r = search(load_model_args(a), a.hw, gpus=a.gpus, traffic=traffic, sla=sla, space=space, top=a.top,
-                   profile=a.profile, view=view_spec(a), reserve_gib=a.reserve_gib, cache_dir=cache, progress=bar,
-                   jobs=a.jobs)
-    finally:
-        if bar:
-            bar.close()
-    notes = []
-    if table_out:
-        _write_table(table_out, r.table)
-        notes.append(f"wrote {table_out} ({len(r.table):,} rows; cache {cache.name}/ lets a rerun resume)")
-    if plot:
-        from .exports.plots import plot_pareto
+    # one run at a time per output: a second search writing the same -o fails at once with one line
+    # (issue 26: two concurrent runs both printed "wrote" and the first one's rows were lost)
+    with contextlib.ExitStack() as held:
+        for out in (table_out, text_out, plot):
+            if out:
+                held.enter_context(exclusive(out))
+        cache = None
+        if table_out:
+            cache = Path(table_out + ".parts")
+            if a.fresh:
+                shutil.rmtree(cache, ignore_errors=True)
+        show = a.progress if a.progress is not None else sys.stderr.isatty()
+        bar = _Progress() if show else None
+        try:
+            r = search(load_model_args(a), a.hw, gpus=a.gpus, traffic=traffic, sla=sla, space=space, top=a.top,
+                       profile=a.profile, view=view_spec(a), reserve_gib=a.reserve_gib, cache_dir=cache, progress=bar,
+                       jobs=a.jobs)
+        finally:
+            if bar:
+                bar.close()
+        notes = []
+        if table_out:
+            _write_table(table_out, r.table)
+            notes.append(f"wrote {table_out} ({len(r.table):,} rows; cache {cache.name}/ lets a rerun resume)")
+        if plot:
+            from .exports.plots import plot_pareto
 
-        title = f"{r.model} on {r.gpus}x {r.hw}: ISL/OSL {_traffic_text(r.traffic)} ({r.view})"
-        t = r.table
-        # the points the front is drawn from: those that fit and meet TTFT (the TPOT bound is a vertical line
-        # in tokens/s per user, which the front crosses)
-        t = t[t["fits"] & (t["ttft_ms"] <= r.sla.ttft_ms if r.sla.ttft_ms else True)]
-        color = "policies" if t["policies"].nunique() <= 12 else "mode"
-        plot_pareto(t, plot, x="tokens_per_s_per_user", y="tokens_per_s_per_gpu", color=color, marker="mode",
-                    title=title)
-        notes.append(f"wrote {plot}")
-    text = json.dumps(r.to_json(), indent=2) + "\n" if a.json else to_text(r, launch_all=a.launch)
-    emit(text_out, text, "JSON" if a.json else "text")
-    for n in notes:
-        print(n, file=sys.stderr if a.json and not text_out else sys.stdout)
+            title = f"{r.model} on {r.gpus}x {r.hw}: ISL/OSL {_traffic_text(r.traffic)} ({r.view})"
+            t = r.table
+            # the points the front is drawn from: those that fit and meet TTFT (the TPOT bound is a vertical line
+            # in tokens/s per user, which the front crosses)
+            t = t[t["fits"] & (t["ttft_ms"] <= r.sla.ttft_ms if r.sla.ttft_ms else True)]
+            color = "policies" if t["policies"].nunique() <= 12 else "mode"
+            plot_pareto(t, plot, x="tokens_per_s_per_user", y="tokens_per_s_per_gpu", color=color, marker="mode",
+                        title=title)
+            notes.append(f"wrote {plot}")
+        text = json.dumps(r.to_json(), indent=2) + "\n" if a.json else to_text(r, launch_all=a.launch)
+        emit(text_out, text, "JSON" if a.json else "text")
+        for n in notes:
+            print(n, file=sys.stderr if a.json and not text_out else sys.stdout)
 
 
 def _write_table(path: str, df) -> None:
-    """The rows as Parquet or CSV, replaced atomically."""
-    import os
-    import uuid
+    """The rows as Parquet or CSV, replaced atomically (the one checked writer: permission and folder errors are
+    one line)."""
+    from .outputs import atomic_target
 
-    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
+    with atomic_target(path, suffixes=TABLE_SUFFIXES) as tmp:
         if path.lower().endswith(".parquet"):
             df.to_parquet(tmp, index=False)
         else:
             df.to_csv(tmp, index=False)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 class _Progress:

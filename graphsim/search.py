@@ -318,7 +318,8 @@ class Group:
         try:
             arr = {k: np.asarray(d[k], dtype=np.float64) for k in Group.ARRAYS}
             ok = isinstance(d["kind"], str) and isinstance(d["error"], str) and \
-                len({len(v) for k, v in arr.items() if k != "forward_s"} | {len(arr["forward_s"])}) == 1
+                len({len(v) for k, v in arr.items() if k != "forward_s"} | {len(arr["forward_s"])}) == 1 and \
+                all(np.isfinite(v).all() for v in arr.values()) and bool((arr["forward_s"] > 0).all())
         except (KeyError, TypeError, ValueError):
             return None
         return Group(d["kind"], mapping, policies, error=d["error"], **arr) if ok else None
@@ -462,6 +463,19 @@ class SearchResult:
                 "rejected": self.rejected, "reasons": self.reasons, "skipped": self.skipped, "stats": self.stats}
 
 
+def _view_digests(view, hw) -> dict:
+    """The content of the files a measured or FPM view reads (the view itself names only their paths): an
+    edited table or model file changes every cached program's identity."""
+    from .identity import fpm_digest, measured_digest
+
+    if view is None or view.name == "sol" or view.measured is None:
+        return {}
+    src = getattr(view.measured, "root", view.measured)  # a folder, a file or an open Store
+    if view.name == "fpm":
+        return {"fpm": fpm_digest(src)}
+    return {"measured": measured_digest(src)}
+
+
 class _Cache:
     """Evaluated groups on disk (``<dir>/<key>.json``), so an interrupted search resumes."""
 
@@ -470,21 +484,33 @@ class _Cache:
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
 
-    def get(self, key: str):
+    def get(self, key: str, identity: str):
+        """The entry ``key`` when its checksum holds and it was computed from ``identity``; a damaged,
+        edited or foreign entry is removed (recomputed), never trusted."""
         if self.folder is None:
             return None
+        from .identity import discard, verify
+
         p = self.folder / f"{key}.json"
+        if not p.is_file():
+            return None
+        if verify(p, {"search": identity}) is not None:
+            discard(p)
+            return None
         try:
-            return json.loads(p.read_text()) if p.is_file() else None
+            return json.loads(p.read_text())
         except (OSError, ValueError):
             return None  # a torn file: recompute
 
-    def put(self, key: str, d: dict) -> None:
+    def put(self, key: str, d: dict, identity: str) -> None:
         if self.folder is None:
             return
+        from .identity import seal
         from .outputs import write_text
 
-        write_text(self.folder / f"{key}.json", json.dumps(d))
+        p = self.folder / f"{key}.json"
+        write_text(p, json.dumps(d))
+        seal(p, {"search": identity})
 
 
 class _Search:
@@ -510,7 +536,7 @@ class _Search:
             [__version__, "search-2", Group.ARRAYS, MIXED_BLOCKS, state, attrs.asdict(hw),
              profile and attrs.asdict(profile),
              view and attrs.asdict(view), traffic.to_dict(), reserve_gib, space.batches, space.prefill_batches,
-             space.acceptance], default=str, sort_keys=True).encode()).hexdigest()
+             space.acceptance, _view_digests(view, hw)], default=str, sort_keys=True).encode()).hexdigest()
 
     # -- one program ---------------------------------------------------------------------------------------
     def group(self, kind: str, mapping: ParallelMapping, policies: Policies) -> Group:
@@ -527,7 +553,7 @@ class _Search:
         return self._store(key, g, computed=True)
 
     def _cached(self, key) -> Group | None:
-        d = self.cache.get(self._digest(key))
+        d = self.cache.get(self._digest(key), self.identity)
         return Group.from_json(d, key[1], key[2]) if isinstance(d, dict) else None
 
     def _digest(self, key) -> str:
@@ -537,7 +563,7 @@ class _Search:
     def _store(self, key, g: Group, computed: bool) -> Group:
         if computed:
             self.compiled += 1
-            self.cache.put(self._digest(key), g.to_json())
+            self.cache.put(self._digest(key), g.to_json(), self.identity)
         else:
             self.cached += 1
         if g.error:

@@ -12,6 +12,8 @@ The schedule (streams, overlap, critical path) is the SOL view's: only op durati
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 import numpy as np
 
@@ -58,10 +60,22 @@ _STORES: dict = {}
 
 
 def _open(path: str) -> Store:
-    """Stores are cached per folder within a process (a sweep binds many programs to one store)."""
-    if path not in _STORES:
-        _STORES[path] = Store(path)
-    return _STORES[path]
+    """Stores are cached per folder within a process (a sweep binds many programs to one store), and reopened
+    when a table file changed (added, removed, rewritten: its size or modification time), so a notebook or a
+    search that edits tables in place never reads the old rows."""
+    sig = _signature(path)
+    held = _STORES.get(path)
+    if held is None or held[0] != sig:
+        _STORES[path] = held = (sig, Store(path))
+    return held[1]
+
+
+def _signature(path: str) -> tuple:
+    try:
+        return tuple((str(p), st.st_size, st.st_mtime_ns) for p in sorted(Path(path).rglob("*.parquet"))
+                     if (st := p.stat()) and p.is_file())
+    except OSError:
+        return ()
 
 
 @attrs.frozen(eq=False)
