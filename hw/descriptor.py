@@ -185,6 +185,10 @@ class HardwareSpec:
     #: loads that reduce in the switch, stores it replicates); 0 = the switch has none. Sharding prices NVLS bytes
     #: as nvlink_bw / nvls_bw NVLink bytes each (fixed when the graph is built: a sweep of nvlink_bw keeps it)
     nvls_bw: float = attrs.field(default=0.0, converter=_as_float, validator=_number(0.0, lo_open=False, unit="B/s"))
+    #: last-level (L2) cache per GPU. Not a term of the SOL of a forward (a layer's weights and KV are read from
+    #: HBM once per step); it is the data identity of a measured table's row: a collector replays one op on the
+    #: same operands, which stay in L2 when they fit (graphsim.measured.check). 0 = unknown
+    l2_bytes: float = attrs.field(default=0.0, converter=_as_float, validator=_number(0.0, lo_open=False, unit="bytes"))
 
     def resolve_precision(self, precision: str) -> str:
         """The precision that actually runs for ``precision`` on this chip (itself, or its fallback)."""
@@ -268,7 +272,7 @@ _UNITS = {
     "scaleout_bw": "B/s", "host_mem_bytes": "bytes", "host_bw": "B/s", "c2c_bw": "B/s", "exp_rate": "exp/s",
     "disk_bw": "B/s",
     "nvlink_latency_s": "s", "nvlink_ll_latency_s": "s", "nvlink_simple_latency_s": "s", "nvls_bw": "B/s",
-    "scaleout_latency_s": "s", "power_w": "W",
+    "scaleout_latency_s": "s", "power_w": "W", "l2_bytes": "bytes",
 }
 
 

@@ -67,7 +67,7 @@ def test_vectorized_price_is_the_reference_evaluation(family, device):
     assert not isinstance(pr, str), pr
     c = {n: part.x[sel, part.coords.index(n)] for n in var}
     rows = pr.workload(c)
-    got, ok = price([pr], rows, np.zeros(rows.points, dtype=np.int64), ut, c)
+    got, ok, _ = price([pr], rows, np.zeros(rows.points, dtype=np.int64), ut, c)
     assert ok.all()
     ref = evaluate_reference(pr.program, rows, ut).duration[:, 0]
     np.testing.assert_allclose(got, ref, rtol=1e-12)
@@ -79,10 +79,25 @@ def test_gemm_row_sol_is_the_roofline_closed_form():
     hw = _shipped_hw("h200")
     m, n, k = np.array([1.0, 64.0, 8192.0]), 7168, 2048
     pr = PROBES["gemm"]({"dtype": "fp8", "op": "gemm"}, {"n": n, "k": k}, hw)
-    got, _ = price([pr], Rows(("prefill",), np.ones(3), m, np.zeros(3)), np.zeros(3, dtype=np.int64),
+    got, _, _ = price([pr], Rows(("prefill",), np.ones(3), m, np.zeros(3)), np.zeros(3, dtype=np.int64),
                    unit_time(hw.rates()))
     want = np.maximum(2 * m * k * n / 1979e12, (k * n + m * (k + 2 * n)) / 4.8e12)
     np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_rows_whose_operands_fit_in_l2_are_held_to_their_replayed_identity(tmp_path):
+    """A collector replays one op on the same operands: when they fit in L2 (H200: 50 MiB, hw/data/h200.toml
+    l2_bytes) a row may beat the all-HBM roofline but never compute. FP8 GEMM m=16 on H200: n=k=4096 reads
+    16.8 MB (3.5 us at 4.8 TB/s; 2mkn / 1979 TF/s = 0.27 us); n=k=8192 reads 67 MB, more than L2 holds."""
+    m = 16
+    small = 4096 * 4096 + m * (4096 + 2 * 4096)
+    hbm, flops = small / 4.8e12, 2 * m * 4096 * 4096 / 1979e12
+    r = scan(_store_with(tmp_path / "a", 0.5 * hbm, m, 4096, 4096))  # below HBM, above compute: replayed L2
+    assert r.n_violations == 0 and sum(n for m_ in r.reasons.values() for why, n in m_.items() if "L2" in why) == 1
+    assert scan(_store_with(tmp_path / "b", 0.5 * flops, m, 4096, 4096)).n_violations == 1  # below compute
+    big = 8192 * 8192 + m * (8192 + 2 * 8192)
+    assert big > _shipped_hw("h200").l2_bytes
+    assert scan(_store_with(tmp_path / "c", 0.7 * big / 4.8e12, m, 8192, 8192)).n_violations == 1  # from HBM
 
 
 def test_sliding_window_prefill_maps_to_its_prompt_length():
@@ -98,13 +113,13 @@ def test_sliding_window_prefill_maps_to_its_prompt_length():
     np.testing.assert_allclose(co.value(vals.__getitem__, np), s, rtol=1e-12)
 
 
-def _store_with(tmp_path, latency):
-    """A one-row GEMM table: H200, FP8, m=4096, n=k=8192 at ``latency`` seconds."""
+def _store_with(tmp_path, latency, m=4096, n=8192, k=8192):
+    """A one-row GEMM table: H200, FP8, m x k x n (default 4096 x 8192 x 8192) at ``latency`` seconds."""
     from graphsim.measured.schema import COMMON
 
     row = {c: "" for c in COMMON}
     row.update(device="h200", framework="mine", version="1", kernel_source="k", family="gemm", op="gemm",
-               dtype="fp8", boundary="kernel", m=4096, n=8192, k=8192, latency_s=latency)
+               dtype="fp8", boundary="kernel", m=m, n=n, k=k, latency_s=latency)
     d = tmp_path / "tables" / "h200" / "gemm" / "mine@1"
     d.mkdir(parents=True)
     pd.DataFrame([row]).to_parquet(d / "gemm.parquet", index=False)
@@ -151,7 +166,7 @@ def test_mla_prefill_row_over_an_fp8_cache_is_priced_at_the_fp8_peak():
     pr = PROBES["mla_context"]({"dtype": "bfloat16", "kv_dtype": "fp8", "op": "context"}, {"heads": 128}, hw)
     rows = pr.workload({"batch": np.array([1]), "seq": np.array([32768])})
     assert pr.lookup.where == (("dtype", ("bfloat16", "fp8")), ("kv_dtype", ("fp8",)))  # the mapping's rows
-    got, _ = price([pr], rows, np.zeros(1, dtype=np.int64), unit_time(hw.rates()))
+    got, _, _ = price([pr], rows, np.zeros(1, dtype=np.int64), unit_time(hw.rates()))
     pairs = 32768 * 32769 / 2
     assert got[0] == pytest.approx(pairs * 2 * (192 + 128) * 128 / 5e15, rel=1e-12)
     assert got[0] < 16.28e-3

@@ -513,6 +513,8 @@ def _fill_unmeasured(ctx: _Context, desc: dict) -> None:
     src["nvls_bw"] = "not measured: in-switch reduction is not probed; 0 (none: collectives run without it)"
     desc["scaleout_latency_s"] = 0.0
     src["scaleout_latency_s"] = "not measured: the probe runs no network test; 0 (a lower bound)"
+    desc["l2_bytes"] = 0.0
+    src["l2_bytes"] = "not measured: JAX exposes no cache size; 0 (unknown: no measured row is treated as L2-resident)"
     if ctx.accel:
         desc["power_w"] = _NOMINAL_ACCEL_W
         src["power_w"] = "not measured: JAX exposes no power reading; nominal 700 W (datacenter GPU board TDP class)"
@@ -532,11 +534,11 @@ def _shape_text(shape: tuple[int, int, int]) -> str:
 #: The TOML's key order: HardwareSpec's field order.
 _FIELD_ORDER = ("name", "description", "peak_flops", "hbm_capacity_bytes", "hbm_bw", "nvlink_bw", "nvlink_domain",
                 "scaleout_bw", "host_mem_bytes", "host_bw", "c2c_bw", "exp_rate", "disk_bw", "nvlink_latency_s",
-                "scaleout_latency_s", "power_w", "nvlink_ll_latency_s", "nvlink_simple_latency_s", "nvls_bw", "sources")
+                "scaleout_latency_s", "power_w", "nvlink_ll_latency_s", "nvlink_simple_latency_s", "nvls_bw", "l2_bytes", "sources")
 _UNITS = {"hbm_capacity_bytes": "B", "hbm_bw": "B/s", "nvlink_bw": "B/s", "scaleout_bw": "B/s",
           "host_mem_bytes": "B", "host_bw": "B/s", "c2c_bw": "B/s", "exp_rate": "exp/s", "disk_bw": "B/s",
           "nvlink_latency_s": "s", "scaleout_latency_s": "s", "power_w": "W", "nvlink_ll_latency_s": "s",
-          "nvlink_simple_latency_s": "s", "nvls_bw": "B/s"}
+          "nvlink_simple_latency_s": "s", "nvls_bw": "B/s", "l2_bytes": "B"}
 
 
 # --------------------------------------------------------------------------------------------------

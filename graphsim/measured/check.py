@@ -23,6 +23,7 @@ import attrs
 import numpy as np
 
 from graphsim.errors import require
+from graphsim.ir import COMPONENTS, HBM_COMPONENTS
 
 from .mapping import GEMM_WEIGHT_DTYPE, MOE_WEIGHT_DTYPE, PRECISION_DTYPE, Lookup, MapContext, Miss, lookup_for
 from .schema import FAMILIES, LATENCY, identity_columns
@@ -392,13 +393,19 @@ def _coord_errors(probe: Probe, col: Callable, coords: dict) -> np.ndarray:
     return ok
 
 
-def price(probes: list, rows: Rows, which: np.ndarray, ut, coords: dict | None = None):
+def price(probes: list, rows: Rows, which: np.ndarray, ut, coords: dict | None = None, l2_bytes: float = 0.0):
     """SOL of P rows, row p priced by ``probes[which[p]]`` (one-op programs of one family): each program's
     coefficients (features x components) stacked per row, its features evaluated over every row at once,
     then graphsim's roofline (:func:`graphsim.lowering.evaluate._durations_from_components`) over the
     descriptor's unit times — the reference evaluation's arithmetic, vectorized across shapes (a test holds
     it to :func:`graphsim.lowering.evaluate.evaluate_reference`). With ``coords``, also whether the mapping
-    reads back each row's coordinates."""
+    reads back each row's coordinates.
+
+    ``l2_bytes`` (the descriptor's L2): a row is priced in its data identity — the collector replays one op on
+    the same operands, so when an op's HBM bytes fit in L2 they are served from it, and the row is held to the
+    rest of its roofline (compute, exponentials, links) with no HBM term (no sourced L2 bandwidth: the
+    loosest bound, never a false violation). Returns (SOL in the row's identity, coordinates read back or None,
+    SOL with every byte from HBM)."""
     from graphsim.lowering.evaluate import _durations_from_components
     from graphsim.lowering.features import feature_column
 
@@ -426,10 +433,16 @@ def price(probes: list, rows: Rows, which: np.ndarray, ut, coords: dict | None =
     for j in range(len(feats)):
         comp += cols[j][:, None, None] * coef[which, j]
     per_class = _durations_from_components(comp, np.asarray(ut)[None, None, :], 0.0, np)
+    hbm_sol = np.where(np.arange(C)[None, :] < n_classes[which][:, None], per_class, np.inf).min(axis=1)
+    if l2_bytes > 0:  # the row's identity: operands that fit in L2 come from it
+        hbm = np.isin(np.array(COMPONENTS), HBM_COMPONENTS)
+        resident = comp[..., hbm].sum(axis=-1) <= l2_bytes
+        comp[..., hbm] = np.where(resident[..., None], 0.0, comp[..., hbm])
+        per_class = _durations_from_components(comp, np.asarray(ut)[None, None, :], 0.0, np)
     per_class = np.where(np.arange(C)[None, :] < n_classes[which][:, None], per_class, np.inf)
     sol = per_class.min(axis=1)
     if coords is None:
-        return sol, None
+        return sol, None, hbm_sol
     whole: dict = {f: cols[j] for f, j in feats.items()}
 
     def column(f):
@@ -443,7 +456,7 @@ def price(probes: list, rows: Rows, which: np.ndarray, ut, coords: dict | None =
     for g, pr in enumerate(probes):
         sel = order[bounds[g]:bounds[g + 1]]
         ok[sel] = _coord_errors(pr, lambda f: column(f)[sel], {k: v[sel] for k, v in coords.items()})
-    return sol, ok
+    return sol, ok, hbm_sol
 
 
 @attrs.frozen(eq=False)
@@ -511,9 +524,14 @@ def scan(root, *, devices=None, families=None, hw_of: Callable | None = None, to
     return ScanResult(rows, viol, reasons, total, time.perf_counter() - t0)
 
 
+#: why a checked row below its all-HBM roofline is no violation (see :func:`price`)
+L2_RESIDENT = ("faster than HBM allows, but its operands fit in L2 (the collector replays them): held to compute "
+               "and links")
+
+
 def _count(s: dict, reasons: dict, key: tuple, status: str, why: str, n: int) -> None:
     s[status] += n
-    if why:
+    if why and n:
         r = reasons.setdefault((*key, status), {})
         r[why] = r.get(why, 0) + n
 
@@ -589,11 +607,14 @@ def _scan_partition(part, hwut, probes: dict, tol: float, count: Callable, nonga
     if len(live):
         c = {name: part.x[live, coords.index(name)] for name in var}
         rows = use[0].workload(c)
-        got, ok = price(use, rows, which[live], ut, c)
+        got, ok, from_hbm = price(use, rows, which[live], ut, c, getattr(hw, "l2_bytes", 0.0))
         if not ok.all():
             count("unmapped", "the lookup's coordinates at the row's workload are not the row's", int((~ok).sum()))
         sol[live[ok]] = got[ok]
-        count("checked", "", int(ok.sum()))
+        t = part.t[live]
+        l2 = ok & (t < from_hbm * (1.0 - tol)) & (t >= got * (1.0 - tol))
+        count("checked", "", int((ok & ~l2).sum()))
+        count("checked", L2_RESIDENT, int(l2.sum()))
     bad = np.isfinite(sol) & (part.t < sol * (1.0 - tol))
     if not bad.any():
         return None
