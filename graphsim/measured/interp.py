@@ -9,9 +9,15 @@ every point (NumPy or JAX), exactly returning a row's latency at its measured sh
 
 Beyond the measured range the rule is physical and marked as extrapolation. A varying coordinate: below the
 smallest measured value the latency stays at that row's (a smaller problem is not timed faster than the
-kernel's floor), above the largest it grows in proportion (throughput-bound). A fixed coordinate (a
-dimension the work is proportional to): in proportion both ways, never below the fastest row of the
-partition (its launch floor).
+kernel's floor), above the largest it grows with the op's *work* between the edge row and the point
+(:data:`WORK`): for a context attention's sequence length the causal (query, key) pairs of a prompt, at the
+efficiency trend the kernel's own rows show there — time ∝ work^γ, γ = the last measured segment's time
+growth over its work growth, clipped to [0, 1] (a kernel never gets less efficient beyond its last row; its
+per-query linear costs amortize as pairs grow, which is why a FlashAttention row's time grows slower than its
+pairs), and never less than in proportion to the coordinate; in proportion for every other coordinate
+(tokens, batch, context, bytes: throughput-bound). A fixed coordinate (a dimension the work is
+proportional to): in proportion both ways, never below the fastest row of the partition (its launch floor).
+The view holds an extrapolated time at or above the op's SOL at the point.
 """
 from __future__ import annotations
 
@@ -22,6 +28,64 @@ from .schema import FAMILIES
 from .store import Partition
 
 MEASURED, INTERPOLATED, EXTRAPOLATED = 0, 1, 2
+
+
+def _causal_pairs(n, window: float, xp):
+    """(query, key) pairs of one prompt of ``n`` new tokens attending causally (within ``window`` keys when
+    > 0): n(n+1)/2, or W(W+1)/2 + (n - W)·W beyond the window."""
+    full = n * (n + 1.0) / 2.0
+    if not window:
+        return full
+    return xp.where(n <= window, full, window * (window + 1.0) / 2.0 + (n - window) * window)
+
+
+#: per family, the varying coordinate whose work grows faster than in proportion, and the work as a function
+#: of its value and the fixed coordinates (the attention's window): what extrapolation beyond the grid scales by
+WORK = {
+    "attention_context": ("seq", lambda n, fixed, xp: _causal_pairs(n, float(fixed.get("window", 0) or 0), xp)),
+    "mla_context": ("seq", lambda n, fixed, xp: _causal_pairs(n, 0.0, xp)),
+}
+
+
+def _beyond(rule, q, top: float, xp):
+    """The factor from the grid's last value ``top`` to ``q`` (>= 1): in proportion to the coordinate, or with a
+    work rule time ∝ work^γ, never slower-growing than the coordinate itself."""
+    qq = xp.maximum(q, top)
+    if rule is None:
+        return qq / top
+    _, work, gamma = rule
+    return xp.maximum((work(qq, xp) / work(top, np)) ** gamma, qq / top)
+
+
+def _grows(family: str, varying: tuple, fixed: dict, axes: list, grid: np.ndarray, filled: np.ndarray) -> tuple:
+    """Per varying coordinate: None (in proportion beyond the grid) or (a key naming the rule, its work
+    function of the coordinate, γ: the measured time's growth over the work's on the last segment)."""
+    coord, fn = WORK.get(family, (None, None))
+    out = []
+    for a, c in enumerate(varying):
+        if c != coord or fn is None:
+            out.append(None)
+            continue
+        work = (lambda q, xp, fn=fn: fn(q, fixed, xp))
+        g = np.asarray(axes[a], dtype=np.float64)
+        lines = np.moveaxis(grid, a, -1).reshape(-1, len(g))
+        meas = np.moveaxis(~filled, a, -1).reshape(-1, len(g))
+        gammas, top = [], []
+        for t, ok in zip(lines, meas):
+            k = np.nonzero(ok & np.isfinite(t) & (t > 0))[0]
+            if len(k) < 2:
+                continue
+            top.append(k[-1] == len(g) - 1)
+            i, j = k[-2], k[-1]
+            dw = np.log(work(g[j], np) / work(g[i], np))
+            if dw > 0:
+                gammas.append(float(np.clip(np.log(t[j] / t[i]) / dw, 0.0, 1.0)))
+        # the trend where the rows end: the lines measured up to the axis's last value (the edge a point beyond
+        # the grid is scaled from), else every line's own last segment
+        edge = [x for x, at_top in zip(gammas, top) if at_top]
+        gamma = float(np.median(edge or gammas)) if gammas else 1.0
+        out.append(((family, tuple(sorted(fixed.items())), gamma), work, gamma))
+    return tuple(out)
 
 
 @attrs.frozen(eq=False)
@@ -36,6 +100,9 @@ class Curve:
     #: buckets per log unit); per cell the log-space differences to its neighbours
     search: tuple = ()
     cells: np.ndarray = None
+    #: per axis, None (in proportion beyond the grid) or (rule key, the op's work as a function of the
+    #: coordinate, γ: time ∝ work^γ beyond the last row)
+    grow: tuple = ()
 
 
 def _prepare(axes: tuple, t: np.ndarray, filled: np.ndarray) -> tuple[tuple, np.ndarray]:
@@ -136,6 +203,7 @@ def build_curve(part: Partition, rule: str, fixed: dict, varying: tuple) -> Curv
         rng = {c: (int(x[:, idx[c]].min()), int(x[:, idx[c]].max())) for c in fixed if c not in fam.exact} if len(x) else {}
         return f"no rows around {', '.join(f'{c}={fixed[c]}' for c in fixed if c not in fam.exact)} (measured {rng})"
     filled = ~np.isfinite(grid)
+    grow = _grows(part.family, tuple(varying), fixed, list(axes), grid, filled)
     if len(shape) == 1:
         keep = np.isfinite(grid)
         axes, grid, filled = [axes[0][keep]], grid[keep], filled[keep]
@@ -150,7 +218,7 @@ def build_curve(part: Partition, rule: str, fixed: dict, varying: tuple) -> Curv
                 if q < g[0]:
                     grid[i, j] = v[0]
                 elif q > g[-1]:
-                    grid[i, j] = v[-1] * q / g[-1]
+                    grid[i, j] = v[-1] * float(_beyond(grow[1], q, g[-1], np))
                 else:
                     k = np.searchsorted(g, q) - 1
                     w = (np.log(q) - np.log(g[k])) / (np.log(g[k + 1]) - np.log(g[k]))
@@ -158,7 +226,7 @@ def build_curve(part: Partition, rule: str, fixed: dict, varying: tuple) -> Curv
         axes, grid, filled = [axes[0][rows], a1], grid[rows], filled[rows]
     axes = tuple(np.asarray(a, dtype=np.float64) for a in axes)
     search, cells = _prepare(axes, grid, filled)
-    return Curve(part, rule, axes, grid, filled, fixed_flag, search, cells)
+    return Curve(part, rule, axes, grid, filled, fixed_flag, search, cells, grow)
 
 
 def _segment(lq, search: tuple, xp):
@@ -190,8 +258,13 @@ def _locate(curve: Curve, a: int, q, lq, xp):
     lg = curve.search[a][0]
     lqc = xp.clip(lq, lg[0], lg[-1])
     i, lgi, inv = _segment(lqc, curve.search[a], xp)
-    # above the grid: in proportion; below: the edge's value
-    return i, (lqc - lgi) * inv, xp.maximum(q / g[-1], 1.0), (q < g[0]) | (q > g[-1])
+    # above the grid: with the op's work (in proportion unless the family says otherwise); below: the edge's value
+    rule = curve.grow[a] if a < len(curve.grow) else None
+    if rule is None:
+        scale = xp.maximum(q / g[-1], 1.0)
+    else:
+        scale = _beyond(rule, q, float(g[-1]), xp)
+    return i, (lqc - lgi) * inv, scale, (q < g[0]) | (q > g[-1])
 
 
 def eval_curve(curve: Curve, qs: list, xp=np, logs: list | None = None, keys: list | None = None,
@@ -204,7 +277,9 @@ def eval_curve(curve: Curve, qs: list, xp=np, logs: list | None = None, keys: li
     idx, ws, scale, outside, on_knot = [], [], 1.0, False, True
     for a, q in enumerate(qs):
         lq = logs[a] if logs is not None else xp.log(xp.maximum(q, 1e-300))
-        key = (keys[a], curve.axes[a].tobytes()) if keys is not None and cache is not None else None
+        rule = curve.grow[a] if a < len(curve.grow) else None
+        key = ((keys[a], curve.axes[a].tobytes(), rule and rule[0]) if keys is not None and cache is not None
+               else None)
         if key is not None and key in cache:
             i, w, sc, out = cache[key]
         else:

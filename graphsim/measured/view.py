@@ -179,11 +179,14 @@ class BoundView:
                     timed[key] = eval_curve(cv, [v for v, _ in got], xp, [lg for _, lg in got],
                                             [co for _, co in lk.varying], located)
                 t, f = timed[key]
+                beyond = f == EXTRAPOLATED  # not measured: held at or above the SOL at the point
                 if key in self.modules:  # one timing for the module, split over its members by their SOL
                     sol = cls_sol[:, c]
                     total = sum(n * cls_sol[:, m] for m, n in self.modules[key].items())
+                    t = xp.where(beyond, xp.maximum(t, total), t)
                     t = xp.where(total > 0, t * sol / xp.where(total > 0, total, 1.0), 0.0)
                 else:  # no work at this point (no tokens, no requests): no time
+                    t = xp.where(beyond, xp.maximum(t, cls_sol[:, c]), t)
                     t = xp.where(coord(lk.varying[0][1])[0] > 0, t, 0.0)
                 if fitting:
                     table_t.append((t, self.cls_count[c]))

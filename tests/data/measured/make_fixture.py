@@ -2,7 +2,7 @@
 
     python -m pip download --no-deps aiconfigurator-core -d /tmp/aic && unzip -q /tmp/aic/*.whl -d /tmp/aic/x
     graphsim measured import aiconfigurator --from /tmp/aic/x --system gb200 --system h200_sxm -o /tmp/meas
-    python tests/data/measured/make_fixture.py /tmp/meas
+    python tests/data/measured/make_fixture.py /tmp/meas       # both fixtures (fmha(): tests/data/measured_fmha)
 
 It compiles the test plans in the hybrid view against the full import and keeps, of every partition a lookup
 chose, the rows at the lookup's categorical coordinates and its neighbouring measured values of the
@@ -82,5 +82,24 @@ def main(full: str) -> None:
     print(f"fixture: {n} rows")
 
 
+def fmha(full: str) -> None:
+    """The second fixture, ``tests/data/measured_fmha``: TensorRT-LLM's MLA context attention at 128 heads (one
+    GPU holds every head of a DeepSeek-V3 prefill) on GB200 and GB300, every batch and sequence length — what the
+    128K FP8 FMHA extrapolation test reads (the tables end at 32K)."""
+    out = HERE.parent / "measured_fmha"
+    n = 0
+    for dev in ("gb200", "gb300"):
+        for f in Path(full, dev, "mla_context").glob("trtllm@1.3.0rc20/*.parquet"):
+            df = pd.read_parquet(f)
+            sub = df[df["heads"] == 128]
+            dst = out / dev / "mla_context" / "trtllm@1.3.0rc20" / f.name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            sub.to_parquet(dst, index=False)
+            n += len(sub)
+    (out / "NOTICE.md").write_text((Path(full) / "NOTICE.md").read_text())
+    print(f"fmha fixture: {n} rows")
+
+
 if __name__ == "__main__":
     main(sys.argv[1])
+    fmha(sys.argv[1])
