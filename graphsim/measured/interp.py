@@ -39,11 +39,11 @@ def _causal_pairs(n, window: float, xp):
     return xp.where(n <= window, full, window * (window + 1.0) / 2.0 + (n - window) * window)
 
 
-#: per family, the varying coordinate whose work grows faster than in proportion, and the work as a function
-#: of its value and the fixed coordinates (the attention's window): what extrapolation beyond the grid scales by
+#: per family, the varying coordinate whose work grows faster than in proportion (the prompt length of a context
+#: attention: its causal pairs, :func:`_causal_pairs`) and the fixed coordinate holding its window (or None)
 WORK = {
-    "attention_context": ("seq", lambda n, fixed, xp: _causal_pairs(n, float(fixed.get("window", 0) or 0), xp)),
-    "mla_context": ("seq", lambda n, fixed, xp: _causal_pairs(n, 0.0, xp)),
+    "attention_context": ("seq", "window"),
+    "mla_context": ("seq", None),
 }
 
 
@@ -53,20 +53,21 @@ def _beyond(rule, q, top: float, xp):
     qq = xp.maximum(q, top)
     if rule is None:
         return qq / top
-    _, work, gamma = rule
-    return xp.maximum((work(qq, xp) / work(top, np)) ** gamma, qq / top)
+    _, window, gamma = rule
+    return xp.maximum((_causal_pairs(qq, window, xp) / _causal_pairs(top, window, np)) ** gamma, qq / top)
 
 
 def _grows(family: str, varying: tuple, fixed: dict, axes: list, grid: np.ndarray, filled: np.ndarray) -> tuple:
-    """Per varying coordinate: None (in proportion beyond the grid) or (a key naming the rule, its work
-    function of the coordinate, γ: the measured time's growth over the work's on the last segment)."""
-    coord, fn = WORK.get(family, (None, None))
+    """Per varying coordinate: None (in proportion beyond the grid) or (a key naming the rule, the window of its
+    causal pairs (0: none), γ: the measured time's growth over the pairs' on the last segment)."""
+    coord, wcol = WORK.get(family, (None, None))
+    window = float(fixed.get(wcol, 0) or 0) if wcol else 0.0
     out = []
     for a, c in enumerate(varying):
-        if c != coord or fn is None:
+        if c != coord:
             out.append(None)
             continue
-        work = (lambda q, xp, fn=fn: fn(q, fixed, xp))
+        work = (lambda q, xp: _causal_pairs(q, window, xp))  # noqa: E731 - local to this loop
         g = np.asarray(axes[a], dtype=np.float64)
         lines = np.moveaxis(grid, a, -1).reshape(-1, len(g))
         meas = np.moveaxis(~filled, a, -1).reshape(-1, len(g))
@@ -84,7 +85,7 @@ def _grows(family: str, varying: tuple, fixed: dict, axes: list, grid: np.ndarra
         # the grid is scaled from), else every line's own last segment
         edge = [x for x, at_top in zip(gammas, top) if at_top]
         gamma = float(np.median(edge or gammas)) if gammas else 1.0
-        out.append(((family, tuple(sorted(fixed.items())), gamma), work, gamma))
+        out.append(((family, window, gamma), window, gamma))
     return tuple(out)
 
 
@@ -100,8 +101,8 @@ class Curve:
     #: buckets per log unit); per cell the log-space differences to its neighbours
     search: tuple = ()
     cells: np.ndarray = None
-    #: per axis, None (in proportion beyond the grid) or (rule key, the op's work as a function of the
-    #: coordinate, γ: time ∝ work^γ beyond the last row)
+    #: per axis, None (in proportion beyond the grid) or (rule key, the window of the prompt's causal pairs
+    #: (0: none), γ: time ∝ pairs^γ beyond the last row)
     grow: tuple = ()
 
 

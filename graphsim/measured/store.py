@@ -90,6 +90,11 @@ class Store:
         require(bool(self.files), "measured", f"{root} holds no .parquet tables (import some: `graphsim measured "
                 "import aiconfigurator -o DIR`)")
         self._read: dict[Path, list[Partition]] = {}
+        self._hints: dict[Path, tuple | None] = {}
+        self._selected: dict[tuple, list[Partition]] = {}  # (device, family, frameworks) -> partitions
+        #: curves built on this store's partitions, keyed by (partition, rule, fixed, varying): a search binds
+        #: the same lookups in every program (a curve is a frozen value of its partition's rows)
+        self.curves: dict = {}
 
     def _load(self, files) -> list[Partition]:
         out = []
@@ -101,11 +106,15 @@ class Store:
 
     def hint(self, f: Path) -> tuple | None:
         """(device, family, framework, version) from an importer-layout path, else None."""
+        if f in self._hints:
+            return self._hints[f]
         parts = f.relative_to(self.root).parts
+        h = None
         if len(parts) == 4 and parts[1] in FAMILIES and "@" in parts[2]:
             fw, _, ver = parts[2].partition("@")
-            return parts[0].lower(), parts[1], fw, ver
-        return None
+            h = parts[0].lower(), parts[1], fw, ver
+        self._hints[f] = h
+        return h
 
     def partitions(self, device: str | None = None, family: str | None = None,
                    frameworks: tuple | None = None) -> list[Partition]:
@@ -115,15 +124,20 @@ class Store:
             parts = self._load(self.files)
             return [p for p in parts if family is None or p.family == family]
         dev = device.lower()
+        key = (dev, family, frameworks)
+        if key in self._selected:
+            return self._selected[key]
         files = []
         for f in self.files:
             h = self.hint(f)
             if h is None or (h[0] == dev and (family is None or h[1] == family)
                              and (frameworks is None or h[2] in frameworks)):
                 files.append(f)
-        return [p for p in self._load(files) if p.identity["device"].lower() == dev
-                and (family is None or p.family == family)
-                and (frameworks is None or p.identity["framework"] in frameworks)]
+        out = [p for p in self._load(files) if p.identity["device"].lower() == dev
+               and (family is None or p.family == family)
+               and (frameworks is None or p.identity["framework"] in frameworks)]
+        self._selected[key] = out
+        return out
 
     def identities(self, device: str) -> set:
         """(framework, version) pairs on a device, from paths where the layout gives them."""

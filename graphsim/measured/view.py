@@ -322,8 +322,12 @@ def _resolve(sel, lk: Lookup, graph, plan, wl):
     fixed = dict(lk.fixed)
     names = tuple(c for c, _ in lk.varying)
     built, why = [], []
+    memo = sel._store.curves
     for part, rule in cands:
-        cv = build_curve(part, rule, fixed, names)
+        key = (id(part), rule, tuple(sorted(fixed.items())), names)
+        if key not in memo:
+            memo[key] = build_curve(part, rule, fixed, names)
+        cv = memo[key]
         (why if isinstance(cv, str) else built).append(cv if not isinstance(cv, str) else f"{part.key}: {cv}")
     if not built:
         return "; ".join(why[:3])
