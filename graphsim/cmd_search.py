@@ -264,6 +264,13 @@ def _sla_text(s) -> str:
     return ", ".join(p for p in parts if p) or "none"
 
 
+def _num(v, digits: int) -> str:
+    """A number for a table cell; "-" where there is none (a row without a SOL twin)."""
+    import math
+
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+
+
 def to_text(r, launch_all: bool = False, pareto_rows: int = 12, lost_rows: int = 10) -> str:
     sp, st = r.space, r.stats
     axes = "; ".join(f"{a['field']} {'/'.join(map(str, a['values']))}" for a in sp["policy_axes"]) or "none"
@@ -277,19 +284,24 @@ def to_text(r, launch_all: bool = False, pareto_rows: int = 12, lost_rows: int =
         lines += ["times are lower bounds (SOL): no run is faster; each row's TTFT and TPOT are achieved together "
                   "by its TTFT step's schedule", ""]
     else:
-        lines += [f"times are estimates ({r.view} view, profile {r.profile}), not bounds", ""]
+        lines += [f"times are predictions ({r.view} view, profile {r.profile}), ranked by the prediction; the SOL "
+                  "columns are the same row at the speed of light (the bound no run beats)", ""]
+    predicted = not (r.view == "sol" and r.profile == "sol")
     if not r.best:
         lines.append("no deployment meets the SLA (see why below; the Pareto front shows what is reachable)")
     else:
         hdr = (f"{'#':>2}  {'mode':<6} {'deployment':<44} {'policies':<26} {'batch':>6} {'GPUs':>4} {'TTFT ms':>8} "
-               f"{'(step)':<8} {'TPOT ms':>8} {'p99':>7} {'tok/s/user':>10} {'tok/s/GPU':>10} {'free GiB':>8}")
+               f"{'(step)':<8} {'TPOT ms':>8} {'p99':>7} {'tok/s/user':>10} {'tok/s/GPU':>10} {'free GiB':>8}"
+               + (f" {'SOL TTFT':>8} {'SOL TPOT':>8} {'SOL tok/s/GPU':>13}" if predicted else ""))
         lines.append(hdr)
         for b in r.best:
             batch = b["decode_batch"] if b["verify"] == 0 else f"{b['decode_batch']}v{b['verify']}"
             lines.append(f"{b['rank']:>2}  {b['mode']:<6} {b['mapping']:<44} {b['policies'][:26]:<26} {batch:>6} "
                          f"{b['gpus']:>4} {b['ttft_ms']:>8.0f} {b['ttft_step']:<8} {b['tpot_ms']:>8.2f} "
                          f"{b['tpot_p99_ms']:>7.2f} {b['tokens_per_s_per_user']:>10.1f} "
-                         f"{b['tokens_per_s_per_gpu']:>10.1f} {b['memory_headroom_gib']:>8.1f}")
+                         f"{b['tokens_per_s_per_gpu']:>10.1f} {b['memory_headroom_gib']:>8.1f}"
+                         + (f" {_num(b.get('sol_ttft_ms'), 0):>8} {_num(b.get('sol_tpot_ms'), 2):>8} "
+                            f"{_num(b.get('sol_tokens_per_s_per_gpu'), 1):>13}" if predicted else ""))
             others = [p for p in b.get("jointly_achievable", []) if p["ttft_step"] != b["ttft_step"]]
             if others:
                 lines.append("      also achievable together: " + "; ".join(

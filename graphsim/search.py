@@ -91,7 +91,13 @@ REASONS = ("variant", "throughput", "tpot", "min_user_speed", "ttft", "memory")
 ROW_KEYS = ("mode", "mapping", "policies", "gpus", "prefill_mapping", "prefill_replicas", "prefill_batch",
             "prefill_gpus", "decode_mapping", "decode_replicas", "decode_batch", "decode_gpus", "verify",
             "ttft_ms", "tpot_ms", "tokens_per_s_per_user", "tokens_per_s_per_gpu", "output_tokens_per_s",
-            "memory_headroom_gib", "fits", "meets_sla", "pareto", "ttft_step", "tpot_p99_ms", "bound")
+            "memory_headroom_gib", "fits", "meets_sla", "pareto", "ttft_step", "tpot_p99_ms", "bound",
+            "sol_ttft_ms", "sol_tpot_ms", "sol_tokens_per_s_per_user", "sol_tokens_per_s_per_gpu")
+#: a row's SOL twin: the same deployment, batch and TTFT step priced at the speed of light (the bound beside a
+#: prediction; equal to the row's own figures in the SOL view)
+SOL_COLUMNS = {"ttft_ms": "sol_ttft_ms", "tpot_ms": "sol_tpot_ms", "tokens_per_s_per_user": "sol_tokens_per_s_per_user",
+               "tokens_per_s_per_gpu": "sol_tokens_per_s_per_gpu"}
+TWIN_KEYS = ("mode", "mapping", "policies", "prefill_batch", "decode_batch", "verify", "ttft_step")
 
 
 # ---- inputs -------------------------------------------------------------------------------------------------
@@ -522,6 +528,7 @@ class _Search:
         self.args = (model, hw, gpus, traffic, sla, space, profile, view, reserve_gib)  # what a worker rebuilds
         self.groups: dict = {}
         self.skipped: list = []
+        self.history: list = []  # every work set _assemble was given, in order (the SOL twin replays them)
         # pools of the search (set by search()), rows assembled so far: aggregated (mapping, policies), pools by
         # time axes, disaggregated pairs
         self.agg_maps, self.dd_maps, self.pp_maps = [], [], []
@@ -1041,6 +1048,7 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
     df["deployment"] = df["mode"] + " " + df["mapping"] + " [" + df["policies"] + "]"
     df = df.drop_duplicates(["deployment", "prefill_batch", "decode_batch", "verify", "ttft_step"]) \
         .reset_index(drop=True)
+    df = _with_sol(df, s, view, profile)
     miss = _misses(df, sla)
     df["meets_sla"] = ~np.any([miss[k] for k in miss], axis=0)
     why = np.full(len(df), "", dtype=object)
@@ -1081,12 +1089,39 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
                "refine": space.refine, "exhaustive": space.exhaustive, "acceptance": list(space.acceptance),
                "nvlink_domain": hw.nvlink_domain}
     stats = {"programs_compiled": s.compiled, "programs_cached": s.cached, "rows": len(df),
+             "sol_programs_compiled": s.twin_compiled,
              "rows_meeting_sla": int(df["meets_sla"].sum()), "pareto_points": int(df["pareto"].sum()),
              "wall_s": time.perf_counter() - t0}
     return SearchResult(model.name, hw.name, gpus, traffic, sla, (view.name if view is not None else "sol"),
                         profile.name if profile else "sol", table, best_rows, pareto, rejected, reasons,
                         sorted(s.skipped, key=lambda x: (x["what"], x["error"])),
                         space_d, stats)
+
+
+def _with_sol(df, s: _Search, view, profile):
+    """``df`` with each row's SOL twin (:data:`SOL_COLUMNS`): in the SOL view its own figures; with a measured
+    view or a profile, the same work sets replayed through a speed-of-light search of the same space (the same
+    programs, compiled without the view), joined on :data:`TWIN_KEYS`. A disaggregated row whose SOL rate
+    balance pairs its pools in other numbers has no twin (NaN)."""
+    import pandas as pd
+
+    s.twin_compiled = 0
+    if view is None and profile is None:
+        for k, c in SOL_COLUMNS.items():
+            df[c] = df[k]
+        return df
+    twin = _Search(s.model, s.hw, s.gpus, s.traffic, s.sla, s.space, None, None, s.reserve_gib, None, None, 1)
+    twin.agg_maps, twin.dd_maps, twin.pp_maps = s.agg_maps, s.dd_maps, s.pp_maps
+    rows = [r for work in s.history for r in _assemble(twin, work)]
+    s.twin_compiled = twin.compiled
+    s.skipped += [x for x in twin.skipped if x not in s.skipped]
+    if not rows:
+        for c in SOL_COLUMNS.values():
+            df[c] = np.nan
+        return df
+    sol = pd.DataFrame(rows)[list(TWIN_KEYS) + list(SOL_COLUMNS)].rename(columns=SOL_COLUMNS)
+    sol = sol.drop_duplicates(list(TWIN_KEYS))
+    return df.merge(sol, on=list(TWIN_KEYS), how="left")
 
 
 def _ckey(choice: dict) -> tuple:
@@ -1113,6 +1148,7 @@ def _assemble(s: _Search, work: dict) -> list[dict]:
     """Rows of the (role, mapping) -> policy choices in ``work``: aggregated replicas of each decode mapping,
     and disaggregated pairs of every prefill and decode pool evaluated under one choice so far (each pair
     once)."""
+    s.history.append(work)
     planned = _planned(s, work)
     if s.progress is not None and hasattr(s.progress, "expect"):
         s.progress.expect(len(planned))
