@@ -105,7 +105,9 @@ class Report:
                 f"{p} runs at {q} (no {p} tensor rate)" for p, q in i["precision_fallbacks"].items())]
               if i.get("precision_fallbacks") else []),
             "",
-            f"forward          {_ms(self.forward_s)}",
+            f"forward          {_ms(self.forward_s)}"
+            + (f"   predicted ({self.coverage['view']} view); SOL {_ms(self.coverage['sol_forward_s']).strip()}"
+               if self.coverage and "sol_forward_s" in self.coverage else ""),
         ]
         if t["prefill_tokens"]:
             lines.append(f"TTFT (prefill)   {_ms(t['ttft_s'])}")
@@ -191,6 +193,7 @@ def _coverage_json(cov: dict) -> dict:
 
     return {
         "view": cov["view"], "backend": cov["backend"], "device": cov["device"],
+        "sol_forward_s": cov["sol_forward_s"], "prediction_over_sol": cov["prediction_over_sol"],
         "kinds": [{"kind": k, "sol_s": v["sol_s"], "view_s": v["view_s"], "efficiency": v["efficiency"],
                    "sources": {n: v["sources"].get(n, 0) for n in SOURCE_NAMES}} for k, v in cov["kinds"].items()],
         "forward_share": {n: cov["forward_share"].get(n, 0.0) for n in SOURCE_NAMES},
@@ -215,6 +218,9 @@ def coverage_text(cov: dict) -> list[str]:
                 "  stages, op kinds and the critical path below are SOL's (FPM times whole forwards)"]
     lines = [f"{cov['view']} view: {cov['backend']} tables on {cov['device']} — forward by source: "
              + ", ".join(f"{k} {100 * v:.1f} %" for k, v in cov["forward_share"].items() if v)]
+    if "sol_forward_s" in cov:
+        lines.append(f"  predicted forward beside its bound: SOL {_ms(cov['sol_forward_s']).strip()} "
+                     f"(prediction / SOL {cov['prediction_over_sol']:.2f})")
     lines.append("op kind          SOL          view        SOL/view  sources (ops)")
     for k, v in sorted(cov["kinds"].items(), key=lambda kv: -kv[1]["view_s"]):
         src = ", ".join(f"{n} {c}" for n, c in v["sources"].items() if c)
@@ -387,5 +393,10 @@ def coverage(c, sched, point: int = 0) -> dict:
     vf = (feature_matrix(v.features, g.token_set_map, wl.kinds, wl.arrays(), np) if v.features
           else np.zeros((1, 0)))
     basis = v.fallback_basis(sched.sol_duration[point:point + 1][:, first], vf[point:point + 1])
+    # the bound beside the prediction: the same program scheduled at SOL (its own critical path)
+    from .lowering.evaluate import evaluate_reference
+
+    bound = float(evaluate_reference(c.program, wl, c.unit_time(), c.overhead, None).finish[point].max())
     return {"view": v.spec.name, "backend": v.backend, "device": v.device, "kinds": kinds, "forward_share": share,
-            "sol_violations": viol, "uncovered": unc, "fallback": basis}
+            "sol_violations": viol, "uncovered": unc, "fallback": basis, "sol_forward_s": bound,
+            "prediction_over_sol": fwd / bound if bound > 0 else float("nan")}

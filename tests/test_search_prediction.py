@@ -60,3 +60,21 @@ def test_json_and_text_show_both(capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "ranked by the prediction" in out and "SOL tok/s/GPU" in out
+
+
+def test_estimate_prints_the_prediction_beside_its_bound(capsys):
+    """`estimate --view hybrid`: the forward line and the JSON carry the same program's SOL forward; the
+    prediction is never faster than it."""
+    import graphsim as gs
+
+    args = ["estimate", "--model", "deepseek-v3", "--hw", "gb200", "--tp", "4", "--ep", "4", "--request",
+            "decode:1024x16", "--view", "hybrid", "--measured", FIX, "--backend", "trtllm@1.3.0rc20"]
+    assert main([*args, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    sol = gs.compile_plan("deepseek-v3", gs.Plan(["decode:1024x16"], gs.ParallelMapping(tp=4, ep=4)),
+                          "gb200").report().forward_s
+    assert d["coverage"]["sol_forward_s"] == pytest.approx(sol, rel=1e-12)
+    assert d["coverage"]["prediction_over_sol"] == pytest.approx(d["forward_s"] / sol, rel=1e-12)
+    assert d["forward_s"] >= sol
+    assert main(args) == 0
+    assert "predicted (hybrid view); SOL" in capsys.readouterr().out
