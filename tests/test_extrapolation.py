@@ -119,3 +119,35 @@ def test_an_extrapolated_time_is_never_below_sol(tmp_path):
         df.to_parquet(f, index=False)
     t, sol, src = _fmha("gb200", ViewSpec("hybrid", str(tmp_path / "t"), "trtllm@1.3.0rc20"))
     assert src == EXTRAPOLATED and t == pytest.approx(sol, rel=1e-12)
+
+
+# ---- fallback for a family the tables have, at a shape they miss (issue 25 item 2) ------------------------
+
+def test_family_efficiency_is_a_curve_of_the_work():
+    from graphsim.measured.check import family_efficiency
+
+    store = Store(str(ROOT / "tests" / "data" / "measured"))
+    centres, meds, n = family_efficiency(store, "gb200", "moe", "trtllm", "1.3.0rc20")
+    assert n > 0 and list(centres) == sorted(centres)
+    assert all(m >= 1.0 for m in meds) and all(b <= a for a, b in zip(meds, meds[1:]))  # never past its roofline
+    assert family_efficiency(store, "gb200", "moe", "nosuch") is None
+
+
+def test_an_uncovered_op_of_a_covered_family_runs_at_that_familys_efficiency_at_its_work():
+    """DeepSeek-V3 with 256 + 32 redundant experts: the MoE tables have rows only at 256, so the experts fall back;
+    they are priced at the GB200 TRT-LLM MoE tables' median measured / SOL at the op's own SOL time, not at a fit
+    over other families (which made a 4K prefill's experts 4.5x SOL on H100)."""
+    from graphsim.config import load_config
+    from graphsim.measured.view import _efficiency_at
+
+    model = gs.load_model({**load_config("deepseek-v3"), "n_routed_experts": 288, "_name": "deepseek-v3"})
+    c = gs.compile_plan(model, gs.Plan(["decode:1024x16"], gs.ParallelMapping(tp=4, ep=4)), "gb200",
+                        view=ViewSpec("hybrid", str(ROOT / "tests" / "data" / "measured"), "trtllm@1.3.0rc20"))
+    eff = dict(c.view.family_eff)["moe"]
+    s = c.schedule()
+    idx = [i for i, o in enumerate(s.graph.ops) if o.kind == "moe_experts" and c.view.op_source[i] == "fallback"]
+    assert idx
+    sol = np.asarray(s.sol_duration)[0, idx]
+    np.testing.assert_allclose(np.asarray(s.duration)[0, idx], sol * _efficiency_at(eff, sol, np), rtol=1e-9)
+    basis = c.report().coverage["fallback"]["moe"]
+    assert basis["fitted_from"].startswith("no covered moe op: the moe tables on this device")

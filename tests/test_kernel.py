@@ -171,3 +171,24 @@ def test_zero_points_and_bad_unit_times():
     ut[0] = np.inf  # a rate of zero
     with pytest.raises(gs.GraphsimError, match="unit_time"):
         c.evaluate(_random("decode", 3), ut)
+
+
+def test_a_family_efficiency_fallback_gives_the_reference_numbers_on_both_routes():
+    # DeepSeek-V3 with 288 physical experts: the MoE ops fall back to the MoE tables' efficiency at their own SOL
+    # (an interpolation in the view, per point) — both kernel routes equal the reference
+    from pathlib import Path
+
+    from graphsim.config import load_config
+
+    model = gs.load_model({**load_config("deepseek-v3"), "n_routed_experts": 288, "_name": "deepseek-v3"})
+    fixture = Path(__file__).resolve().parent / "data" / "measured"
+    c = gs.compile_plan(model, gs.Plan(["decode:1024x16"], gs.ParallelMapping(tp=4, ep=4)), "gb200",
+                        view=gs.ViewSpec("hybrid", str(fixture), "trtllm@1.3.0rc20"))
+    assert dict(c.view.family_eff).get("moe") is not None
+    wl = _random("decode", 40, seed=12)
+    outs = ("forward", "stages", "kinds", "classes")
+    ref = E.reference_outputs(c.program, wl, c.unit_time(), 0.0, c.view, outs)
+    for numpy_points in (0, 1 << 20):
+        got = E.Evaluator(c.program, c.plan.kinds, view=c.view, numpy_points=numpy_points)(wl, c.unit_time(), 0.0, outs)
+        for k in outs:
+            np.testing.assert_allclose(got[k], ref[k], rtol=1e-9, err_msg=f"{k} numpy_points={numpy_points}")

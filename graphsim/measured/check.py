@@ -564,7 +564,53 @@ def _groups(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x[first], inv.reshape(-1)
 
 
-def _scan_partition(part, hwut, probes: dict, tol: float, count: Callable, nongated: frozenset = frozenset()):
+def family_efficiency(store: Store, device: str, family: str, framework: str, version: str = "") -> tuple | None:
+    """How far a backend's kernels of ``family`` run from graphsim's SOL on ``device``, as a function of the
+    work: over every row of its tables graphsim prices, the median measured / SOL per bin of log SOL (an op of
+    a few microseconds is launch-bound, a long one near its roofline) — (bin centres in ln seconds, medians,
+    rows); None when it has no priced rows. What a measured view's fallback for an op of that family (a shape
+    the tables miss) is priced by."""
+    memo = store.__dict__.setdefault("_efficiency", {})
+    key = (device.lower(), family, framework, version)
+    if key in memo:
+        return memo[key]
+    hwut = _hardware(device.lower())
+    out = None
+    if hwut is not None and family in PROBES:
+        if family == "moe" and "_nongated" not in store.__dict__:
+            store.__dict__["_nongated"] = nongated_shapes(store)
+        nongated = store.__dict__.get("_nongated", frozenset()) if family == "moe" else frozenset()
+        probes: dict = {}
+        ratios: list = []
+        for part in store.partitions(device, family, (framework,)):
+            if version and part.identity.get("version") != version:
+                continue
+            _scan_partition(part, hwut, probes, 1e-9, lambda *a: None, nongated, ratios)
+        if ratios:
+            sol = np.concatenate([r[1] for r in ratios])
+            r = np.concatenate([r[0] for r in ratios])
+            out = _efficiency_curve(np.log(sol), r)
+    memo[key] = out
+    return out
+
+
+def _efficiency_curve(lsol: np.ndarray, ratio: np.ndarray, per_bin: int = 64) -> tuple | None:
+    """Median ``ratio`` per bin of ``lsol`` (equal-count bins of at least ``per_bin`` rows): (centres, medians,
+    rows), the medians made non-increasing in the work (a bigger problem never runs further from its roofline
+    than a smaller one of the same kernel family, up to the bins' noise)."""
+    if not len(ratio):
+        return None
+    order = np.argsort(lsol)
+    n = max(1, min(32, len(ratio) // per_bin))
+    chunks = np.array_split(order, n)
+    centres = np.array([float(np.median(lsol[c])) for c in chunks])
+    meds = np.array([float(np.median(ratio[c])) for c in chunks])
+    meds = np.minimum.accumulate(np.maximum(meds, 1.0))
+    return tuple(centres.tolist()), tuple(meds.tolist()), int(len(ratio))
+
+
+def _scan_partition(part, hwut, probes: dict, tol: float, count: Callable, nongated: frozenset = frozenset(),
+                    ratios: list | None = None):
     """Price one partition's rows, grouped by fixed shape; the violations as a DataFrame (None if none)."""
     import pandas as pd
 
@@ -615,6 +661,9 @@ def _scan_partition(part, hwut, probes: dict, tol: float, count: Callable, nonga
         l2 = ok & (t < from_hbm * (1.0 - tol)) & (t >= got * (1.0 - tol))
         count("checked", "", int((ok & ~l2).sum()))
         count("checked", L2_RESIDENT, int(l2.sum()))
+    if ratios is not None:
+        ok = np.isfinite(sol) & (sol > 0)
+        ratios.append((part.t[ok] / sol[ok], sol[ok]))
     bad = np.isfinite(sol) & (part.t < sol * (1.0 - tol))
     if not bad.any():
         return None
@@ -628,4 +677,4 @@ def _scan_partition(part, hwut, probes: dict, tol: float, count: Callable, nonga
     return pd.DataFrame(out)
 
 
-__all__ = ["scan", "ScanResult", "PROBES", "VARYING", "STATUSES", "price", "Rows"]
+__all__ = ["scan", "family_efficiency", "ScanResult", "PROBES", "VARYING", "STATUSES", "price", "Rows"]

@@ -92,6 +92,9 @@ class BoundView:
     curves: dict  # lookup key -> (Curve, Lookup)
     features: tuple  # extra workload features the lookups read
     op_module: tuple = ()  # per op: its fused-module instance ("" = none)
+    #: (family, (ln SOL bin centres, median measured / SOL per bin, rows)) over the backend's tables of that family
+    #: on the device, for the families an op falls back in (graphsim.measured.check.family_efficiency)
+    family_eff: tuple = ()
     # set by attach():
     cls_kind: np.ndarray = None  # per class: 0 table, FALLBACK, SOL
     cls_curve: tuple = ()
@@ -201,6 +204,12 @@ class BoundView:
                 fam = self.cls_family[c]
                 if fam not in fits:
                     fits[fam] = _affine(*self._basis(fam, table_fam, table_t, table_sol), xp)
+                eff = dict(self.family_eff).get(fam)
+                if eff is not None and fam not in table_fam:
+                    # no covered op of the family in this plan: the family's own tables on the device, at
+                    # this op's work (its median measured / SOL at the same SOL time)
+                    cols[c] = cls_sol[:, c] * _efficiency_at(eff, cls_sol[:, c], xp)
+                    continue
                 a, b = fits[fam]
                 if a is not None:
                     cols[c] = a + b * cls_sol[:, c]
@@ -212,6 +221,9 @@ class BoundView:
         if not idx:
             idx = [j for j, f in enumerate(table_fam) if group(f) == group(fam)]
         return [table_t[j][0] for j in idx], [table_sol[j] for j in idx], [table_t[j][1] for j in idx]
+
+    def _fitted_from(self, fam, covered, same) -> str:
+        return _fitted_from_text(fam, covered, same, dict(self.family_eff).get(fam))
 
     def fallback_basis(self, cls_sol, fcols) -> dict:
         """Per fallback family at point 0: the fit t = a + b x SOL it was priced by, what it was fitted from,
@@ -228,10 +240,26 @@ class BoundView:
                 "a_s": float(a[0]) if a is not None else 0.0, "b": float(b[0]) if b is not None else 1.0,
                 "sol_s": sum(float(cls_sol[0, c] * self.cls_count[c]) for c in cs),
                 "view_s": sum(float(view[0, c] * self.cls_count[c]) for c in cs),
-                "fitted_from": f"covered {fam} ops" if fam in covered else
-                f"covered {group(fam)} ops ({', '.join(same)}; no covered {fam} op)" if same
-                else "nothing in its group covered: SOL"}
+                "fitted_from": self._fitted_from(fam, covered, same)}
         return out
+
+
+def _efficiency_at(eff: tuple, sol, xp):
+    """The family's median measured / SOL at SOL time ``sol`` (log-linear between bins, flat beyond)."""
+    centres, meds, _ = eff
+    if len(centres) == 1:
+        return 0.0 * sol + meds[0]
+    return xp.interp(xp.log(xp.maximum(sol, 1e-300)), xp.asarray(centres), xp.asarray(meds))
+
+
+def _fitted_from_text(fam, covered, same, eff) -> str:
+    if eff is not None and fam not in covered:
+        centres, meds, n = eff
+        return (f"no covered {fam} op: the {fam} tables on this device, median measured / SOL at each op's SOL "
+                f"time ({meds[-1]:.2f}-{meds[0]:.2f} over {n:,} rows)")
+    return (f"covered {fam} ops" if fam in covered else
+            f"covered {group(fam)} ops ({', '.join(same)}; no covered {fam} op)" if same
+            else "nothing in its group covered: SOL")
 
 
 def group(family: str) -> str:
@@ -308,8 +336,13 @@ def bind(spec: ViewSpec, graph, logical, plan, hw, model=None) -> BoundView | No
                                 f" [{len(bad)} uncovered ops; {fam} partitions there: {sel.what_exists(fam)}] — use "
                                 "--view hybrid to fall back per op")
     feats = tuple(dict.fromkeys(f for cv, lk in curves.values() for _, c in lk.varying for f in c.features()))
+    from .check import family_efficiency
+
+    back = sel.backend
+    eff = tuple((f, e) for f in sorted({f for f, src in zip(fams, sources) if src == "fallback" and f})
+                if (e := family_efficiency(store, hw.name, f, back.framework, back.version)) is not None)
     return BoundView(spec, str(sel.backend), hw.name, tuple(keys), tuple(sources), tuple(fams), tuple(notes),
-                     curves, feats, tuple(modules))
+                     curves, feats, tuple(modules), eff)
 
 
 def _resolve(sel, lk: Lookup, graph, plan, wl):
