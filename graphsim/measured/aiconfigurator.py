@@ -209,9 +209,10 @@ def _yaml(path: Path) -> dict:
 
 
 def convert_file(path: Path, data_root: Path, pkg_version: str = ""):
-    """One aiconfigurator table -> a pandas DataFrame in graphsim's format (None if graphsim has no family
-    for it)."""
+    """One aiconfigurator table -> a pyarrow Table in graphsim's format (None if graphsim has no family for it).
+    Columns every row shares (the identity of a collection) are repeated by Arrow, not built row by row."""
     import pandas as pd
+    import pyarrow as pa
 
     conv = CONVERTERS.get(path.name)
     if conv is None:
@@ -228,24 +229,29 @@ def convert_file(path: Path, data_root: Path, pkg_version: str = ""):
     src = f"aiconfigurator-core{(' ' + pkg_version) if pkg_version else ''}: systems/data/{rel.as_posix()}"
     base = _ident(meta, device, str(df["device"].iloc[0]) if "device" in df else "", framework.lower(), version,
                   cols["family"], src)
+
+    def text(v):
+        if isinstance(v, np.ndarray):
+            return pa.array(v.astype(str), type=pa.string())
+        return pa.repeat(pa.scalar(str(v), type=pa.string()), n)
+
     out = {}
     for c in COMMON:
         v = cols.get(c, base.get(c, ""))
         if c == "kernel_source" and c not in cols:
             v = _s(df.kernel_source) if "kernel_source" in df else ""
-        out[c] = v if isinstance(v, np.ndarray) else np.full(n, v, dtype=object)
+        out[c] = text(v)
     fam = FAMILIES[cols["family"]]
     for c in fam.identity:
-        out[c] = cols.get(c, np.full(n, "", dtype=object))
+        out[c] = text(cols.get(c, ""))
     for c in fam.coords:
-        out[c] = np.asarray(cols[c], dtype=np.int64)
+        out[c] = pa.array(np.asarray(cols[c], dtype=np.int64))
     # milliseconds -> seconds (a table whose latency is in other units says so)
-    out[LATENCY] = df["latency"].to_numpy(np.float64) * cols.get(LATENCY_SCALE, 1e-3)
-    res = pd.DataFrame(out)
-    for c in COMMON + fam.identity:
-        res[c] = res[c].astype(str)
-    res = res[(res[LATENCY] > 0) & np.isfinite(res[LATENCY])]
-    return res
+    lat = df["latency"].to_numpy(np.float64) * cols.get(LATENCY_SCALE, 1e-3)
+    out[LATENCY] = pa.array(lat)
+    keep = (lat > 0) & np.isfinite(lat)
+    table = pa.table(out)
+    return table if keep.all() else table.filter(pa.array(keep))
 
 
 def import_tables(src: str | None, out: str, *, systems=None, families=None, log=print) -> dict:
@@ -258,6 +264,8 @@ def import_tables(src: str | None, out: str, *, systems=None, families=None, log
 
 
 def _import(data: Path, pkg_version: str, out_dir: Path, systems, families, log) -> dict:
+    import pyarrow.parquet as pq
+
     from graphsim.outputs import atomic_target, safe_name, write_text
 
     want_sys = set(systems) if systems else None
@@ -281,19 +289,19 @@ def _import(data: Path, pkg_version: str, out_dir: Path, systems, families, log)
             continue
         if path.suffix != ".parquet":
             continue
-        df = convert_file(path, data, pkg_version)
-        if df is None:
+        table = convert_file(path, data, pkg_version)
+        if table is None:
             skipped.append(rel.as_posix())
             continue
-        fam = str(df["family"].iloc[0])
-        if want_fam and fam not in want_fam:
+        fam = str(table["family"][0]) if table.num_rows else ""
+        if not table.num_rows or (want_fam and fam not in want_fam):
             continue
-        dev, fw, ver = df["device"].iloc[0], df["framework"].iloc[0], df["version"].iloc[0]
-        dst = out_dir / safe_name(str(dev), "device") / fam / safe_name(f"{fw}@{ver}", "version") / path.name
+        dev, fw, ver = (str(table[c][0]) for c in ("device", "framework", "version"))
+        dst = out_dir / safe_name(dev, "device") / fam / safe_name(f"{fw}@{ver}", "version") / path.name
         with atomic_target(dst, suffixes=(".parquet",)) as tmp:
-            df.to_parquet(tmp, index=False)
+            pq.write_table(table, tmp)
         files += 1
-        rows += len(df)
+        rows += table.num_rows
     require(files > 0, "from", f"{data}: no tables graphsim has a family for"
             + (f" (systems {sorted(want_sys)}, families {sorted(want_fam) if want_fam else 'all'})" if want_sys else ""))
     write_text(out_dir / "NOTICE.md", NOTICE)
