@@ -97,6 +97,11 @@ def register(sub) -> None:
     sp.add_argument("--mtp", type=int, default=None, metavar="K",
                     help="the deepest MTP draft searched (depths 0..K), as in estimate --mtp: give K --acceptance "
                          "values (without --mtp, K is the number of --acceptance values)")
+    sp.add_argument("--engine", default="auto", choices=("auto", "none", "sglang", "vllm", "trtllm"),
+                    help="whose documented memory rule and KV paging decide which batches fit (vLLM "
+                         "gpu_memory_utilization 0.92 and 16-token blocks, TensorRT-LLM 0.9 of free memory and "
+                         "32-token blocks, SGLang token pages); auto: the --backend's framework under a measured "
+                         "view, none under SOL (a bound keeps every byte)")
     sp.add_argument("--refine", type=int, default=4, metavar="N",
                     help="how many of the best deployments along the tok/s/GPU vs tok/s/user front get the policy "
                          "stage (default 4; 0 = base policies only; chosen without the SLA)")
@@ -188,7 +193,7 @@ def run(a) -> None:
         try:
             r = search(load_model_args(a), a.hw, gpus=a.gpus, traffic=traffic, sla=sla, space=space, top=a.top,
                        profile=a.profile, view=view_spec(a), reserve_gib=a.reserve_gib, cache_dir=cache, progress=bar,
-                       jobs=a.jobs)
+                       jobs=a.jobs, engine=a.engine)
         finally:
             if bar:
                 bar.close()
@@ -275,7 +280,8 @@ def to_text(r, launch_all: bool = False, pareto_rows: int = 12, lost_rows: int =
     sp, st = r.space, r.stats
     axes = "; ".join(f"{a['field']} {'/'.join(map(str, a['values']))}" for a in sp["policy_axes"]) or "none"
     lines = [f"graphsim search {r.model} on {r.gpus}x {r.hw}: ISL/OSL {_traffic_text(r.traffic)}; SLA "
-             f"{_sla_text(r.sla)}; {r.view} view, profile {r.profile}",
+             f"{_sla_text(r.sla)}; {r.view} view, profile {r.profile}"
+             + (f"; {sp['engine']} memory rule and KV pages" if sp.get("engine", "none") != "none" else ""),
              f"searched {'+'.join(sp['modes'])}: {sp['decode_mappings']} decode / {sp['prefill_mappings']} prefill "
              f"mappings, batches {sp['batches_per_dp_rank'][0]}..{sp['batches_per_dp_rank'][-1]} per DP rank, "
              f"policy axes: {axes}; {st['programs_compiled']} programs compiled, {st['programs_cached']} from cache, "

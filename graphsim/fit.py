@@ -84,7 +84,7 @@ class MemoryModel:
     context without recompiling (weights are fixed, KV and workspace are evaluated per point)."""
 
     def __init__(self, model, hw, mapping: ParallelMapping, policies: Policies = Policies(), *,
-                 kind: str = "decode", reserve_gib: float = DEFAULT_RESERVE_GIB, compiled=None):
+                 kind: str = "decode", reserve_gib: float = DEFAULT_RESERVE_GIB, compiled=None, engine=None):
         check_number("reserve_gib", reserve_gib, 0.0, 1 << 20)
         require(kind in ("decode", "prefill"), "kind", f"must be decode or prefill, got {kind!r}")
         self.kind = kind
@@ -99,6 +99,8 @@ class MemoryModel:
             self.c = compile_plan(model, Plan([f"{kind}:1024x{probe}"], mapping, policies), hw)
         self.model, self.hw, self.mapping, self.policies = self.c.model, self.c.hw, mapping, policies
         self.reserve = reserve_gib * GiB
+        #: a serving engine's memory rule and KV paging (graphsim.serving.EngineTerms); None: every byte (SOL)
+        self.engine = engine
         self.weights, self.tables = self._weights()
 
     def _weights(self) -> tuple[dict, float]:
@@ -107,8 +109,10 @@ class MemoryModel:
         return w.hbm, w.tables
 
     def kv_per_request(self, context: int) -> float:
-        """One request's KV bytes on this device: the model's cache split over the devices sharing it."""
-        return float(kv_per_device(self.model, int(context), self.mapping, self.policies))
+        """One request's KV bytes on this device: the model's cache split over the devices sharing it (in the
+        engine's whole KV pages when an engine is given)."""
+        ctx = self.engine.paged(int(context)) if self.engine is not None else int(context)
+        return float(kv_per_device(self.model, ctx, self.mapping, self.policies))
 
     def workspace(self, batch, context, new=1) -> np.ndarray:
         """Largest activation bytes of one op per device at each (batch, context) point (decode: ``new``
@@ -132,8 +136,12 @@ class MemoryModel:
         ctx = np.broadcast_to(np.asarray(context), b.shape)
         per = {int(c): self.kv_per_request(int(c)) for c in np.unique(ctx)}
         kv = np.vectorize(per.__getitem__, otypes=[np.float64])(ctx.astype(np.int64)) if ctx.size else ctx * 0.0
-        total = sum(self.weights.values()) + b * kv + workspace + self.reserve
-        room = self.hw.hbm_capacity_bytes - total
+        if self.engine is not None:  # the engine's share of HBM and where its KV pool comes from
+            room = self.engine.room(self.hw.hbm_capacity_bytes, self.reserve, sum(self.weights.values()) + workspace,
+                                    b * kv)
+        else:
+            total = sum(self.weights.values()) + b * kv + workspace + self.reserve
+            room = self.hw.hbm_capacity_bytes - total
         if self.policies.engram == "host" and self.tables > self.hw.host_mem_bytes:
             room = np.minimum(room, self.hw.host_mem_bytes - self.tables)
         return room

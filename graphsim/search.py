@@ -521,11 +521,11 @@ class _Cache:
 
 class _Search:
     def __init__(self, model, hw, gpus, traffic, sla, space, profile, view, reserve_gib, cache=None, progress=None,
-                 jobs: int = 1):
+                 jobs: int = 1, engine=None):
         self.model, self.hw, self.gpus, self.traffic, self.sla, self.space = model, hw, gpus, traffic, sla, space
-        self.profile, self.view, self.reserve_gib = profile, view, reserve_gib
+        self.profile, self.view, self.reserve_gib, self.engine = profile, view, reserve_gib, engine
         self.cache, self.progress, self.jobs = cache or _Cache(None), progress, jobs
-        self.args = (model, hw, gpus, traffic, sla, space, profile, view, reserve_gib)  # what a worker rebuilds
+        self.args = (model, hw, gpus, traffic, sla, space, profile, view, reserve_gib, engine)  # what a worker rebuilds
         self.groups: dict = {}
         self.skipped: list = []
         self.history: list = []  # every work set _assemble was given, in order (the SOL twin replays them)
@@ -543,7 +543,8 @@ class _Search:
             [__version__, "search-2", Group.ARRAYS, MIXED_BLOCKS, state, attrs.asdict(hw),
              profile and attrs.asdict(profile),
              view and attrs.asdict(view), traffic.to_dict(), reserve_gib, space.batches, space.prefill_batches,
-             space.acceptance, _view_digests(view, hw)], default=str, sort_keys=True).encode()).hexdigest()
+             space.acceptance, _view_digests(view, hw), engine and attrs.asdict(engine)], default=str,
+            sort_keys=True).encode()).hexdigest()
 
     # -- one program ---------------------------------------------------------------------------------------
     def group(self, kind: str, mapping: ParallelMapping, policies: Policies) -> Group:
@@ -625,7 +626,7 @@ class _Search:
             req = f"decode:{t.decode_context}x{max(self.space.batches) * self.gpus}" + (f"v{kmax}" if kmax else "")
             c = compile_plan(self.model, Plan([req], mapping, policies), self.hw, self.profile, view=self.view)
             mm = MemoryModel(self.model, self.hw, mapping, policies, kind="decode", reserve_gib=self.reserve_gib,
-                             compiled=c)
+                             compiled=c, engine=self.engine)
 
             def room(b):  # requests per DP rank -> HBM left at the steady-state occupancy (widest verify)
                 b = np.asarray(b, dtype=np.float64)
@@ -651,7 +652,7 @@ class _Search:
             req = f"prefill:{int(isl.max())}x{max(self.space.prefill_batches) * self.gpus}"
             c = compile_plan(self.model, Plan([req], mapping, policies), self.hw, self.profile, view=self.view)
             mm = MemoryModel(self.model, self.hw, mapping, policies, kind="prefill", reserve_gib=self.reserve_gib,
-                             compiled=c)
+                             compiled=c, engine=self.engine)
             ctx = int(isl.max())
 
             def room(p):  # prompts per DP rank -> HBM left
@@ -920,7 +921,7 @@ _WORKER: list = []  # a worker process's _Search
 
 
 def _worker_init(args) -> None:
-    _WORKER[:] = [_Search(*args)]
+    _WORKER[:] = [_Search(*args[:9], engine=args[9])]
 
 
 def _worker_run(keys: list) -> list:
@@ -982,7 +983,7 @@ def pareto_flags(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: Space = Space(), top: int = 5,
            profile=None, view=None, reserve_gib: float | None = None, cache_dir: str | Path | None = None,
-           progress: Callable[[int], None] | None = None, jobs: int = 1) -> SearchResult:
+           progress: Callable[[int], None] | None = None, jobs: int = 1, engine: str | None = "auto") -> SearchResult:
     """Search deployments of ``model`` on ``gpus`` GPUs of ``hw`` for ``traffic`` under ``sla``; the best
     ``top`` deployments (by output tokens/s per GPU among those meeting the SLA), the Pareto front and why the
     others lost. ``cache_dir`` keeps every evaluated program (a rerun resumes from it). ``progress(n)`` is called
@@ -991,7 +992,9 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
     needs the ``if __name__ == "__main__":`` guard, as for any spawned process).
 
     What is evaluated never depends on the SLA (it only ranks): a bound added to the SLA never hides a row
-    that meets it."""
+    that meets it. ``engine`` ("auto", "none", "sglang", "vllm", "trtllm"): whose documented memory rule and KV
+    paging decide which batches fit (graphsim.serving); "auto" is the measured view's backend framework, none in
+    the SOL view (a bound keeps every byte)."""
     import pandas as pd
 
     from .fit import DEFAULT_RESERVE_GIB
@@ -1008,8 +1011,9 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
     reserve = DEFAULT_RESERVE_GIB if reserve_gib is None else reserve_gib
     check_number("reserve_gib", reserve, 0.0, 1 << 20)
     check_int("jobs", jobs, 1, 1024)
+    terms = _engine(engine, view)
     s = _Search(model, hw, gpus, traffic, sla, space, profile, view, reserve,
-                _Cache(Path(cache_dir) if cache_dir else None), progress, jobs)
+                _Cache(Path(cache_dir) if cache_dir else None), progress, jobs, terms)
     axes = policy_axes(model, space)
     base = {f: v[0] for f, v in axes}
     dec_maps = mappings(model, hw, gpus, space, "decode")
@@ -1087,7 +1091,11 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
                "policy_axes": [{"field": f, "values": list(v)} for f, v in axes],
                "memory_axes": [f for f, _ in axes if f in MEMORY_AXES], "policy_points": len(choices),
                "refine": space.refine, "exhaustive": space.exhaustive, "acceptance": list(space.acceptance),
-               "nvlink_domain": hw.nvlink_domain}
+               "nvlink_domain": hw.nvlink_domain, "engine": terms.name if terms else "none",
+               "engine_terms": ({"memory": terms.memory, "memory_fraction": terms.memory_fraction,
+                                 "kv_block_tokens": terms.kv_block_tokens,
+                                 "sources": [{"field": f, "source": src} for f, src in terms.sources]}
+                                if terms else None)}
     stats = {"programs_compiled": s.compiled, "programs_cached": s.cached, "rows": len(df),
              "sol_programs_compiled": s.twin_compiled,
              "rows_meeting_sla": int(df["meets_sla"].sum()), "pareto_points": int(df["pareto"].sum()),
@@ -1096,6 +1104,19 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
                         profile.name if profile else "sol", table, best_rows, pareto, rejected, reasons,
                         sorted(s.skipped, key=lambda x: (x["what"], x["error"])),
                         space_d, stats)
+
+
+def _engine(engine, view):
+    """The engine terms a search fits batches by: "auto" = the measured view's backend framework when graphsim
+    knows its documented terms, none under SOL."""
+    from .serving import ENGINES, engine_terms
+
+    if engine == "auto":
+        if view is None or view.name == "sol" or not getattr(view, "backend", ""):
+            return None
+        fw = str(view.backend).split("@", 1)[0]
+        return ENGINES.get(fw)
+    return engine_terms(engine)
 
 
 def _with_sol(df, s: _Search, view, profile):
@@ -1110,7 +1131,9 @@ def _with_sol(df, s: _Search, view, profile):
         for k, c in SOL_COLUMNS.items():
             df[c] = df[k]
         return df
-    twin = _Search(s.model, s.hw, s.gpus, s.traffic, s.sla, s.space, None, None, s.reserve_gib, None, None, 1)
+    # the same batches as the prediction (the engine's memory rule decides which fit), at SOL times
+    twin = _Search(s.model, s.hw, s.gpus, s.traffic, s.sla, s.space, None, None, s.reserve_gib, None, None, 1,
+                   s.engine)
     twin.agg_maps, twin.dd_maps, twin.pp_maps = s.agg_maps, s.dd_maps, s.pp_maps
     rows = [r for work in s.history for r in _assemble(twin, work)]
     s.twin_compiled = twin.compiled

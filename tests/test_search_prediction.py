@@ -21,21 +21,23 @@ ARGS = dict(gpus=8, traffic=Traffic.of(4000, 1000), sla=SLA(2000, 30), space=SPA
 @pytest.fixture(scope="module")
 def pair():
     view = ViewSpec("hybrid", FIX, "trtllm@1.3.0rc20")
-    return search("deepseek-v3", "gb200", view=view, **ARGS), search("deepseek-v3", "gb200", **ARGS)
+    # the SOL search under the same engine's memory rule (the batches a TRT-LLM deployment admits), and under none
+    return (search("deepseek-v3", "gb200", view=view, **ARGS), search("deepseek-v3", "gb200", engine="trtllm", **ARGS),
+            search("deepseek-v3", "gb200", **ARGS))
 
 
 def test_sol_view_rows_are_their_own_twin(pair):
-    t = pair[1].table
+    t = pair[2].table
     for own, sol in SOL_COLUMNS.items():
         assert np.array_equal(t[own].to_numpy(), t[sol].to_numpy())
-    assert pair[1].stats["sol_programs_compiled"] == 0
+    assert pair[2].stats["sol_programs_compiled"] == 0
 
 
 def test_every_predicted_row_has_the_sol_of_the_same_row(pair):
-    pred, sol = pair
+    pred, sol, _ = pair
     t = pred.table
     assert t["bound"].eq("estimate").all() and t[list(SOL_COLUMNS.values())].notna().all().all()
-    # the twin is what a SOL search reports for the same deployment, batch and TTFT step
+    # the twin is what a SOL search (same engine memory rule) reports for the same deployment, batch and TTFT step
     ref = sol.table.set_index(list(TWIN_KEYS))
     got = t.set_index(list(TWIN_KEYS))
     common = got.index.intersection(ref.index)
