@@ -9,7 +9,7 @@ practitioner efficiency profile (hw/data/profiles/practitioner.toml), and the ta
 fitted to the published figures: the view reads kernel tables, the profile cites its fractions.
 
     python examples/validate_serving.py                                   # SOL + profile only
-    python examples/validate_serving.py --measured tables     # tables: graphsim measured import aiconfigurator -o tables
+    python examples/validate_serving.py --measured tables   # graphsim measured import aiconfigurator -o tables
     python examples/validate_serving.py --measured tables --aiconfigurator /venv/bin/aiconfigurator
 
 aiconfigurator is never imported: its CLI (``aiconfigurator cli estimate``) runs as a subprocess when a path is

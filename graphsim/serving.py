@@ -48,8 +48,8 @@ ENGINES = {
     "vllm": EngineTerms(
         "vllm", "total", 0.92, 16,
         (("memory_fraction", "vLLM CacheConfig.gpu_memory_utilization default 0.92 (docs.vllm.ai, "
-                             "vllm/config/cache.py; 0.9 before): the fraction of GPU memory the instance uses for weights, activations "
-                             "and the KV cache"),
+                             "vllm/config/cache.py; 0.9 before): the fraction of GPU memory the instance uses "
+                             "for weights, activations and the KV cache"),
          ("kv_block_tokens", "vLLM CacheConfig.DEFAULT_BLOCK_SIZE = 16 tokens per KV block"))),
     "trtllm": EngineTerms(
         "trtllm", "free", 0.9, 32,
