@@ -599,9 +599,14 @@ class _Search:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
+        import os
+
+        from .workers import pool_initializer
+
         ctx = mp.get_context("spawn")  # JAX is not fork-safe once initialised
-        with ProcessPoolExecutor(min(self.jobs, len(by_map)), mp_context=ctx, initializer=_worker_init,
-                                 initargs=(self.args,)) as ex:
+        # every worker dies with this process (SIGKILL of the search leaves no orphan; issue 26)
+        with ProcessPoolExecutor(min(self.jobs, len(by_map)), mp_context=ctx, initializer=pool_initializer,
+                                 initargs=(os.getpid(), _worker_init, self.args)) as ex:
             tasks = [ex.submit(_worker_run, sorted(ks, key=lambda k: k[0] == "mixed")) for ks in by_map.values()]
             for fut in as_completed(tasks):
                 for key, d in fut.result():

@@ -98,3 +98,38 @@ def test_die_with_parent_ends_a_process_whose_parent_is_gone(tmp_path):
             "die_with_parent(os.getppid() + 1000000); time.sleep(30)")
     p = subprocess.run([sys.executable, "-c", code], timeout=60)
     assert p.returncode == -signal.SIGKILL
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_sigkill_of_a_search_with_jobs_leaves_no_worker(tmp_path):
+    """The issue's reproducer: after SIGKILL of `graphsim search --jobs 2` its workers (and multiprocessing's
+    resource tracker) stayed alive; they now die with it."""
+    argv = [sys.executable, "-m", "graphsim", "search", "--model", "deepseek-v4.1-flash", "--hw", "gb300", "--gpus",
+            "8", "--isl", "4000", "--osl", "1000", "--jobs", "2", "--exhaustive", "-o", str(tmp_path / "t.parquet")]
+    parent = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        kids: list = []
+        while time.monotonic() < deadline and parent.poll() is None:
+            kids = _children(parent.pid)
+            if len(kids) >= 2:
+                break
+            time.sleep(0.2)
+        assert len(kids) >= 2 and parent.poll() is None, "the workers never started"
+        time.sleep(3.0)  # every worker has imported graphsim, armed its lifeline and is compiling programs
+        kids = sorted(set(kids) | set(_children(parent.pid)))
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        # the parent-death signal ends a worker at once, mid-task (without it a worker finishes its mapping first)
+        deadline = time.monotonic() + 3
+        while any(_alive(k) for k in kids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(k) for k in kids), "a search worker outlived its parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for k in _children(parent.pid):
+            try:
+                os.kill(k, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
