@@ -469,7 +469,7 @@ class SearchResult:
                 "rejected": self.rejected, "reasons": self.reasons, "skipped": self.skipped, "stats": self.stats}
 
 
-def _view_digests(view, hw) -> dict:
+def _view_digests(view) -> dict:
     """The content of the files a measured or FPM view reads (the view itself names only their paths): an
     edited table or model file changes every cached program's identity."""
     from .identity import fpm_digest, measured_digest
@@ -543,7 +543,7 @@ class _Search:
             [__version__, "search-2", Group.ARRAYS, MIXED_BLOCKS, state, attrs.asdict(hw),
              profile and attrs.asdict(profile),
              view and attrs.asdict(view), traffic.to_dict(), reserve_gib, space.batches, space.prefill_batches,
-             space.acceptance, _view_digests(view, hw), engine and attrs.asdict(engine)], default=str,
+             space.acceptance, _view_digests(view), engine and attrs.asdict(engine)], default=str,
             sort_keys=True).encode()).hexdigest()
 
     # -- one program ---------------------------------------------------------------------------------------
@@ -597,9 +597,8 @@ class _Search:
         if self.jobs <= 1 or len(by_map) < 2:
             return
         import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
         import os
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
         from .workers import pool_initializer
 
@@ -1137,7 +1136,7 @@ def _with_sol(df, s: _Search, view, profile):
             df[c] = df[k]
         return df
     # the same batches as the prediction (the engine's memory rule decides which fit), at SOL times
-    twin = _Search(s.model, s.hw, s.gpus, s.traffic, s.sla, s.space, None, None, s.reserve_gib, None, None, 1,
+    twin = _Search(s.model, s.hw, s.gpus, s.traffic, s.sla, s.space, None, None, s.reserve_gib, None, None, s.jobs,
                    s.engine)
     twin.agg_maps, twin.dd_maps, twin.pp_maps = s.agg_maps, s.dd_maps, s.pp_maps
     rows = [r for work in s.history for r in _assemble(twin, work)]
