@@ -633,6 +633,7 @@ def _scan_partition(part, hwut, probes: dict, tol: float, count: Callable, nonga
     ident = part.identity
     where = hw.name if fam in BY_DEVICE else ""
     sol = np.full(n, np.nan)
+    cold = np.full(n, np.nan)  # every byte from HBM (a forward's SOL), what an efficiency is measured against
     use: list = []  # probes that serve some rows
     which = np.full(n, -1, dtype=np.int64)
     for j, shape in enumerate(shapes):
@@ -657,13 +658,14 @@ def _scan_partition(part, hwut, probes: dict, tol: float, count: Callable, nonga
         if not ok.all():
             count("unmapped", "the lookup's coordinates at the row's workload are not the row's", int((~ok).sum()))
         sol[live[ok]] = got[ok]
+        cold[live[ok]] = from_hbm[ok]
         t = part.t[live]
         l2 = ok & (t < from_hbm * (1.0 - tol)) & (t >= got * (1.0 - tol))
         count("checked", "", int((ok & ~l2).sum()))
         count("checked", L2_RESIDENT, int(l2.sum()))
     if ratios is not None:
-        ok = np.isfinite(sol) & (sol > 0)
-        ratios.append((part.t[ok] / sol[ok], sol[ok]))
+        ok = np.isfinite(cold) & (cold > 0)
+        ratios.append((part.t[ok] / cold[ok], cold[ok]))
     bad = np.isfinite(sol) & (part.t < sol * (1.0 - tol))
     if not bad.any():
         return None
