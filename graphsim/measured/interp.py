@@ -62,12 +62,15 @@ def _grows(family: str, varying: tuple, fixed: dict, axes: list, grid: np.ndarra
     causal pairs (0: none), γ: the measured time's growth over the pairs' on the last segment)."""
     coord, wcol = WORK.get(family, (None, None))
     window = float(fixed.get(wcol, 0) or 0) if wcol else 0.0
+
+    def work(q):
+        return _causal_pairs(q, window, np)
+
     out = []
     for a, c in enumerate(varying):
         if c != coord:
             out.append(None)
             continue
-        work = (lambda q, xp: _causal_pairs(q, window, xp))  # noqa: E731 - local to this loop
         g = np.asarray(axes[a], dtype=np.float64)
         lines = np.moveaxis(grid, a, -1).reshape(-1, len(g))
         meas = np.moveaxis(~filled, a, -1).reshape(-1, len(g))
@@ -78,7 +81,7 @@ def _grows(family: str, varying: tuple, fixed: dict, axes: list, grid: np.ndarra
                 continue
             top.append(k[-1] == len(g) - 1)
             i, j = k[-2], k[-1]
-            dw = np.log(work(g[j], np) / work(g[i], np))
+            dw = np.log(work(g[j]) / work(g[i]))
             if dw > 0:
                 gammas.append(float(np.clip(np.log(t[j] / t[i]) / dw, 0.0, 1.0)))
         # the trend where the rows end: the lines measured up to the axis's last value (the edge a point beyond
