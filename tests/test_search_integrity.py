@@ -94,3 +94,24 @@ def test_search_into_an_unwritable_place_is_one_line(tmp_path, capsys):
         assert main([*ARGS, "-o", str(bad)]) == 2, bad
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("graphsim: error: output"), err
+
+
+@pytest.mark.parametrize("entry", ["kept", "missing"])
+def test_a_folder_in_place_of_a_cache_checksum_is_one_line(tmp_path, capsys, entry):
+    """Found by the search fuzz family: a folder named like an entry's ``.sum`` sidecar crashed the search
+    (IsADirectoryError, exit 3) whether the entry was there (discarding it) or not (sealing the recomputed one).
+    It is one line naming the output; --fresh clears the cache and the same search runs."""
+    out = tmp_path / "t.parquet"
+    assert main([*ARGS, "-o", str(out)]) == 0
+    parts = Path(str(out) + ".parts")
+    victim = sorted(parts.glob("*.json"))[0]
+    side = victim.with_name(victim.name + ".sum")
+    side.unlink()
+    side.mkdir()
+    if entry == "missing":
+        victim.unlink()
+    capsys.readouterr()
+    assert main([*ARGS, "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("graphsim: error: output: cannot ") and side.name in err[0], err
+    assert main([*ARGS, "-o", str(out), "--fresh"]) == 0 and not side.is_dir()
