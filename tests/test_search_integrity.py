@@ -72,6 +72,37 @@ def test_a_damaged_or_edited_cache_entry_is_recomputed(tmp_path, damage):
     assert b.table[cols].equals(a.table[cols])
 
 
+RESEALED = {  # found by the search fuzz family: each was trusted under a matching checksum
+    "negative batch": ("decode", lambda d: d.update(batch=[-2.0] * len(d["batch"]))),  # ranked negative tok/s/GPU
+    "no tokens emitted": ("decode", lambda d: d.update(emitted=[0.0] * len(d["emitted"]))),  # TPOT = inf
+    "huge verify": ("decode", lambda d: d.update(verify=[1e300] * len(d["verify"]))),  # OverflowError
+    "1-D mixed program": ("mixed", lambda d: d.update(forward_s=[r[0] for r in d["forward_s"]])),  # IndexError
+    "huge prompts": ("mixed", lambda d: d.update(prompts=[1e300] * len(d["prompts"]))),  # OverflowError
+    "another kind": ("mixed", lambda d: d.update(kind="decode")),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(RESEALED))
+def test_a_resealed_entry_this_search_could_not_have_written_is_recomputed(tmp_path, damage):
+    """A checksum vouches for bytes, not sense: an entry edited and resealed is judged by what every evaluated
+    program satisfies (its kind; one row per batch, a mixed program 2-D; whole batches >= 1; 1 <= emitted <=
+    1 + verify; 0 <= prompts <= batch x emitted) and recomputed when it fails."""
+    from graphsim.identity import part_checksum
+
+    a = _run(tmp_path)
+    kind, edit = RESEALED[damage]
+    victim = next(p for p in sorted(tmp_path.glob("*.json")) if json.loads(p.read_text())["kind"] == kind)
+    d = json.loads(victim.read_text())
+    edit(d)
+    victim.write_text(json.dumps(d))
+    side = victim.with_name(victim.name + ".sum")
+    side.write_text(json.dumps({**json.loads(side.read_text()), "sha256": part_checksum(victim)}))
+    b = _run(tmp_path)
+    assert b.stats["programs_compiled"] == 1 and b.stats["programs_cached"] == a.stats["programs_compiled"] - 1
+    cols = ["mapping", "decode_batch", "tpot_ms", "ttft_ms", "tokens_per_s_per_gpu"]
+    assert b.table[cols].equals(a.table[cols])
+
+
 ARGS = ["search", "--model", "deepseek-v3", "--hw", "gb200", "--gpus", "8", "--isl", "4000", "--osl", "1000",
         "--tp", "4", "--ep", "4", "--batch", "8", "--modes", "agg", "--refine", "0", "--no-plot"]
 
