@@ -581,8 +581,9 @@ CACHE_VALUES = (float("nan"), float("inf"), -1.0, 0.0, 1e-30, 1e300, "x", None, 
 
 @st.composite
 def _cache_entries(draw) -> dict:
-    """Files for ``t.parquet.parts/``: real entries with their bytes and/or sidecars broken — a value NaN,
-    negative, a string or missing, a torn file, arrays of another length or shape; the sidecar missing,
+    """Files for ``t.parquet.parts/``: real entries with their bytes and/or sidecars broken — an array scaled
+    (negative, zero, fractional, huge), a value NaN, a string or missing, a torn file, arrays of another
+    length or shape, another kind; the sidecar missing,
     wrong, not JSON, or valid for the mutated bytes (so the entry is read) — and foreign entries."""
     import hashlib
 
@@ -592,23 +593,28 @@ def _cache_entries(draw) -> dict:
     for name in draw(st.lists(st.sampled_from(names), min_size=1, max_size=4, unique=True)):
         text, side = base[name], json.loads(base[name + ".sum"])
         d = json.loads(text)
+        arrays = sorted(k for k, v in d.items() if isinstance(v, list) and v)
         for _ in range(draw(st.integers(0, 2))):
             key = draw(st.sampled_from(sorted(d) + ["bogus"]))
-            op = draw(st.integers(0, 5))
-            if op == 5:
-                d.pop(key, None)
-            elif op == 4 and isinstance(d.get(key), list) and d[key]:
-                d[key] = d[key][: draw(st.integers(0, len(d[key]) - 1))] if draw(st.booleans()) else d[key] * 2
+            op = draw(st.integers(0, 6))
+            if op <= 1 and arrays:  # plausible numbers, insane: a whole array scaled (only sense can refuse it)
+                key = draw(st.sampled_from(arrays))
+                f = draw(st.sampled_from([-1.0, 0.0, 0.5, 1e300]))
+                d[key] = [[x * f for x in r] if isinstance(r, list) else r * f for r in d[key]]
+            elif op == 2 and arrays and "forward_s" in arrays:
+                d["forward_s"] = [x[0] if isinstance(x, list) and x else [x, x] for x in d["forward_s"]]  # other rank
+            elif op == 3 and key == "kind":
+                d[key] = draw(st.sampled_from(["decode", "prefill", "mixed", "x", ""]))
             elif op == 3 and isinstance(d.get(key), list) and d[key]:
                 lst = list(d[key])
                 i = draw(st.integers(0, len(lst) - 1))
                 lst[i] = draw(st.sampled_from(CACHE_VALUES)) if not isinstance(lst[i], list) or draw(st.booleans()) \
                     else [draw(st.sampled_from(CACHE_VALUES))] * len(lst[i])
                 d[key] = lst
-            elif op == 2 and key == "forward_s" and d.get(key):
-                d[key] = [x[0] if isinstance(x, list) and x else [x, x] for x in d[key]]  # other rank
-            elif op == 1 and key == "kind":
-                d[key] = draw(st.sampled_from(["decode", "prefill", "mixed", "x", ""]))
+            elif op == 4 and isinstance(d.get(key), list) and d[key]:
+                d[key] = d[key][: draw(st.integers(0, len(d[key]) - 1))] if draw(st.booleans()) else d[key] * 2
+            elif op == 5:
+                d.pop(key, None)
             else:
                 d[key] = draw(st.sampled_from(CACHE_VALUES))
         text = json.dumps(d)
