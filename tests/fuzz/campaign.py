@@ -41,7 +41,8 @@ def _preload() -> None:
             importlib.import_module(mod)
         except Exception:  # noqa: BLE001 - an older tree may lack a module; the targets report what fails
             pass
-    for warm in (S.base_samples, S.base_fpm_model, S.base_search_cache, T.base_results):  # generated inputs built once, not per child
+    # generated inputs built once, not per child
+    for warm in (S.base_samples, S.base_fpm_model, S.base_search_cache, T.base_results):
         try:
             warm()
         except Exception:  # noqa: BLE001
