@@ -21,6 +21,8 @@ import uuid
 from pathlib import Path
 from typing import Mapping
 
+from .errors import GraphsimError
+
 #: length of a digest in identity columns (hex characters of SHA-256)
 DIGEST_CHARS = 16
 _CHUNK = 1 << 20
@@ -145,14 +147,18 @@ def _sidecar(path) -> Path:
     return p.with_name(p.name + ".sum")
 
 
-def seal(path, digests: Mapping) -> None:
-    """Record ``path``'s checksum and the ``digests`` it was computed from in its sidecar (atomically)."""
+def seal(path, digests: Mapping, *, field: str = "output") -> None:
+    """Record ``path``'s checksum and the ``digests`` it was computed from in its sidecar (atomically); a
+    sidecar that cannot be written (its name taken by a folder, a full disk) is one line naming ``field``."""
     side = _sidecar(path)
     body = json.dumps({"sha256": part_checksum(path), "inputs": dict(digests)}, sort_keys=True)
     tmp = side.with_name(f".{side.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         tmp.write_text(body)
         os.replace(tmp, side)
+    except OSError as e:
+        raise GraphsimError(field, f"cannot write the checksum {side.parent.name}/{side.name}: "
+                                   f"{e.strerror or e}") from None
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -183,10 +189,15 @@ def verify(path, digests: Mapping) -> str | None:
     return None
 
 
-def discard(path) -> None:
-    """Remove a part and its sidecar (a part that is not trusted)."""
+def discard(path, *, field: str = "output") -> None:
+    """Remove a part and its sidecar (a part that is not trusted); one that cannot be removed (a folder in its
+    place) is one line naming ``field``."""
     for f in (Path(path), _sidecar(path)):
-        f.unlink(missing_ok=True)
+        try:
+            f.unlink(missing_ok=True)
+        except OSError as e:
+            raise GraphsimError(field, f"cannot remove the untrusted {f.parent.name}/{f.name}: "
+                                       f"{e.strerror or e}") from None
 
 
 __all__ = ["input_digest", "file_digest", "model_digest", "toml_digest", "measured_digest", "fpm_digest",

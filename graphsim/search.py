@@ -319,16 +319,34 @@ class Group:
                 **{k: np.asarray(getattr(self, k)).tolist() for k in self.ARRAYS}}
 
     @staticmethod
-    def from_json(d: dict, mapping, policies) -> "Group | None":
-        """The group a cache file holds, or None when it is not one of this version's (recompute it)."""
+    def from_json(d: dict, mapping, policies, kind: str | None = None, width: int | None = None) -> "Group | None":
+        """The group a cache file holds, or None when it is not one this search could have evaluated (recompute
+        it): of ``kind``, arrays of one row per batch (``forward_s`` (R,) for decode, (R, ``width``) otherwise),
+        finite times > 0, whole batches >= 1 and verify lengths >= 0, 1 <= emitted <= 1 + verify,
+        0 <= prompts <= batch·emitted, workspace >= 0. A checksum vouches for a file's bytes, not its sense:
+        an entry edited and resealed (NaN, a negative batch, a 1-D mixed program) was trusted and crashed the
+        search or ranked negative throughputs."""
         try:
             arr = {k: np.asarray(d[k], dtype=np.float64) for k in Group.ARRAYS}
-            ok = isinstance(d["kind"], str) and isinstance(d["error"], str) and \
-                len({len(v) for k, v in arr.items() if k != "forward_s"} | {len(arr["forward_s"])}) == 1 and \
+            ok = isinstance(d["kind"], str) and isinstance(d["error"], str) and (kind is None or d["kind"] == kind) \
+                and len({len(v) for k, v in arr.items() if k != "forward_s"} | {len(arr["forward_s"])}) == 1 and \
                 all(np.isfinite(v).all() for v in arr.values()) and bool((arr["forward_s"] > 0).all())
+            ok = ok and (bool(d["error"]) or _sane_rows(arr, d["kind"], width))
         except (KeyError, TypeError, ValueError):
             return None
         return Group(d["kind"], mapping, policies, error=d["error"], **arr) if ok else None
+
+
+def _sane_rows(a: dict, kind: str, width: int | None) -> bool:
+    """What every evaluated group's arrays satisfy (see :meth:`Group.from_json`)."""
+    b, v, e, f = a["batch"], a["verify"], a["emitted"], a["forward_s"]
+    rows = b.size
+    shaped = rows >= 1 and all(x.ndim == 1 for k, x in a.items() if k != "forward_s") and (
+        f.shape == (rows,) if kind == "decode" else f.ndim == 2 and f.shape[0] == rows and width in (None, f.shape[1]))
+    whole = all(bool(((x == np.floor(x)) & (x < 2.0**53)).all()) for x in (b, v))
+    return shaped and whole and bool((b >= 1).all() and (v >= 0).all() and (e >= 1).all() and
+                                     (e <= (1.0 + v) * (1 + 1e-9)).all() and (a["prompts"] >= 0).all() and
+                                     (a["prompts"] <= b * e * (1 + 1e-9)).all() and (a["workspace_bytes"] >= 0).all())
 
 
 def _divisors(n: int) -> list[int]:
@@ -562,7 +580,8 @@ class _Search:
 
     def _cached(self, key) -> Group | None:
         d = self.cache.get(self._digest(key), self.identity)
-        return Group.from_json(d, key[1], key[2]) if isinstance(d, dict) else None
+        width = None if key[0] == "decode" else (len(MIXED_BLOCKS) if key[0] == "mixed" else 1) * len(self.traffic.isl)
+        return Group.from_json(d, key[1], key[2], key[0], width) if isinstance(d, dict) else None
 
     def _digest(self, key) -> str:
         kind, mapping, policies = key

@@ -1,7 +1,8 @@
 """The issue-26 fuzz families in the suite at a small budget (GRAPHSIM_FUZZ_EXAMPLES scales it; the isolated
-campaign is tests/fuzz/campaign.py): FPM model files, FPM samples, measured tables, collect ops and plot end in
-a sane result or one line naming a field — never a traceback, a write outside the output, or a forward below
-its SOL."""
+campaign is tests/fuzz/campaign.py): FPM model files, FPM samples, measured tables, collect ops, plot and search
+(argv, length files, seeded cache entries) end in a sane result or one line naming a field — never a traceback,
+a write outside the output, a forward below its SOL, a table row that fits with a non-finite time or a cache
+entry written without its checksum."""
 from __future__ import annotations
 
 import os
@@ -48,4 +49,11 @@ def test_fuzz_collect(case):
 @given(S.plot_case())
 def test_fuzz_plot(case):
     outcome, detail = T.run_plot(case)
+    assert outcome in GOOD, (case, detail)
+
+
+@settings(FUZZ, max_examples=max(1, EXAMPLES // 2))
+@given(S.search_case())
+def test_fuzz_search(case):
+    outcome, detail = T.run_search(case)
     assert outcome in GOOD, (case, detail)

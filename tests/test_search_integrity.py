@@ -72,6 +72,37 @@ def test_a_damaged_or_edited_cache_entry_is_recomputed(tmp_path, damage):
     assert b.table[cols].equals(a.table[cols])
 
 
+RESEALED = {  # found by the search fuzz family: each was trusted under a matching checksum
+    "negative batch": ("decode", lambda d: d.update(batch=[-2.0] * len(d["batch"]))),  # ranked negative tok/s/GPU
+    "no tokens emitted": ("decode", lambda d: d.update(emitted=[0.0] * len(d["emitted"]))),  # TPOT = inf
+    "huge verify": ("decode", lambda d: d.update(verify=[1e300] * len(d["verify"]))),  # OverflowError
+    "1-D mixed program": ("mixed", lambda d: d.update(forward_s=[r[0] for r in d["forward_s"]])),  # IndexError
+    "huge prompts": ("mixed", lambda d: d.update(prompts=[1e300] * len(d["prompts"]))),  # OverflowError
+    "another kind": ("mixed", lambda d: d.update(kind="decode")),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(RESEALED))
+def test_a_resealed_entry_this_search_could_not_have_written_is_recomputed(tmp_path, damage):
+    """A checksum vouches for bytes, not sense: an entry edited and resealed is judged by what every evaluated
+    program satisfies (its kind; one row per batch, a mixed program 2-D; whole batches >= 1; 1 <= emitted <=
+    1 + verify; 0 <= prompts <= batch x emitted) and recomputed when it fails."""
+    from graphsim.identity import part_checksum
+
+    a = _run(tmp_path)
+    kind, edit = RESEALED[damage]
+    victim = next(p for p in sorted(tmp_path.glob("*.json")) if json.loads(p.read_text())["kind"] == kind)
+    d = json.loads(victim.read_text())
+    edit(d)
+    victim.write_text(json.dumps(d))
+    side = victim.with_name(victim.name + ".sum")
+    side.write_text(json.dumps({**json.loads(side.read_text()), "sha256": part_checksum(victim)}))
+    b = _run(tmp_path)
+    assert b.stats["programs_compiled"] == 1 and b.stats["programs_cached"] == a.stats["programs_compiled"] - 1
+    cols = ["mapping", "decode_batch", "tpot_ms", "ttft_ms", "tokens_per_s_per_gpu"]
+    assert b.table[cols].equals(a.table[cols])
+
+
 ARGS = ["search", "--model", "deepseek-v3", "--hw", "gb200", "--gpus", "8", "--isl", "4000", "--osl", "1000",
         "--tp", "4", "--ep", "4", "--batch", "8", "--modes", "agg", "--refine", "0", "--no-plot"]
 
@@ -94,3 +125,24 @@ def test_search_into_an_unwritable_place_is_one_line(tmp_path, capsys):
         assert main([*ARGS, "-o", str(bad)]) == 2, bad
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("graphsim: error: output"), err
+
+
+@pytest.mark.parametrize("entry", ["kept", "missing"])
+def test_a_folder_in_place_of_a_cache_checksum_is_one_line(tmp_path, capsys, entry):
+    """Found by the search fuzz family: a folder named like an entry's ``.sum`` sidecar crashed the search
+    (IsADirectoryError, exit 3) whether the entry was there (discarding it) or not (sealing the recomputed one).
+    It is one line naming the output; --fresh clears the cache and the same search runs."""
+    out = tmp_path / "t.parquet"
+    assert main([*ARGS, "-o", str(out)]) == 0
+    parts = Path(str(out) + ".parts")
+    victim = sorted(parts.glob("*.json"))[0]
+    side = victim.with_name(victim.name + ".sum")
+    side.unlink()
+    side.mkdir()
+    if entry == "missing":
+        victim.unlink()
+    capsys.readouterr()
+    assert main([*ARGS, "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("graphsim: error: output: cannot ") and side.name in err[0], err
+    assert main([*ARGS, "-o", str(out), "--fresh"]) == 0 and not side.is_dir()

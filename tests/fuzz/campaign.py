@@ -41,7 +41,8 @@ def _preload() -> None:
             importlib.import_module(mod)
         except Exception:  # noqa: BLE001 - an older tree may lack a module; the targets report what fails
             pass
-    for warm in (S.base_samples, S.base_fpm_model, T.base_results):  # generated inputs built once, not per child
+    # generated inputs built once, not per child
+    for warm in (S.base_samples, S.base_fpm_model, S.base_search_cache, T.base_results):
         try:
             warm()
         except Exception:  # noqa: BLE001
@@ -60,8 +61,8 @@ FAMILIES = {
     "measured": (S.measured_case(), lambda c: T.run_measured(c)),
     "collect": (S.collect_case(), lambda c: T.run_collect(c)),
     "plot": (S.plot_case(), lambda c: T.run_plot(c)),
-    # TODO(issue 26, search/serve-sim): "search" (argv + traces + cache entries: S.search_case /
-    # T.run_search, checking the table is finite and the cache checksums hold) and "serve_sim" families.
+    "search": (S.search_case(), lambda c: T.run_search(c)),
+    # TODO(issue 26, serve-sim): a "serve_sim" family (argv + traces).
 }
 BAD = ("unnamed", "nonsense", "crash", "hang", "memory")
 

@@ -545,3 +545,193 @@ def plot_case(draw) -> dict:
     if rare(draw, 3):
         argv += ["--x", draw(st.sampled_from(["decode.context", "decode.count", "nope", "forward_s"]))]
     return {"argv": argv}
+
+
+# --------------------------------------------------------------------------------------------------
+# search: argv, request-length files and cache entries (issue 26)
+# --------------------------------------------------------------------------------------------------
+
+#: the search a seeded cache comes from (the cache is hit only by runs of the same identity: model, hw, traffic,
+#: kv margin, batches; SLA, refine and the mapping degrees may differ)
+SEARCH_BASE = ["--model", "deepseek-v3", "--hw", "gb200", "--gpus", "8", "--isl", "2000", "--osl", "500",
+               "--batch", "1,2"]
+SEARCH_NUMS = ["0", "-1", "-5", "1e3", "2.5", "x", "", "9" * 30, "inf", "nan", str(2**63)]
+
+
+def base_search_cache() -> dict:
+    """The cache folder of a real SEARCH_BASE run (entry name -> text, with their ``.sum`` sidecars), run once
+    per process in a subprocess (the campaign's parent never evaluates)."""
+    if "search" not in _BASE:
+        import os
+        import subprocess
+        import sys
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "t.parquet"
+            subprocess.run([sys.executable, "-m", "graphsim", "search", *SEARCH_BASE, "--tp", "8", "--modes", "agg",
+                            "--refine", "1", "-o", str(out), "--no-plot", "--no-progress"], check=True,
+                           capture_output=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+            _BASE["search"] = {p.name: p.read_text() for p in sorted(Path(str(out) + ".parts").iterdir())}
+    return dict(_BASE["search"])
+
+
+CACHE_VALUES = (float("nan"), float("inf"), -1.0, 0.0, 1e-30, 1e300, "x", None, [], {}, [[1.0]], True)
+
+
+@st.composite
+def _cache_entries(draw) -> dict:
+    """Files for ``t.parquet.parts/``: real entries with their bytes and/or sidecars broken — an array scaled
+    (negative, zero, fractional, huge), a value NaN, a string or missing, a torn file, arrays of another
+    length or shape, another kind; the sidecar missing,
+    wrong, not JSON, or valid for the mutated bytes (so the entry is read) — and foreign entries."""
+    import hashlib
+
+    base = base_search_cache()
+    names = sorted(n for n in base if n.endswith(".json"))
+    out = {}
+    for name in draw(st.lists(st.sampled_from(names), min_size=1, max_size=4, unique=True)):
+        text, side = base[name], json.loads(base[name + ".sum"])
+        d = json.loads(text)
+        arrays = sorted(k for k, v in d.items() if isinstance(v, list) and v)
+        for _ in range(draw(st.integers(0, 2))):
+            key = draw(st.sampled_from(sorted(d) + ["bogus"]))
+            op = draw(st.integers(0, 6))
+            if op <= 1 and arrays:  # plausible numbers, insane: a whole array scaled (only sense can refuse it)
+                key = draw(st.sampled_from(arrays))
+                f = draw(st.sampled_from([-1.0, 0.0, 0.5, 1e300]))
+                d[key] = [[x * f for x in r] if isinstance(r, list) else r * f for r in d[key]]
+            elif op == 2 and arrays and "forward_s" in arrays:
+                d["forward_s"] = [x[0] if isinstance(x, list) and x else [x, x] for x in d["forward_s"]]  # other rank
+            elif op == 3 and key == "kind":
+                d[key] = draw(st.sampled_from(["decode", "prefill", "mixed", "x", ""]))
+            elif op == 3 and isinstance(d.get(key), list) and d[key]:
+                lst = list(d[key])
+                i = draw(st.integers(0, len(lst) - 1))
+                lst[i] = draw(st.sampled_from(CACHE_VALUES)) if not isinstance(lst[i], list) or draw(st.booleans()) \
+                    else [draw(st.sampled_from(CACHE_VALUES))] * len(lst[i])
+                d[key] = lst
+            elif op == 4 and isinstance(d.get(key), list) and d[key]:
+                d[key] = d[key][: draw(st.integers(0, len(d[key]) - 1))] if draw(st.booleans()) else d[key] * 2
+            elif op == 5:
+                d.pop(key, None)
+            else:
+                d[key] = draw(st.sampled_from(CACHE_VALUES))
+        text = json.dumps(d)
+        if rare(draw, 8):
+            text = text[: draw(st.integers(0, len(text)))]
+        sc = draw(st.sampled_from(["valid", "valid", "valid", "missing", "wrong", "stale", "garbage", "list"]))
+        if sc == "valid":
+            side["sha256"] = hashlib.sha256(text.encode()).hexdigest()
+        elif sc == "wrong":
+            side["sha256"] = "0" * 64
+        elif sc == "stale":  # bytes as written, but computed from another identity
+            side = {"sha256": hashlib.sha256(text.encode()).hexdigest(), "inputs": {"search": "0" * 64}}
+        out[f"t.parquet.parts/{name}"] = text
+        if sc == "garbage":
+            out[f"t.parquet.parts/{name}.sum"] = draw(st.sampled_from(["", "{", "null", '{"sha256": 3, "inputs": 1}']))
+        elif sc == "list":
+            out[f"t.parquet.parts/{name}.sum"] = "[]"
+        elif sc != "missing":
+            out[f"t.parquet.parts/{name}.sum"] = json.dumps(side)
+    if rare(draw, 4):  # an entry of no search, with and without a sidecar
+        out["t.parquet.parts/0123456789abcdef01234567.json"] = draw(st.sampled_from(["{}", "[", "null"]))
+        if draw(st.booleans()):
+            out["t.parquet.parts/0123456789abcdef01234567.json.sum"] = "{}"
+    if rare(draw, 10):  # a sidecar that is a folder
+        out.pop(f"t.parquet.parts/{names[0]}.sum", None)
+        out[f"t.parquet.parts/{names[0]}.sum/x"] = ""
+    return out
+
+
+@st.composite
+def lengths_csv(draw):
+    """A request-length distribution ``isl,osl,weight``: a few good rows, sometimes a value, the header or the
+    encoding broken."""
+    rows = [[draw(st.sampled_from([1, 128, 1000, 2000, 8000])), draw(st.sampled_from([1, 100, 500, 1000])),
+             draw(st.sampled_from([1, 1, 3, 0.5]))] for _ in range(draw(st.integers(1, 4)))]
+    header = ["isl", "osl", "weight"]
+    if rare(draw, 3):
+        r, c = draw(st.integers(0, len(rows) - 1)), draw(st.integers(0, 2))
+        rows[r][c] = draw(st.sampled_from([0, -1, 2.5, 10**9, 10**30, "x", "", "nan", "inf", "True", "1e3", 2**63]))
+    if rare(draw, 6):
+        header = draw(st.sampled_from([["isl", "osl"], ["isl", "out"], ["isl", "osl", "count"], ["a", "b", "c"],
+                                       ["isl", "isl", "osl"]]))
+        rows = [r[: len(header)] for r in rows]
+    text = ",".join(header) + "\n" + "".join(",".join(str(v) for v in r) + "\n" for r in rows)
+    if rare(draw, 10):
+        text = draw(st.sampled_from(["", "isl,osl,weight\n", "\n", "isl;osl\n1;2\n", '"unterminated\n']))
+    if rare(draw, 15):
+        return text.encode() + b"\xff\xfe"
+    return text
+
+
+SEARCH_BREAKS = ("gpus", "isl", "osl", "batch", "modes", "refine", "ttft", "tpot", "min-user-tps", "tpot-stat",
+                 "kv-margin", "acceptance", "lengths+isl")
+
+
+@st.composite
+def search_case(draw) -> dict:
+    """``graphsim search`` argv (each run well under 3 s: a small explicit space) with files: traffic from
+    --isl/--osl or a --lengths CSV, SLA bounds, MTP acceptances, a table output and sometimes a pre-seeded
+    cache of mutated entries beside it (``{tmp}/t.parquet.parts/``). Valid values mostly; about one case in
+    two breaks one flag (the rest reach the search)."""
+    files: dict = {}
+    brk = draw(st.sampled_from(SEARCH_BREAKS)) if draw(st.booleans()) else None
+
+    def pick(flag, good):
+        return draw(st.sampled_from(SEARCH_NUMS if brk == flag else good))
+
+    seeded = rare(draw, 3)
+    if seeded:  # the base search's identity, so the seeded entries are looked up
+        argv = ["search", *SEARCH_BASE]
+        model, gpus = "deepseek-v3", "8"
+        files.update(draw(_cache_entries()))
+    else:
+        model = draw(st.sampled_from(["deepseek-v3", "deepseek-v3", "llama-3.1-70b"]))
+        gpus = pick("gpus", ["4", "8", "8"])
+        argv = ["search", "--model", model, "--hw", draw(st.sampled_from(["gb200", "h200"])), "--gpus", gpus]
+        if rare(draw, 6):
+            files["lengths.csv"] = draw(lengths_csv())
+            argv += ["--lengths", "{tmp}/lengths.csv"]
+            if brk == "lengths+isl":
+                argv += ["--isl", "100"]
+        else:
+            good = ["1", "128", "1000", "2000", "8000", "32000"]
+            argv += ["--isl", pick("isl", good), "--osl", pick("osl", good)]
+        batch = draw(st.lists(st.sampled_from(["1", "2", "4", "16", "64"]), min_size=1, max_size=3, unique=True))
+        if brk == "batch":
+            batch = [draw(st.sampled_from(["0", "-1", "x", "", ",", "100000", str(2**63)]))]
+        argv += ["--batch", ",".join(batch)]
+    tp = "4" if gpus == "4" or draw(st.booleans()) else "8"
+    argv += ["--tp", tp, "--ep", tp] if model == "deepseek-v3" and tp == "4" else ["--tp", tp]
+    argv += ["--modes", draw(st.sampled_from(["disagg", "agg,disagg", "x", ""] if brk == "modes" else ["agg"]))]
+    argv += ["--refine", draw(st.sampled_from(["-1", "x", "1.5"] if brk == "refine" else ["0", "1"]))]
+    for flag, vals in (("ttft", ["200", "2000", "50000", "0.001"]), ("tpot", ["5", "30", "100"]),
+                       ("min-user-tps", ["10", "100", "1000"])):
+        if brk == flag or draw(st.booleans()):
+            argv += [f"--{flag}", pick(flag, vals)]
+    if brk == "tpot-stat" or rare(draw, 3):
+        argv += ["--tpot-stat", draw(st.sampled_from(["p50", "", "P99"] if brk == "tpot-stat" else ["mean", "p99"]))]
+    if brk == "kv-margin" or rare(draw, 4):
+        argv += ["--kv-margin", draw(st.sampled_from(["-1", "inf", "nan", "1e6", "x"] if brk == "kv-margin" else
+                                                     ["0", "3", "1.5", "1000"]))]
+    if model == "deepseek-v3" and (brk == "acceptance" or rare(draw, 4)):
+        k = draw(st.integers(0, 3))
+        acc = [draw(st.sampled_from(["0.8", "0.6", "0.9"])) for _ in range(k)]
+        if brk == "acceptance":
+            if acc and draw(st.booleans()):
+                acc[0] = draw(st.sampled_from(["1.5", "-0.1", "a", "nan", "0"]))
+            else:
+                acc = acc[1:] if acc and draw(st.booleans()) else acc + ["0.5"]
+        argv += ["--mtp", str(k)] if draw(st.integers(0, 3)) else []
+        argv += ["--acceptance", ",".join(acc)]
+    if seeded or draw(st.booleans()):
+        argv += ["-o", "{tmp}/t.parquet" if seeded or draw(st.integers(0, 4)) else "{tmp}/t.csv"]
+        if draw(st.integers(0, 5)):
+            argv.append("--no-plot")
+    if draw(st.booleans()):
+        argv.append("--json")
+    if rare(draw, 6):
+        argv.append("--fresh")
+    return {"argv": argv + ["--no-progress"], "files": files}

@@ -86,9 +86,10 @@ def run_api(case: dict) -> tuple[str, str]:
     return ("nonsense", bad) if bad else ("ok", "")
 
 
-def run_cli(argv: list[str], files: dict | None = None) -> tuple[str, str]:
+def run_cli(argv: list[str], files: dict | None = None, check=None) -> tuple[str, str]:
     """``graphsim ARGV`` in-process (files: name -> text/bytes written to a temp dir, ``{tmp}`` in argv
-    replaced by it). Exit 0 must print something (valid strict JSON with --json); exit 2 must print one line
+    replaced by it). Exit 0 must print something (valid strict JSON with --json) and pass ``check(tmp, args)``
+    (what it wrote; a reason it is nonsense, or None); exit 2 must print one line
     ``graphsim: error: <field>: ...``; anything else is a crash."""
     from graphsim.cli import main
 
@@ -108,6 +109,13 @@ def run_cli(argv: list[str], files: dict | None = None) -> tuple[str, str]:
         except Exception as e:  # noqa: BLE001
             return "crash", f"{type(e).__name__}: {e}"
         o, e = out.getvalue(), err.getvalue().strip()
+        if rc == 0 and check is not None and "Traceback" not in e:
+            try:
+                bad = check(tmp, args)
+            except Exception as x:  # noqa: BLE001 - an output the check cannot read is the command's
+                bad = f"unreadable output ({type(x).__name__}: {x})"
+            if bad:
+                return "nonsense", bad
     if rc == 0:
         if "--json" in args and o.strip():
             try:
@@ -427,3 +435,45 @@ def run_plot(case: dict) -> tuple[str, str]:
         if Path(dev + ".png").exists():
             return "nonsense", f"wrote {dev}.png"
     return outcome, detail
+
+
+def _search_outputs(files: dict, tmp: str, args: list[str]) -> str | None:
+    """What a successful search wrote: its table (when -o names one) with every row that fits finite and
+    positive in TTFT, TPOT and tokens/s/GPU, and every cache entry it wrote or rewrote sealed with the
+    SHA-256 of its bytes (an entry seeded by the case and left as it was is the cache's to judge)."""
+    from pathlib import Path
+
+    import numpy as np
+    import pandas as pd
+
+    from graphsim.identity import part_checksum
+
+    out = args[args.index("-o") + 1] if "-o" in args else None
+    if not out or not out.endswith((".parquet", ".csv")):
+        return None
+    if not Path(out).is_file():
+        return f"exit 0 but no table at {out}"
+    df = pd.read_parquet(out) if out.endswith(".parquet") else pd.read_csv(out)
+    fits = df[df["fits"].astype(bool)] if len(df) else df
+    for col in ("ttft_ms", "tpot_ms", "tokens_per_s_per_gpu"):
+        v = fits[col].to_numpy(dtype=float)
+        if not (np.isfinite(v) & (v > 0)).all():
+            return f"a row that fits has {col} {v[~(np.isfinite(v) & (v > 0))][:3]}"
+    parts = Path(out + ".parts")
+    for p in sorted(parts.glob("*.json")) if parts.is_dir() else ():
+        seeded = files.get(f"{Path(out).name}.parts/{p.name}")
+        if seeded is not None and p.read_bytes() == (seeded.encode() if isinstance(seeded, str) else seeded):
+            continue
+        side = p.with_name(p.name + ".sum")
+        try:
+            want = json.loads(side.read_text())["sha256"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return f"cache entry {p.name} written without a readable checksum"
+        if want != part_checksum(p):
+            return f"cache entry {p.name} does not match its checksum"
+    return None
+
+
+def run_search(case: dict) -> tuple[str, str]:
+    """``graphsim search`` (a small space, run_cli's rules) and, on exit 0, what it wrote (_search_outputs)."""
+    return run_cli(case["argv"], case["files"], check=lambda tmp, args: _search_outputs(case["files"], tmp, args))
