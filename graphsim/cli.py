@@ -69,10 +69,11 @@ def mapping_args(p, what: str = "") -> None:
 def _view_args(p: argparse.ArgumentParser) -> None:
     """Which view prices the ops: SOL, or measured tables (docs/measured.md)."""
     p = p.add_argument_group("view", "how ops are priced: speed of light or measured tables (docs/measured.md)")
-    p.add_argument("--view", default="sol", choices=("sol", "op", "hybrid", "fpm"),
-                   help="sol: speed of light; op: measured tables for every op a table family times (strict); "
-                        "hybrid: measured where covered, else a + b x SOL fitted on the backend's covered ops; "
-                        "fpm: whole forwards from a fitted FPM model (--fpm FILE)")
+    p.add_argument("--view", default="auto", choices=("auto", "sol", "op", "hybrid", "fpm"),
+                   help="auto (default): the prediction the inputs allow — hybrid with --measured, fpm with --fpm, "
+                        "else sol; sol: speed of light (the bound alone); op: measured tables for every op a table "
+                        "family times (strict); hybrid: measured where covered, else the backend's own efficiency "
+                        "for the family or a fit on its covered ops; fpm: whole forwards from a fitted FPM model")
     p.add_argument("--fpm", default=None, metavar="FILE",
                    help="the FPM model for --view fpm (graphsim fpm fit samples.parquet -o model.fpm)")
     p.add_argument("--measured", default=None, metavar="DIR",
@@ -218,7 +219,10 @@ def _compile(a, requests=None):
 
 
 def view_spec(a):
-    """The measured view the flags name (None for SOL)."""
+    """The measured view the flags name (None for SOL). ``--view auto`` (the default) is the prediction the
+    inputs allow: hybrid with measured tables, fpm with an FPM model, else SOL."""
+    if getattr(a, "view", "sol") == "auto":
+        a.view = "fpm" if getattr(a, "fpm", None) else "hybrid" if getattr(a, "measured", None) else "sol"
     if getattr(a, "view", "sol") == "sol":
         if getattr(a, "measured", None) or getattr(a, "backend", "") or getattr(a, "fpm", None):
             raise GraphsimError("view", "--measured/--backend need --view op or --view hybrid; --fpm needs --view fpm")

@@ -205,7 +205,12 @@ def test_cli_view_flags(capsys):
     assert main(args + ["--view", "op", "--measured", FIX, "--backend", TRT, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["forward_s"] > 0 and "coverage" in d and d["coverage"]["view"] == "op"
+    # --view auto (the default): tables make the prediction the hybrid view; it still needs their identity
     assert main(args + ["--measured", FIX]) == 2
+    assert "backend: the hybrid view needs --backend" in capsys.readouterr().err
+    assert main(args + ["--measured", FIX, "--backend", TRT, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["coverage"]["view"] == "hybrid"
+    assert main(args + ["--view", "sol", "--measured", FIX]) == 2  # the bound alone, asked with tables: ambiguous
     assert "need --view op" in capsys.readouterr().err
     assert main(args + ["--view", "op", "--measured", FIX, "--backend", "trtllm@x y"]) == 2
 
