@@ -295,14 +295,16 @@ SVG_MAX_OPS = 1000
 
 
 def cmd_graph(a) -> None:
-    from .exports.dot import render_svg, to_dot
+    from .exports.dot import dot_binary, render_svg, to_dot
 
     from .outputs import emit, output_path
 
+    svg = bool(a.output and a.output.endswith(".svg"))
     if a.output:
         output_path(a.output)  # before the work: a directory or a missing folder fails at once
+    if svg:
+        dot_binary()  # an SVG without graphviz fails before the work (and before any note), in one line
     c = _compile(a)
-    svg = bool(a.output and a.output.endswith(".svg"))
     collapse = a.collapse
     if svg and not collapse and len(c.graph.ops) > SVG_MAX_OPS:
         # graphviz's layout of a few thousand clustered nodes runs for many minutes (1,606 ops: > 5 min)

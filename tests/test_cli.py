@@ -207,3 +207,16 @@ def test_every_result_can_go_to_a_file(args, tmp_path, capsys):
     assert main([*args, "-o", str(tmp_path / "afile" / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("graphsim: error: output:")
+
+
+def test_an_svg_without_graphviz_is_one_line_before_any_note(tmp_path, capsys, monkeypatch):
+    """Found by the fuzz campaign (cli family): a graph too large for a full SVG printed its collapse note, then
+    the missing-graphviz error — two lines. The binary is checked before the work."""
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    rc = main(["graph", "--model", "deepseek-v4.1-flash", "--hw", "gb200", "--request", "prefill:1000", "-o",
+               str(tmp_path / "out.svg")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("graphsim: error: output: an SVG needs the graphviz")
+    assert not (tmp_path / "out.svg").exists()

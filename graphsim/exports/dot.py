@@ -184,16 +184,25 @@ FAST_LAYOUT = ("-Gnslimit=1", "-Gnslimit1=1", "-Gmclimit=0.1")
 DOT_TIMEOUT_S = 120
 
 
-def render_svg(dot_text: str) -> str:
-    """SVG via the ``dot`` binary; a missing binary is the user's environment, not a bug: a GraphsimError
-    naming the output and the fix. Large graphs get a bounded layout effort; a layout that still runs past
-    ``DOT_TIMEOUT_S`` is a one-line error pointing at ``--collapse`` or a .dot output."""
+def dot_binary() -> str:
+    """The graphviz ``dot`` executable, or a one-line error naming the output and the fix (checked before any
+    work by a command that writes SVG)."""
     from ..errors import GraphsimError
 
     exe = shutil.which("dot")
     if exe is None:
         raise GraphsimError("output", "an SVG needs the graphviz 'dot' binary, which is not installed "
                             "(apt-get install graphviz); a .dot output needs none")
+    return exe
+
+
+def render_svg(dot_text: str) -> str:
+    """SVG via the ``dot`` binary; a missing binary is the user's environment, not a bug: a GraphsimError
+    naming the output and the fix. Large graphs get a bounded layout effort; a layout that still runs past
+    ``DOT_TIMEOUT_S`` is a one-line error pointing at ``--collapse`` or a .dot output."""
+    from ..errors import GraphsimError
+
+    exe = dot_binary()
     nodes = sum(1 for line in dot_text.splitlines() if line.lstrip().startswith("n") and "[label=" in line)
     flags = FAST_LAYOUT if nodes > FAST_LAYOUT_NODES else ()
     try:
