@@ -20,8 +20,9 @@ import re
 import tempfile
 from typing import Any
 
-#: ``field: message`` where field is a dotted path, optionally with [index] parts (``op[layers.0.x].split``).
-FIELD = re.compile(r"^[A-Za-z_][\w\-]*(\[[^\]]*\])?(\.[\w\-]+(\[[^\]]*\])?)*: \S")
+#: ``field: message`` where field is a dotted path whose parts may be indexed, once or more
+#: (``op[layers.0.x].split``, ``fpm.partitions[0].curves.decode.knots[0][1]``).
+FIELD = re.compile(r"^[A-Za-z_][\w\-]*(\[[^\]]*\])*(\.[\w\-]+(\[[^\]]*\])*)*: \S")
 CLI_ERROR = re.compile(r"^graphsim: error: (.*)$")
 
 
