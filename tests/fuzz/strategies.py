@@ -597,6 +597,7 @@ def _cache_entries(draw) -> dict:
         for _ in range(draw(st.integers(0, 2))):
             key = draw(st.sampled_from(sorted(d) + ["bogus"]))
             op = draw(st.integers(0, 6))
+            arrays = sorted(k for k, v in d.items() if isinstance(v, list) and v)  # what earlier steps left
             if op <= 1 and arrays:  # plausible numbers, insane: a whole array scaled (only sense can refuse it)
                 key = draw(st.sampled_from(arrays))
                 f = draw(st.sampled_from([-1.0, 0.0, 0.5, 1e300]))
