@@ -158,12 +158,13 @@ def _plan_flags(draw) -> list:
             ("--sp", ["on"]), ("--engram-shard", ["world"]), ("--algorithm", ["all_reduce=tree", "x", "a=b"]),
             ("--acceptance", ["0.8,0.7,0.6,0.5,0.4", "a,b", "2,3"]), ("--verify", ["2", "-1", "9"]),
             ("--profile", ["practitioner", "nope", "{tmp}/p.toml"]),
-            ("--view", ["op", "hybrid", "hybrid", "sol", "x"]), ("--measured", MEASURED_DIRS),
+            ("--view", ["op", "hybrid", "hybrid", "sol", "auto", "x"]), ("--measured", MEASURED_DIRS),
             ("--backend", ["trtllm@1.3.0rc20", "trtllm", "sglang@0.5.14", "trtllm@x y", "@", ""]),
             ("--fill", ["none", "older", "x"])]))
         argv += [flag, draw(st.sampled_from(vals))]
-    if rare(draw, 4):  # a measured view, named completely
-        argv += ["--view", draw(st.sampled_from(["op", "hybrid"])), "--measured", draw(st.sampled_from(MEASURED_DIRS)),
+    if rare(draw, 4):  # a measured view, named completely (or left to --view auto: tables make it hybrid)
+        view = draw(st.sampled_from(["op", "hybrid", "auto"]))
+        argv += (["--view", view] if view != "auto" else []) + ["--measured", draw(st.sampled_from(MEASURED_DIRS)),
                  "--backend", draw(st.sampled_from(["trtllm@1.3.0rc20", "trtllm@1.3.0rc20", "nccl", "vllm@0.24.0"]))]
     return argv
 
@@ -491,7 +492,7 @@ def measured_case(draw) -> dict:
     for c in draw(st.lists(st.sampled_from(MEASURED_COLUMNS), max_size=2, unique=True)):
         v = draw(st.one_of(st.sampled_from(SAMPLE_VALUES + (1e-30, 1e30, 2**62, "gb300", "../x", "kernel"))))
         muts[c] = (draw(st.integers(0, 5)), v) if draw(st.booleans()) else v
-    return {"mutations": muts, "view": draw(st.sampled_from(["op", "hybrid", "hybrid"])),
+    return {"mutations": muts, "view": draw(st.sampled_from(["op", "hybrid", "hybrid", "auto"])),
             "request": draw(valid_request()), "truncate": rare(draw, 10)}
 
 
@@ -668,7 +669,7 @@ def lengths_csv(draw):
 
 
 SEARCH_BREAKS = ("gpus", "isl", "osl", "batch", "modes", "refine", "ttft", "tpot", "min-user-tps", "tpot-stat",
-                 "kv-margin", "acceptance", "lengths+isl")
+                 "kv-margin", "acceptance", "lengths+isl", "engine")
 
 
 @st.composite
@@ -727,6 +728,11 @@ def search_case(draw) -> dict:
                 acc = acc[1:] if acc and draw(st.booleans()) else acc + ["0.5"]
         argv += ["--mtp", str(k)] if draw(st.integers(0, 3)) else []
         argv += ["--acceptance", ",".join(acc)]
+    if brk == "engine" or rare(draw, 4):  # whose memory rule decides the batches
+        argv += ["--engine", draw(st.sampled_from(["tgi", "", "VLLM"] if brk == "engine" else
+                                                  ["auto", "none", "vllm", "trtllm", "sglang"]))]
+    if rare(draw, 6):  # a prediction from the shipped tables, ranked beside its SOL twin
+        argv += ["--measured", MEASURED, "--backend", draw(st.sampled_from(["trtllm@1.3.0rc20", "trtllm@9"]))]
     if seeded or draw(st.booleans()):
         argv += ["-o", "{tmp}/t.parquet" if seeded or draw(st.integers(0, 4)) else "{tmp}/t.csv"]
         if draw(st.integers(0, 5)):

@@ -364,9 +364,13 @@ def run_measured(case: dict) -> tuple[str, str]:
         if case.get("truncate"):
             data = gemm.read_bytes()
             gemm.write_bytes(data[: len(data) // 2])
+        view = ["--view", case["view"]] if case["view"] != "auto" else []  # auto: --measured makes it hybrid
         outcome, detail, out = _cli_capture(["estimate", "--model", "deepseek-v3", "--hw", "gb200", "--tp", "4",
-                                             "--ep", "4", "--request", case["request"], "--view", case["view"],
+                                             "--ep", "4", "--request", case["request"], *view,
                                              "--measured", str(root), "--backend", "trtllm@1.3.0rc20", "--json"])
+        checked = _measured_check(root)
+    if checked[0] != "ok":
+        return checked
     if outcome != "ok":
         return outcome, detail
     try:
@@ -379,6 +383,37 @@ def run_measured(case: dict) -> tuple[str, str]:
     if not rep.get("forward_s", 0) > 0:
         return "nonsense", f"forward_s {rep.get('forward_s')}"
     return "ok", ""
+
+
+def _measured_check(root) -> tuple[str, str]:
+    """``measured check`` on the same store: exit 0 (none below SOL) or 1 (violations) with a JSON document
+    whose counts add up, or one line naming the field."""
+    from graphsim.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(["measured", "check", str(root), "--json"])
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 2
+    except Exception as e:  # noqa: BLE001
+        return "crash", f"measured check: {type(e).__name__}: {e}"
+    e = err.getvalue().strip()
+    if rc == 2:
+        lines = e.splitlines()
+        m = CLI_ERROR.match(lines[-1]) if lines else None
+        return ("unnamed", e[-300:]) if not m or len(lines) != 1 else (outcome_of_message(m.group(1)), m.group(1))
+    if rc not in (0, 1) or "Traceback" in e:
+        return "crash", f"measured check exit {rc}: {e[-300:]}"
+    try:
+        d = json.loads(out.getvalue(), parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    except ValueError as x:
+        return "nonsense", f"measured check: invalid JSON ({x})"
+    n = sum(r["violations"] for r in d["summary"])
+    if d["violations"] != n or (rc == 1) != (n > 0) or any(r["rows"] < r["checked"] for r in d["summary"]):
+        return "nonsense", f"measured check: exit {rc}, {d['violations']} violations, summary {n}"
+    bad = _finite_tree({k: v for k, v in d.items() if k != "worst"})
+    return ("nonsense", f"measured check: non-finite {bad}") if bad else ("ok", "")
 
 
 def run_collect(case: dict) -> tuple[str, str]:
