@@ -20,8 +20,10 @@ def test_pages_and_memory_rules_in_closed_form():
     v, t, s = ENGINES["vllm"], ENGINES["trtllm"], ENGINES["sglang"]
     assert (v.paged(1), v.paged(16), v.paged(17), t.paged(4000), s.paged(4001)) == (16, 16, 32, 4000, 4001)
     cap, res, fixed, kv = 192.0, 2.0, 100.0, 50.0
-    assert v.room(cap, res, fixed, kv) == pytest.approx(0.92 * 192 - 150)  # gpu_memory_utilization x HBM
-    assert t.room(cap, res, fixed, kv) == pytest.approx(0.9 * (190 - 100) - 50)  # 90 % of what is left free
+    # vLLM CacheConfig.gpu_memory_utilization default 0.92 x HBM (docs.vllm.ai, vllm/config/cache.py)
+    assert v.room(cap, res, fixed, kv) == pytest.approx(0.92 * 192 - 150)
+    # TensorRT-LLM KvCacheConfig.free_gpu_memory_fraction default 0.9 of what weights and activations leave
+    assert t.room(cap, res, fixed, kv) == pytest.approx(0.9 * (190 - 100) - 50)
     assert s.room(cap, res, fixed, kv) == pytest.approx(190 - 150)  # no fixed documented fraction
     with pytest.raises(gs.GraphsimError, match="engine: unknown engine 'tgi'"):
         engine_terms("tgi")
@@ -37,7 +39,7 @@ def test_memory_model_headroom_under_an_engine():
     kv = base.kv_per_request(4016)  # 4001 positions in 16-token blocks
     assert eng.kv_per_request(ctx) == pytest.approx(kv)
     cap = base.hw.hbm_capacity_bytes
-    want = min(cap - base.reserve, 0.92 * cap) - w - ws - 64 * kv
+    want = min(cap - base.reserve, 0.92 * cap) - w - ws - 64 * kv  # vLLM's gpu_memory_utilization rule
     np.testing.assert_allclose(eng.headroom(b, ctx, ws), want, rtol=1e-12)
     assert eng.headroom(b, ctx, ws)[0] < base.headroom(b, ctx, ws)[0]
 

@@ -60,6 +60,24 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _kill_and_outlived(parent, workers: list, within_s: float) -> list:
+    """SIGKILL ``parent``; the ``workers`` still alive ``within_s`` seconds after it is gone."""
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + within_s
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [w for w in workers if _alive(w)]
+
+
+def _kill_all(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_sigkill_of_a_processes_sweep_leaves_no_worker(tmp_path):
     script = tmp_path / "sweep_orphans.py"
@@ -76,20 +94,11 @@ def test_sigkill_of_a_processes_sweep_leaves_no_worker(tmp_path):
         assert len(workers) == 2 and parent.poll() is None, "the workers never started"
         assert all(_alive(w) for w in workers)
         workers = sorted(set(workers) | set(_children(parent.pid)))  # the resource tracker too, if any
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(timeout=30)
-        deadline = time.monotonic() + 30
-        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(_alive(w) for w in workers), "a worker outlived its parent"
+        assert not _kill_and_outlived(parent, workers, 30), "a worker outlived its parent"
     finally:
         if parent.poll() is None:
             parent.kill()
-        for p in pids.iterdir():
-            try:
-                os.kill(int(p.name), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_all(int(p.name) for p in pids.iterdir())
 
 
 def test_die_with_parent_ends_a_process_whose_parent_is_gone(tmp_path):
@@ -118,18 +127,9 @@ def test_sigkill_of_a_search_with_jobs_leaves_no_worker(tmp_path):
         assert len(kids) >= 2 and parent.poll() is None, "the workers never started"
         time.sleep(3.0)  # every worker has imported graphsim, armed its lifeline and is compiling programs
         kids = sorted(set(kids) | set(_children(parent.pid)))
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(timeout=30)
         # the parent-death signal ends a worker at once, mid-task (without it a worker finishes its mapping first)
-        deadline = time.monotonic() + 3
-        while any(_alive(k) for k in kids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not any(_alive(k) for k in kids), "a search worker outlived its parent"
+        assert not _kill_and_outlived(parent, kids, 3), "a search worker outlived its parent"
     finally:
         if parent.poll() is None:
             parent.kill()
-        for k in _children(parent.pid):
-            try:
-                os.kill(k, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_all(_children(parent.pid))

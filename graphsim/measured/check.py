@@ -570,16 +570,16 @@ def family_efficiency(store: Store, device: str, family: str, framework: str, ve
     a few microseconds is launch-bound, a long one near its roofline) — (bin centres in ln seconds, medians,
     rows); None when it has no priced rows. What a measured view's fallback for an op of that family (a shape
     the tables miss) is priced by."""
-    memo = store.__dict__.setdefault("_efficiency", {})
+    memo = store.efficiency
     key = (device.lower(), family, framework, version)
     if key in memo:
         return memo[key]
     hwut = _hardware(device.lower())
     out = None
     if hwut is not None and family in PROBES:
-        if family == "moe" and "_nongated" not in store.__dict__:
-            store.__dict__["_nongated"] = nongated_shapes(store)
-        nongated = store.__dict__.get("_nongated", frozenset()) if family == "moe" else frozenset()
+        if family == "moe" and store.nongated is None:
+            store.nongated = nongated_shapes(store)
+        nongated = store.nongated if family == "moe" else frozenset()
         probes: dict = {}
         ratios: list = []
         for part in store.partitions(device, family, (framework,)):

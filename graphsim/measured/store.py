@@ -95,6 +95,10 @@ class Store:
         #: curves built on this store's partitions, keyed by (partition, rule, fixed, varying): a search binds
         #: the same lookups in every program (a curve is a frozen value of its partition's rows)
         self.curves: dict = {}
+        #: graphsim.measured.check's per-store memos: (device, family, framework, version) -> efficiency curve,
+        #: and the MoE shapes some partition times with a non-gated kernel (None until asked)
+        self.efficiency: dict = {}
+        self.nongated: frozenset | None = None
 
     def _load(self, files) -> list[Partition]:
         out = []
@@ -185,7 +189,7 @@ class Selection:
 
     def __init__(self, device: str, backend: Backend, store: Store, fill: str):
         self.device, self.backend, self.fill = device, backend, fill
-        self._store = store
+        self.store = store  #: the store it selects from (curves built on it are memoized there)
         self._has: dict = {}
 
     def has(self, family: str) -> bool:
@@ -197,7 +201,7 @@ class Selection:
 
     def _family(self, family: str) -> list[Partition]:
         fws = (self.backend.framework, "nccl") if family == "collective" else (self.backend.framework,)
-        return self._store.partitions(self.device, family, fws)
+        return self.store.partitions(self.device, family, fws)
 
     def candidates(self, family: str, op: str, where: dict) -> list[tuple[Partition, str]]:
         """Partitions of ``family``/``op`` whose identity matches ``where`` (column -> allowed values), with

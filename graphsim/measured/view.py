@@ -355,7 +355,7 @@ def _resolve(sel, lk: Lookup, graph, plan, wl):
     fixed = dict(lk.fixed)
     names = tuple(c for c, _ in lk.varying)
     built, why = [], []
-    memo = sel._store.curves
+    memo = sel.store.curves
     for part, rule in cands:
         key = (id(part), rule, tuple(sorted(fixed.items())), names)
         if key not in memo:
