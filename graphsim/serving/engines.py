@@ -11,7 +11,7 @@ import math
 
 import attrs
 
-from .errors import require
+from ..errors import require
 
 #: how an engine sizes its memory: "total" — a fraction of the GPU's HBM for weights, activations and the KV
 #: pool together (vLLM ``gpu_memory_utilization``); "free" — the KV pool is a fraction of what weights and
