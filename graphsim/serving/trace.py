@@ -536,7 +536,9 @@ def _sessions(rng, starts, spec, d_in, d_out, bt):
     ids = np.empty(len(local), dtype=np.int64)
     ids[in_stream] = stream[np.repeat(s_off[:-1][sess], cnt)[in_stream] + local[in_stream]]
     pr = np.flatnonzero(part)
-    par = np.where(nf[pr] > 0, stream[s_off[:-1][sess[pr]] + nf[pr] - 1], 0)
+    par = np.zeros(len(pr), dtype=np.int64)  # the parent: the last full block, or the root
+    deep = nf[pr] > 0
+    par[deep] = stream[s_off[:-1][sess[pr[deep]]] + nf[pr[deep]] - 1]
     ids[off[1:][pr] - 1] = _mix(par, _mix(key[sess[pr]], -1 - prompt[pr]))  # content: (session, its length)
     return t, sess, k, prompt, out, ids, off
 
