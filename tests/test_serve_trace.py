@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -193,6 +194,10 @@ def test_csv_and_parquet_errors_name_their_line_or_row(tmp_path):
                              "hash_ids": [[0], [0, 1]]}), q)
     with pytest.raises(GraphsimError, match=r"^trace.hash_ids: row 2: 2 blocks for input_length 3"):
         load_trace(q)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "pyarrow", None)  # as if it were not installed: one line, no traceback of imports
+        with pytest.raises(GraphsimError, match=r"^trace.format: parquet needs pyarrow: pip install '\S+\[parquet\]'$"):
+            load_trace(q)
     with pytest.raises(GraphsimError, match=r"^trace.format: must be one of jsonl, csv, parquet"):
         load_trace(tmp_path / "t.txt")
     with pytest.raises(GraphsimError, match=r"^trace.time_unit: must be one of s, ms, us, got 'min'"):

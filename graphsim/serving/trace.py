@@ -94,7 +94,8 @@ class Trace:
     def prefix_hits(self) -> np.ndarray:
         """Per request, the prompt tokens an infinite prefix cache serves, in arrival order:
         ``min(L * block_tokens, input_len - 1)`` where ``L`` is the leading run of the request's block ids that
-        appeared in any earlier request (ties in arrival: file order). The last token is always computed."""
+        appeared in any earlier request (ties in arrival: file order). The last token is always computed.
+        One sort of the block ids (``np.unique``), no per-block Python: ~9 s for 31 M blocks."""
         n = len(self)
         ids, off = self.block_ids, self.offsets
         if n == 0 or len(ids) == 0:
@@ -190,7 +191,7 @@ def _pyarrow():
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise GraphsimError("trace.format", "parquet needs pyarrow (pip install pyarrow)") from None
+        raise GraphsimError("trace.format", "parquet needs pyarrow: pip install 'graphsim[parquet]'") from None
     return pa, pq
 
 
@@ -327,7 +328,8 @@ class Dist:
 
     @classmethod
     def of(cls, spec, field: str) -> Dist:
-        """A :class:`Dist` from a record, a dict ``{"dist": ..., ...}`` or a bare number (const); every field checked."""
+        """A :class:`Dist` from a record, a dict ``{"dist": ..., ...}`` or a bare number (const), every field
+        checked."""
         if isinstance(spec, Dist):
             return spec
         if isinstance(spec, (int, float)) and not isinstance(spec, bool):
@@ -471,7 +473,8 @@ def synthetic(*, requests=None, duration_s=None, rate, arrival="poisson", cv=1.0
         req = _sessions(rng, starts, spec, d_in, d_out, block_tokens)
         t = req[0]
         if requests is not None:
-            enough = len(t) >= requests and starts[-1] > np.partition(t, requests - 1)[requests - 1] if requests else True
+            # no session not yet drawn may arrive before the requests-th arrival
+            enough = not requests or (len(t) >= requests and starts[-1] > np.partition(t, requests - 1)[requests - 1])
         else:
             enough = starts[-1] >= duration_s
         if enough:
