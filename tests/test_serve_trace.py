@@ -183,6 +183,8 @@ def test_errors_name_field_and_line(tmp_path, text, message):
 
 def test_csv_and_parquet_errors_name_their_line_or_row(tmp_path):
     p = tmp_path / "bad.csv"
+    p.write_text('timestamp,input_length,output_length,hash_ids\n0,1024,1,"[4, 5]"\n0.5,1024,2,4 7\n')
+    np.testing.assert_array_equal(load_trace(p).prefix_hits(), [0, 512])  # a JSON-style list reads too
     p.write_text("timestamp,input_length,output_length,hash_ids\n0,3,1,0\n0,3,0,0\n")
     with pytest.raises(GraphsimError, match=r"^trace.output_length: line 3: must be a whole number >= 1, got 0$"):
         load_trace(p)

@@ -231,8 +231,8 @@ def _from_records(rows, *, block_tokens, time_unit, source):
         n_in = _whole(r["input_length"], "input_length", where, 1)
         n_out = _whole(r["output_length"], "output_length", where, 1)
         h = r["hash_ids"]
-        if isinstance(h, str):
-            h = h.split()
+        if isinstance(h, str):  # CSV: space-separated ("[1, 2]" is read too)
+            h = h.strip().strip("[]").replace(",", " ").split()
         if not isinstance(h, (list, tuple)):
             raise GraphsimError("trace.hash_ids", f"{where}: must be a list of whole numbers >= 0, got {h!r}")
         h = [_whole(x, "hash_ids", where, 0) for x in h]
