@@ -190,20 +190,9 @@ def _compile(a, requests=None):
     """The plan the command-line flags describe (``requests`` overrides ``--request``), compiled."""
     import attrs
 
-    from . import ParallelMapping, Plan, Policies, Request, compile_plan, load_profile
+    from . import ParallelMapping, Plan, Request, compile_plan, load_profile
 
-    acc = float_list(a.acceptance, "acceptance")
-    algos = {}
-    for item in a.algorithm:
-        k, sep, v = item.partition("=")
-        if not sep:
-            raise GraphsimError("algorithm", f"expected COLLECTIVE=ALGO, got {item!r}")
-        algos[k.strip()] = v.strip()
-    policies = Policies(a.decoder_replay, a.encoder_replay, a.fusion, a.overlap, a.engram, a.prefetch_distance,
-                        a.dspark, ep_imbalance=a.ep_imbalance, pp_micro_batches=a.pp_micro_batches,
-                        algorithms=algos, acceptance=acc, attention_precision=a.attention_precision, sp=a.sp,
-                        engram_shard=a.engram_shard, engram_proj=a.engram_proj, beyond_context=a.beyond_context,
-                        mtp=a.mtp)
+    policies = policies_from_args(a)
     if a.verify < 0:
         raise GraphsimError("verify", f"must be >= 0, got {a.verify}")
     reqs = [r if isinstance(r, Request) else Request.parse(r) for r in (a.request if requests is None else requests)]
@@ -216,6 +205,24 @@ def _compile(a, requests=None):
     plan = Plan(reqs, ParallelMapping(a.tp, a.dp, a.ep, a.pp, a.cp), policies)
     profile = load_profile(a.profile) if a.profile else None
     return compile_plan(load_model_args(a), plan, a.hw, profile, view=view_spec(a))
+
+
+def policies_from_args(a):
+    """The Policies the ``policies`` flag group names."""
+    from . import Policies
+
+    acc = float_list(a.acceptance, "acceptance")
+    algos = {}
+    for item in a.algorithm:
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise GraphsimError("algorithm", f"expected COLLECTIVE=ALGO, got {item!r}")
+        algos[k.strip()] = v.strip()
+    return Policies(a.decoder_replay, a.encoder_replay, a.fusion, a.overlap, a.engram, a.prefetch_distance,
+                    a.dspark, ep_imbalance=a.ep_imbalance, pp_micro_batches=a.pp_micro_batches,
+                    algorithms=algos, acceptance=acc, attention_precision=a.attention_precision, sp=a.sp,
+                    engram_shard=a.engram_shard, engram_proj=a.engram_proj, beyond_context=a.beyond_context,
+                    mtp=a.mtp)
 
 
 def view_spec(a):

@@ -15,7 +15,8 @@ from .cli import _EXTRA_COMMANDS
 #: to what the modules register; a module missing here is still found, by importing them all)
 COMMAND_MODULES = {"collect": "cmd_collect", "disagg": "cmd_disagg", "fit": "cmd_fit", "fpm": "cmd_fpm",
                    "ledger": "cmd_ledger", "measured": "cmd_measured", "layers": "cmd_model", "memory": "cmd_model",
-                   "plot": "cmd_plot", "search": "cmd_search", "sweep": "cmd_sweep", "trace": "cmd_trace"}
+                   "plot": "cmd_plot", "search": "cmd_search", "serve-sim": "cmd_serve", "sweep": "cmd_sweep",
+                   "trace": "cmd_trace"}
 
 
 def _modules() -> list[str]:

@@ -10,7 +10,7 @@ HEAVY = ("jax", "networkx", "pyarrow", "pandas", "matplotlib", "rich", "graphviz
 
 #: every subcommand (``graphsim <cmd> --help`` only builds its parser)
 COMMANDS = ("estimate", "graph", "hw", "models", "collect", "disagg", "fit", "fpm", "ledger", "measured", "layers",
-            "memory", "plot", "search", "sweep", "trace")
+            "memory", "plot", "search", "serve-sim", "sweep", "trace")
 
 
 def _loaded_after(code: str, modules) -> list:

@@ -521,3 +521,44 @@ PLOTS = {"latency": plot_latency, "pareto": plot_pareto, "memory": plot_memory, 
 __all__ = ["pareto_front", "slice_rows", "input_columns", "plot_latency", "plot_pareto", "plot_memory",
            "plot_kinds", "plot_roofline", "roofline_points", "PLOTS", "OP_KINDS", "PALETTE", "KIND_COLOURS",
            "kind_colour", "AXES", "axis", "better_lower"]
+
+
+def plot_serving(res, path=None, title: str | None = None):
+    """A serving simulation (graphsim.serving.SimResult): TTFT and TPOT CDFs on the left, bytes held per KV tier
+    and the queue over time on the right."""
+    import numpy as np
+
+    plt = _plt()
+    fig = plt.figure(figsize=(12, 4.2), layout="constrained")
+    a1, a2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "end-to-end")):
+        v = np.sort(np.asarray(res.requests[key], dtype=np.float64))
+        v = v[np.isfinite(v)]
+        if v.size:
+            a1.plot(v, np.arange(1, v.size + 1) / v.size, label=label)
+    a1.set_xscale("log")
+    a1.set_xlabel("ms")
+    a1.set_ylabel("fraction of requests")
+    a1.grid(True, which="both", alpha=0.3)
+    a1.legend(fontsize=8)
+    tl = res.timeline
+    t = np.asarray(tl["t_s"], dtype=np.float64)
+    if t.size:
+        t = t - t[0]
+        for key, label in (("hbm_bytes", "HBM (all replicas)"), ("hbm_cached_bytes", "HBM prefix cache"),
+                           ("host_bytes", "host pool"), ("disk_bytes", "disk")):
+            v = np.asarray(tl[key], dtype=np.float64) / 2.0**30
+            if v.any():
+                a2.plot(t, v, label=label)
+        a2.set_xlabel("s since the first arrival")
+        a2.set_ylabel("GiB held")
+        a2.grid(True, alpha=0.3)
+        q = a2.twinx()
+        q.plot(t, tl["waiting"], color="grey", linestyle=":", label="waiting requests")
+        q.set_ylabel("waiting requests")
+        h1, l1 = a2.get_legend_handles_labels()
+        h2, l2 = q.get_legend_handles_labels()
+        a2.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left")
+    d = res.deployment
+    fig.suptitle(title or f"{d['model']} on {d['replicas']}x {d['mapping']} ({d['hw']}, view {d['view']})")
+    return _save(fig, path)

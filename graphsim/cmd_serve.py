@@ -1,0 +1,349 @@
+"""``graphsim serve-sim``: a request trace served by one deployment — continuous batching, chunked prefill, KV
+admission and preemption, a prefix cache in HBM and pooled host / disk tiers — with every step priced by
+graphsim's compiled program (graphsim.serving.sim; docs/serving.md)."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from .errors import GraphsimError, require
+
+TABLE_SUFFIXES = (".parquet", ".csv")
+
+
+def register(sub) -> None:
+    from .cli import _plan_args, add_command, output_args
+
+    p = add_command(
+        sub, "serve-sim", help="simulate a request trace on a deployment: latency percentiles, goodput, KV tiers",
+        description="Serve a request trace (Mooncake JSONL, CSV or Parquet; or a synthetic stream) on one deployment "
+                    "with an\nengine scheduler (continuous batching, chunked prefill under a token budget, admission "
+                    "by KV capacity,\npreemption by recompute) and a KV cache hierarchy: each replica's HBM, a host-"
+                    "memory pool and disk, each\nwith capacity, TTL and what it keeps (DeepSeek-V4.1: the global KV "
+                    "and the SWA state may live in different\ntiers). Every step's time comes from graphsim's compiled "
+                    "program in the view chosen. Prints TTFT / TPOT /\nend-to-end percentiles, goodput under the SLA, "
+                    "throughput per GPU, hit rates and bytes per tier, and the\nchecks (Little's law, the step "
+                    "surface's error). The model and its defaults: docs/serving.md.",
+        examples=["graphsim serve-sim --model deepseek-v4.1-flash --hw gb200 --tp 4 "
+                  "--trace mooncake_synthetic_trace.jsonl --json",
+                  "graphsim serve-sim --model deepseek-v3 --hw gb200 --tp 8 --ep 8 --trace trace.jsonl --ttft 2000 "
+                  "--tpot 50 --requests-out requests.parquet",
+                  "graphsim serve-sim --model llama-3.1-70b --hw h200 --tp 4 --replicas 2 --synthetic "
+                  "'{\"rate\": 4, \"requests\": 2000}'",
+                  "graphsim serve-sim --model deepseek-v3 --hw gb200 --from search.json --rank 1 --trace trace.jsonl"])
+    _plan_args(p, requests=False)
+    d = p.add_argument_group("deployment", "replicas of the mapping above, or a row of graphsim search's output")
+    d.add_argument("--replicas", type=int, default=1, metavar="N", help="aggregated replicas (default 1)")
+    d.add_argument("--from", dest="from_file", default=None, metavar="FILE",
+                   help="take the mapping, replicas and policies from graphsim search output (--json document, or "
+                        "its -o table .parquet/.csv)")
+    d.add_argument("--rank", type=int, default=1, metavar="N",
+                   help="with --from: the ranked deployment (JSON 'best', default 1) or the table row (0-based "
+                        "index when the table has no rank)")
+    d.add_argument("--engine", default="auto", choices=("auto", "none", "sglang", "vllm", "trtllm"),
+                   help="whose documented memory rule sizes the KV pool (auto: the --backend's framework under a "
+                        "measured view, none under SOL)")
+    d.add_argument("--max-running", type=int, default=None, metavar="N",
+                   help="requests a replica runs at once (default: the engine's documented cap, else memory decides)")
+    d.add_argument("--token-budget", type=int, default=None, metavar="TOKENS",
+                   help="tokens per step (decodes + prefill chunks; default the engine's, else 8192)")
+    d.add_argument("--hbm-kv-gib", type=float, default=None, metavar="GIB",
+                   help="KV pool of one replica in GiB instead of what the memory model leaves (inf: unbounded)")
+    d.add_argument("--reserve-gib", type=float, default=None, metavar="GIB",
+                   help="runtime reserve per GPU (default graphsim.fit.DEFAULT_RESERVE_GIB)")
+    d.add_argument("--router", default="prefix", choices=("prefix", "least-loaded", "round-robin"),
+                   help="which replica takes a request: the longest HBM prefix match (default), the least loaded, "
+                        "or in turn")
+    t = p.add_argument_group("traffic", "one of --trace / --synthetic")
+    t.add_argument("--trace", default=None, metavar="FILE",
+                   help="request trace: Mooncake JSONL (timestamp ms, input_length, output_length, hash_ids), or "
+                        "CSV / Parquet with those columns")
+    t.add_argument("--synthetic", default=None, metavar="JSON|FILE",
+                   help="a synthetic stream: a JSON object (or .json file) of graphsim.serving.synthetic's arguments, "
+                        "e.g. '{\"rate\": 2, \"requests\": 5000, \"sessions\": {\"turns\": {\"dist\": \"lognormal\", "
+                        "\"mean\": 6, \"cv\": 0.5}, \"think_s\": 20, \"tool_tokens\": 800}}'")
+    t.add_argument("--head", type=int, default=None, metavar="N", help="only the first N requests of the trace")
+    t.add_argument("--rate-scale", type=float, default=None, metavar="X",
+                   help="replay the trace X times faster (arrival times divided by X)")
+    c = p.add_argument_group("KV cache", "tiers below each replica's HBM (docs/serving.md)")
+    c.add_argument("--cache-design", default="auto",
+                   choices=("auto", "three-tier", "swa-on-disk", "host-disk", "hbm"),
+                   help="auto: three-tier for a model with an SWA cache (SWA state in a host pool of 10%% of DRAM "
+                        "for 300 s, global KV on disk for 72 h), else host-disk; swa-on-disk: DeepSeek-V4's design; "
+                        "hbm: only each replica's HBM prefix cache")
+    c.add_argument("--tier", action="append", default=[], metavar="NAME:KEY=V,...",
+                   help="replace the design's tiers (repeatable): host or disk with capacity_gib, fraction (host: of "
+                        "the pooled DRAM), ttl_s, holds (global+swa), price (per GiB-hour), e.g. "
+                        "host:fraction=0.1,ttl_s=300,holds=swa")
+    c.add_argument("--price", action="append", default=[], metavar="TIER=PER_GIB_HOUR",
+                   help="price a tier of the design per GiB-hour (repeatable), e.g. disk=0.0001")
+    s = p.add_argument_group("SLA and report")
+    s.add_argument("--ttft", type=float, default=None, metavar="MS", help="goodput: time-to-first-token bound")
+    s.add_argument("--tpot", type=float, default=None, metavar="MS", help="goodput: time-per-output-token bound")
+    s.add_argument("--classes", default=None, metavar="T1[,T2...]",
+                   help="input-length edges splitting the requests into classes (percentiles per class)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the step sample the surface error is stated on")
+    s.add_argument("--validate", type=int, default=256, metavar="N",
+                   help="steps re-priced exactly to state the step surface's error (0: skip)")
+    s.add_argument("--requests-out", default=None, metavar="FILE",
+                   help="per-request records (.parquet or .csv)")
+    s.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="latency CDFs and tier occupancy over time")
+    s.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="show a progress bar (default: when stderr is a terminal)")
+    s.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
+    output_args(p)
+    p.set_defaults(fn=run)
+
+
+def _trace(a):
+    from .serving.trace import load_trace, synthetic
+
+    require((a.trace is None) != (a.synthetic is None), "trace", "give one of --trace FILE or --synthetic JSON")
+    if a.trace is not None:
+        tr = load_trace(a.trace)
+    else:
+        text = a.synthetic.strip()
+        if not text.startswith("{"):
+            try:
+                with open(text, encoding="utf-8") as f:
+                    text = f.read()
+            except OSError as e:
+                raise GraphsimError("synthetic", f"{a.synthetic!r}: neither a JSON object nor a readable file "
+                                                 f"({e.strerror or e})") from None
+        try:
+            kw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise GraphsimError("synthetic", f"not valid JSON ({e.msg} at character {e.pos})") from None
+        require(isinstance(kw, dict), "synthetic", "must be a JSON object of synthetic()'s arguments")
+        try:
+            tr = synthetic(**kw)
+        except TypeError as e:
+            raise GraphsimError("synthetic", f"{e}".replace("synthetic() ", "")) from None
+    if a.head is not None:
+        require(a.head >= 1, "head", f"must be >= 1, got {a.head}")
+        tr = tr.head(a.head)
+    if a.rate_scale is not None:
+        tr = tr.scale_rate(a.rate_scale)
+    require(len(tr) > 0, "trace", "holds no requests")
+    return tr
+
+
+def deployment_from_search(path: str, rank: int = 1) -> dict:
+    """Mapping, replicas and policies of one aggregated deployment in ``graphsim search`` output (a --json document
+    or an -o table)."""
+    from pathlib import Path
+
+    p = Path(path)
+    require(p.is_file(), "from", f"{path}: no such file")
+    if p.suffix.lower() == ".json":
+        try:
+            doc = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise GraphsimError("from", f"{path}: not a graphsim search JSON document ({e})") from None
+        rows = doc.get("best") if isinstance(doc, dict) else None
+        require(isinstance(rows, list) and rows, "from", f"{path}: has no ranked deployments ('best')")
+        hit = [r for r in rows if r.get("rank") == rank]
+        require(bool(hit), "rank", f"{path} ranks {len(rows)} deployments; got --rank {rank}")
+        row = hit[0]
+    elif p.suffix.lower() in TABLE_SUFFIXES:
+        import pandas as pd
+
+        df = pd.read_parquet(p) if p.suffix.lower() == ".parquet" else pd.read_csv(p)
+        require(0 <= rank < len(df), "rank", f"{path} has {len(df)} rows; give a 0-based row index")
+        row = df.iloc[rank].to_dict()
+    else:
+        raise GraphsimError("from", f"{path}: graphsim search output is .json, .parquet or .csv")
+    require(row.get("mode", "agg") == "agg", "from",
+            "the row is a disaggregated deployment; serve-sim simulates aggregated replicas (give an agg row)")
+    return {"mapping": _mapping(str(row["decode_mapping"])), "replicas": int(row.get("decode_replicas", 1)),
+            "policies": _policies(str(row.get("policies", "default")))}
+
+
+def _mapping(text: str):
+    from .plan import ParallelMapping
+
+    kw = {}
+    for part in text.split("-"):
+        k = part.rstrip("0123456789")
+        require(k in ("tp", "dp", "ep", "pp", "cp") and part[len(k):].isdigit(), "from.mapping",
+                f"{text!r} is not a mapping like tp4-dp1-ep4-pp1")
+        kw[k] = int(part[len(k):])
+    return ParallelMapping(**kw)
+
+
+def _policies(text: str):
+    import attrs
+
+    from .pipeline import Policies
+
+    if text in ("", "default", "nan"):
+        return Policies()
+    kw = {}
+    fields = {f.name: f for f in attrs.fields(Policies)}
+    for item in text.split(","):
+        k, sep, v = item.partition("=")
+        require(bool(sep) and k in fields, "from.policies", f"{item!r} in {text!r} is not FIELD=VALUE of Policies")
+        default = getattr(Policies(), k)
+        if isinstance(default, bool):
+            kw[k] = v == "True"
+        elif isinstance(default, int):
+            kw[k] = int(v)
+        elif isinstance(default, float):
+            kw[k] = float(v)
+        elif isinstance(default, tuple):
+            raise GraphsimError("from.policies", f"{k} cannot be taken from a table row; give it as a flag")
+        else:
+            kw[k] = v
+    return Policies(**kw)
+
+
+def run(a) -> None:
+    from . import ParallelMapping, load_hw, load_profile
+    from .cli import int_list, load_model_args, policies_from_args, view_spec
+    from .outputs import check_output, emit, exclusive, json_document, output_path
+    from .serving.kvcache import TierSpec
+    from .serving.sim import SLA, Deployment, simulate
+
+    check_output(a.output)
+    for f, suffixes in (("requests_out", TABLE_SUFFIXES), ("plot", (".png", ".pdf", ".svg"))):
+        if getattr(a, f):
+            output_path(getattr(a, f), field=f.replace("_", "-"), suffixes=suffixes)
+    tr = _trace(a)
+    model, hw = load_model_args(a), load_hw(a.hw)
+    if a.from_file:
+        got = deployment_from_search(a.from_file, a.rank)
+        mapping, replicas, policies = got["mapping"], got["replicas"], got["policies"]
+    else:
+        mapping, replicas, policies = ParallelMapping(a.tp, a.dp, a.ep, a.pp, a.cp), a.replicas, policies_from_args(a)
+    dep = Deployment(model, hw, mapping, policies, replicas, view_spec(a), load_profile(a.profile) if a.profile
+                     else None, a.engine, a.max_running, a.token_budget, a.reserve_gib, a.hbm_kv_gib)
+    tiers = None
+    if a.tier:
+        host = hw.host_mem_bytes * mapping.gpus * replicas
+        tiers = tuple(TierSpec.parse(t, host) for t in a.tier)
+        names = [t.name for t in tiers]
+        require(len(set(names)) == len(names), "tier", f"each tier once, got {', '.join(names)}")
+    prices = {}
+    for item in a.price:
+        k, sep, v = item.partition("=")
+        require(bool(sep), "price", f"{item!r}: expected TIER=PER_GIB_HOUR, e.g. disk=0.0001")
+        try:
+            prices[k.strip()] = float(v)
+        except ValueError:
+            raise GraphsimError("price", f"{v!r} is not a number") from None
+    classes = int_list(a.classes, "classes") or ()
+    show = a.progress if a.progress is not None else sys.stderr.isatty()
+    bar = _Progress(len(tr)) if show else None
+    locks = [x for x in (a.output, a.requests_out, a.plot) if x]
+    import contextlib
+
+    with contextlib.ExitStack() as held:
+        for out in locks:
+            held.enter_context(exclusive(out))
+        try:
+            res = simulate(tr, dep, cache_design=a.cache_design, tiers=tiers, router=a.router, sla=SLA(a.ttft, a.tpot),
+                           classes=classes, seed=a.seed, validate=a.validate, prices=prices, progress=bar)
+        finally:
+            if bar:
+                bar.close()
+        notes = []
+        if a.requests_out:
+            from .outputs import atomic_target
+
+            df = res.to_frame()
+            with atomic_target(a.requests_out, field="requests-out", suffixes=TABLE_SUFFIXES) as tmp:
+                (df.to_parquet if a.requests_out.lower().endswith(".parquet") else df.to_csv)(tmp, index=False)
+            notes.append(f"wrote {a.requests_out} ({len(df):,} requests)")
+        if a.plot:
+            from .exports.plots import plot_serving
+
+            plot_serving(res, a.plot)
+            notes.append(f"wrote {a.plot}")
+        doc = {**res.to_json(), "trace": {"source": getattr(tr, "source", ""), "requests": len(tr)}}
+        text = json_document("serve-sim", doc) + "\n" if a.json else to_text(res, tr) + "\n"
+        emit(a.output, text, "JSON" if a.json else "text")
+        for n in notes:
+            print(n, file=sys.stderr if a.json and not a.output else sys.stdout)
+
+
+class _Progress:
+    def __init__(self, total: int):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("serve-sim: arrivals"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=Console(stderr=True), transient=False)
+        self.bar.start()
+        self.task = self.bar.add_task("serve", total=total)
+
+    def __call__(self, done: int) -> None:
+        self.bar.update(self.task, completed=done)
+
+    def close(self) -> None:
+        self.bar.stop()
+
+
+def _ms(d: dict, k: str) -> str:
+    v = d.get(k)
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:,.1f}"
+
+
+def to_text(res, tr) -> str:
+    s = res.summary
+    dep, rq, lat = s["deployment"], s["requests"], s["latency"]
+    lines = [f"serve-sim: {dep['model']} on {dep['replicas']}x {dep['mapping']} ({dep['hw']}, {dep['gpus']} GPUs), "
+             f"view {dep['view']}, engine {dep['engine']}, token budget {dep['token_budget']:,}, router "
+             f"{dep['router']}",
+             f"trace: {getattr(tr, 'source', '') or 'in memory'}: {rq['total']:,} requests over "
+             f"{s['duration_s']:,.1f} s; served {rq['served']:,}, rejected {rq['rejected']:,} "
+             f"({rq['rejected_beyond_context']:,} beyond the model's context), preemptions {rq['preemptions']:,}", "",
+             f"{'latency (ms)':<22}{'p50':>12}{'p90':>12}{'p99':>12}{'mean':>12}"]
+    for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL (per token)", "itl_ms"), ("end-to-end", "e2e_ms")):
+        d = lat[key]
+        lines.append(f"{name:<22}" + "".join(f"{_ms(d, k):>12}" for k in ("p50", "p90", "p99", "mean")))
+    if len(s["classes"]) > 1:
+        lines += ["", "per class (TTFT p50 / p99, TPOT p50 / p99 ms):"]
+        for c in s["classes"]:
+            lines.append(f"  {c['name']:<24}{c['requests']:>8,} req  TTFT {_ms(c['ttft_ms'], 'p50')} / "
+                         f"{_ms(c['ttft_ms'], 'p99')}  TPOT {_ms(c['tpot_ms'], 'p50')} / {_ms(c['tpot_ms'], 'p99')}")
+    g, th = s["goodput"], s["throughput"]
+    lines += ["", f"throughput: {th['output_tokens_per_s_per_gpu']:,.1f} output tok/s/GPU, "
+                  f"{th['input_tokens_per_s_per_gpu']:,.0f} input tok/s/GPU, {th['requests_per_s']:.2f} req/s",
+              f"goodput (TTFT <= {g['ttft_ms'] or '-'} ms, TPOT <= {g['tpot_ms'] or '-'} ms): "
+              f"{g['fraction']:.1%} of requests, {g['requests_per_s']:.2f} req/s, "
+              f"{g['output_tokens_per_s_per_gpu']:,.1f} tok/s/GPU",
+              f"queue: mean {s['queue']['mean_waiting']:.1f} waiting, max {s['queue']['max_waiting']}; steps: "
+              f"{s['steps']['decode_only']:,} decode-only, {s['steps']['mixed']:,} with prefill, busy "
+              f"{s['steps']['busy_fraction']:.0%}"]
+    c = s["cache"]
+    reuse = c["trace_prefix_reuse"]
+    pool = dep["hbm_pool_gib_per_replica"]
+    lines += ["", f"KV cache ({dep['cache_design']}): hit ratio {c['hit_ratio']:.1%} of input tokens"
+                  + (f" (the trace's own prefix reuse: {reuse:.1%})" if reuse is not None else ""),
+              f"  HBM pool per replica {'unbounded' if pool is None else f'{pool:,.1f} GiB'}: "
+              f"{c['hit_tokens']['hbm']:,.0f} hit tokens ({c['hit_requests']['hbm']:,} requests), "
+              f"{c['hbm_evicted']:,} entries evicted"]
+    for t in c["tiers"]:
+        if not t["present"]:
+            continue
+        cap = "unbounded" if t["capacity_gib"] is None else f"{t['capacity_gib']:,.1f} GiB"
+        ttl = "no TTL" if t["ttl_s"] is None else f"TTL {t['ttl_s']:,.0f} s"
+        lines.append(f"  {t['name']:<5} ({'+'.join(t['holds'])}; {cap}, {ttl}): {t['hit_tokens']:,.0f} hit tokens "
+                     f"({t['hit_requests']:,} requests), peak {t['peak_gib']:,.2f} GiB, {t['gib_hours']:,.3f} GiB-h"
+                     + (f", cost {t['cost']:,.4f}" if t["cost"] else "") + f", evicted {t['evicted']:,}, expired "
+                     f"{t['expired']:,}")
+    if c["swa_hits"] or c["replays"] or c["recomputed_hit_tokens"]:
+        lines.append(f"  SWA state hits {c['swa_hits']:,}; bounded replays {c['replays']:,} "
+                     f"({c['replayed_tokens']:,} tokens); hits recomputed for a missing SWA state "
+                     f"{c['recomputed_hit_tokens']:,} tokens")
+    lit = res.checks["littles_law"]
+    lines += ["", f"checks: Little's law L = {lit['mean_in_system']:.3f} vs lambda*W = "
+                  f"{lit['arrival_rate_x_mean_time']:.3f} ({lit['relative_error']:.2%})"]
+    e = res.surface_error
+    if e["steps"]:
+        lines.append(f"  step surface vs the exact program on {e['steps']} sampled steps: median "
+                     f"{e['median_rel']:+.2%}, p90 |err| {e['p90_abs_rel']:.2%}, max |err| {e['max_abs_rel']:.2%} "
+                     f"({e['surface_points']:,} program points)")
+    return "\n".join(lines)

@@ -1,0 +1,809 @@
+"""Request-level serving simulation (issue 27): a request trace through one deployment's engines — continuous
+batching with chunked prefill under a token budget, admission by KV capacity, preemption by recompute, a prefix
+cache in each replica's HBM and pooled tiers below it (:mod:`.kvcache`) — with every step's time from graphsim's
+compiled program (:mod:`.steps`).
+
+The engine (one per replica, as SGLang / vLLM schedule a replica):
+
+- a request is routed on arrival (``prefix``: the replica whose HBM holds the longest prefix of it, ties to the
+  least loaded; ``least-loaded``; ``round-robin``) and waits FIFO;
+- admission, in arrival order, while the replica runs fewer than ``max_running`` requests and the step's token
+  budget lasts: the prompt's blocks are matched (the leading run of its hash ids present in the replica's HBM or
+  a tier that keeps the global KV; the hit is min(run x block, prompt - 1) tokens, the rule of
+  :meth:`~graphsim.serving.trace.Trace.prefix_hits`), the KV of the whole prompt is reserved in HBM (unreferenced
+  cached entries evicted LRU first) or the queue waits; a hit in host memory or on disk is copied first on the
+  replica's copy link (graphsim's ``prefix_restore`` rule: the host link, and NVMe then the host link for disk);
+- DeepSeek-V4.1: a hit without its SWA state (no tier kept it) replays the last min(hit, W) positions through the
+  decoder (encoder bounded replay, W = the policies' replay window), or with ``encoder_replay=off`` recomputes the
+  whole prompt; a prefill runs the 20 encoder layers (CED) because graphsim's V4.1 program does;
+- each step: every decoding request advances one position, then prefill chunks fill the rest of the budget in
+  admission order; a prompt's last chunk emits its first token; a decode step that cannot grow the KV preempts the
+  newest running request (its KV is released; it is readmitted to recompute its prompt and the tokens it emitted);
+- a finished request's prompt blocks stay in HBM (LRU) and its KV is written through to the tiers that keep each
+  kind: global blocks at the end of its prefill, its SWA state (keyed by its last full prompt block, and by its
+  session) at the end.
+
+Runs of pure decode steps between events are evaluated in one vectorized call. Every replica integrates the
+requests it holds over its own clock, so Little's law (L = λ·W) checks the simulator's bookkeeping against the
+requests' own times (``SimResult.checks``).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+
+import attrs
+import numpy as np
+
+from ..errors import GraphsimError, require
+from .kvcache import GiB, HBMPool, Store, TierSpec, design_tiers
+
+ROUTERS = ("prefix", "least-loaded", "round-robin")
+#: tokens per step when the engine documents none (vLLM's max_num_batched_tokens and SGLang's
+#: --chunked-prefill-size are both 8,192 on large GPUs)
+DEFAULT_TOKEN_BUDGET = 8192
+WAIT, RESTORE, PREFILL, DECODE, DONE, REJECTED = range(6)
+_HIST_EDGES = np.logspace(-6, 2, 1601)  # step-time histogram: 1 µs .. 100 s, 200 bins per decade
+
+
+@attrs.frozen
+class Deployment:
+    """What serves the trace: a model on ``replicas`` replicas of ``mapping`` under ``policies``, priced in
+    ``view`` (None: SOL) with ``profile``; ``engine`` ("auto": the measured view's framework, else none)
+    decides the KV pool's memory rule; ``max_running`` / ``token_budget`` override the engine's limits;
+    ``hbm_kv_gib`` overrides the KV pool of one replica (inf: unbounded)."""
+
+    model: object
+    hw: object = "gb200"
+    mapping: object = None
+    policies: object = None
+    replicas: int = 1
+    view: object = None
+    profile: object = None
+    engine: object = "auto"
+    max_running: int | None = None
+    token_budget: int | None = None
+    reserve_gib: float | None = None
+    hbm_kv_gib: float | None = None
+
+    def __attrs_post_init__(self):
+        from ..limits import check_int
+
+        check_int("replicas", self.replicas, 1, 1 << 16)
+        if self.max_running is not None:
+            check_int("max_running", self.max_running, 1, 1 << 20)
+        if self.token_budget is not None:
+            check_int("token_budget", self.token_budget, 1, 1 << 24)
+        if self.hbm_kv_gib is not None:
+            require(float(self.hbm_kv_gib) > 0, "hbm_kv_gib", f"must be > 0 (inf: unbounded), got {self.hbm_kv_gib!r}")
+
+
+@attrs.frozen
+class SLA:
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+
+@attrs.define
+class SimResult:
+    """Per-request records (``requests``: column arrays), the summary (``summary``), occupancy samples over time
+    (``timeline``), the step-time histogram and the checks."""
+
+    requests: dict
+    summary: dict
+    timeline: dict
+    checks: dict
+    surface_error: dict
+    deployment: dict
+
+    def to_json(self) -> dict:
+        """The ``serve-sim --json`` body (docs/json.md): the summary, the checks, the step surface's error and the
+        occupancy timeline."""
+        return {**self.summary, "checks": self.checks, "surface_error": self.surface_error,
+                "timeline": {k: [float(x) for x in v] for k, v in self.timeline.items()}}
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.requests)
+
+
+# ---- model facts the simulator needs ---------------------------------------------------------------------------
+def kv_terms(model, policies) -> tuple[float, float]:
+    """(global bytes per token, SWA bytes per request) of one request's KV, whole model: the cache's growth per
+    position and its fixed part (a sliding window's state), from the model's own ``kv_request_bytes``."""
+    a, b = 1 << 16, 1 << 17
+    ka, kb = model.kv_request_bytes(a, policies), model.kv_request_bytes(b, policies)
+    g = (kb - ka) / (b - a)
+    return float(g), float(max(ka - g * a, 0.0))
+
+
+def restore_seconds(host_bytes, disk_bytes, hw) -> np.ndarray:
+    """Seconds to copy a prefix hit's bytes per device into HBM: graphsim's ``prefix_restore`` rule
+    (:data:`graphsim.rules.RESTORE_LINKS`): host hits cross the host link (C2C / PCIe), disk hits NVMe then the
+    same link; one copy stream, each link at its bandwidth (the slowest bounds)."""
+    host_bytes, disk_bytes = np.asarray(host_bytes, np.float64), np.asarray(disk_bytes, np.float64)
+    return np.maximum((host_bytes + disk_bytes) / hw.c2c_bw, disk_bytes / hw.disk_bw)
+
+
+# ---- the simulation ---------------------------------------------------------------------------------------------
+class _Replica:
+    __slots__ = ("idx", "pool", "waiting", "running", "t", "link", "held", "area", "busy_s", "steps")
+
+    def __init__(self, idx, capacity):
+        self.idx, self.pool = idx, HBMPool(capacity)
+        self.waiting: deque = deque()
+        self.running: list = []
+        self.t = 0.0
+        self.link = 0.0  # when the copy link is free
+        self.held = 0.0  # ∫ requests held dt (Little's law)
+        self.area = 0.0
+        self.busy_s = 0.0
+        self.steps = 0
+
+    def load(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def advance(self, t: float) -> None:
+        if t > self.t:
+            self.held += self.load() * (t - self.t)
+            self.t = t
+
+
+class _Sim:
+    def __init__(self, trace, dep: Deployment, steps, *, too_long, tiers, router, seed, validate, sample_s, progress,
+                 kv, per_device, hbm_capacity, max_running, budget, window, swa_model, encoder_replay, hw):
+        self.tr, self.dep, self.st, self.hw = trace, dep, steps, hw
+        self.router, self.progress = router, progress
+        self.g, self.s = kv
+        self.per_device = per_device  # a request's bytes on one device / its bytes in all
+        self.max_running, self.budget, self.window = max_running, budget, window
+        self.swa_model, self.encoder_replay = swa_model, encoder_replay
+        n = len(trace)
+        self.n = n
+        self.arr = np.asarray(trace.arrival_s, np.float64)
+        self.inp = np.asarray(trace.input_len, np.int64)
+        self.out = np.asarray(trace.output_len, np.int64)
+        self.off = np.asarray(trace.offsets, np.int64)
+        self.ids = np.asarray(trace.block_ids, np.int64)
+        self.session = np.asarray(trace.session, np.int64)
+        self.bt = int(trace.block_tokens)
+        self.reps = [_Replica(i, hbm_capacity) for i in range(dep.replicas)]
+        self.tiers = [Store(t, float(self.arr[0]) if n else 0.0) for t in tiers]
+        self.g_tiers = [t for t in self.tiers if "global" in t.spec.holds]
+        self.s_tiers = [t for t in self.tiers if "swa" in t.spec.holds]
+        f64 = lambda: np.full(n, np.nan)  # noqa: E731
+        i64 = lambda: np.zeros(n, np.int64)  # noqa: E731
+        self.phase = np.zeros(n, np.int8)
+        self.replica = np.full(n, -1, np.int64)
+        self.t_first, self.t_done, self.t_admit = f64(), f64(), f64()
+        self.pos, self.target, self.gen = i64(), i64(), i64()
+        self.ready = np.zeros(n)
+        self.hit = {k: i64() for k in ("hbm", "host", "disk")}
+        self.hit_tokens = i64()
+        self.replay = i64()
+        self.recomputed = i64()
+        self.swa_hit = np.zeros(n, bool)
+        self.preempted = i64()
+        self.restore_s = np.zeros(n)
+        self.priv = np.zeros(n)  # private HBM bytes (generated KV + SWA state)
+        self.pending_replay = np.zeros(n, bool)  # the request's next chunk replays its SWA window
+        self.keys: dict = {}  # request -> the HBM keys it holds
+        self.rr = 0
+        self.transit = 0.0  # ∫ requests routed to a replica whose clock was already past their arrival
+        self.hist = np.zeros(_HIST_EDGES.size + 1)  # decode tokens per step-time bin (ITL)
+        self.step_count = np.zeros(2, np.int64)  # decode-only, mixed
+        self.rng = np.random.default_rng(seed)
+        self.validate, self.samples, self.sample_seen = validate, [], 0
+        self.sample_s = sample_s
+        self.timeline = {k: [] for k in ("t_s", "hbm_bytes", "hbm_cached_bytes", "host_bytes", "disk_bytes",
+                                         "waiting", "running")}
+        self.next_sample = float(self.arr[0]) if n else 0.0
+        self.too_long = np.asarray(too_long, bool)
+
+    # -- helpers -------------------------------------------------------------------------------------------
+    def blocks(self, i) -> np.ndarray:
+        return self.ids[self.off[i]:self.off[i + 1]]
+
+    def block_bytes(self, i, j) -> float:
+        return self.g * min(self.bt, int(self.inp[i]) - j * self.bt) if j * self.bt < self.inp[i] else self.g * self.bt
+
+    def _tier_of(self, key, now, tiers):
+        for t in tiers:
+            if t.has(key, now):
+                return t
+        return None
+
+    def _swa_key(self, i):
+        ids = self.blocks(i)
+        full = min(int(self.inp[i]) // self.bt, ids.size)
+        return ("s", int(ids[full - 1])) if full > 0 else None
+
+    # -- routing -------------------------------------------------------------------------------------------
+    def route(self, i: int, now: float) -> None:
+        if self.too_long[i]:  # beyond the model's context: refused on arrival
+            self.phase[i] = REJECTED
+            self.t_done[i] = self.arr[i]
+            return
+        reps = self.reps
+        if len(reps) == 1:
+            r = reps[0]
+        elif self.router == "round-robin":
+            r = reps[self.rr % len(reps)]
+            self.rr += 1
+        elif self.router == "least-loaded":
+            r = min(reps, key=lambda x: (x.load(), x.idx))
+        else:
+            ids = self.blocks(i)
+
+            def run(x):
+                k = 0
+                for b in ids:
+                    if not x.pool.has(("g", int(b))):
+                        break
+                    k += 1
+                return k
+            r = min(reps, key=lambda x: (-run(x), x.load(), x.idx))
+        a = float(self.arr[i])
+        if r.load() == 0 and r.t < a:
+            r.advance(a)  # an idle replica waits for the request
+            r.t = a
+        elif r.t > a:
+            self.transit += r.t - a
+        r.waiting.append(i)
+        self.replica[i] = r.idx
+
+    # -- admission ----------------------------------------------------------------------------------------
+    def admit(self, r: _Replica, now: float, spare: int) -> bool:
+        """Admit waiting requests in order while the replica runs fewer than ``max_running`` and the step's
+        token budget has ``spare`` prefill tokens; True when the head waits for KV room."""
+        while r.waiting and len(r.running) < self.max_running and spare > 0:
+            i = r.waiting[0]
+            ok = self._admit_one(r, i, now)
+            if ok == "never":  # larger than the whole pool: refused, the queue goes on
+                r.waiting.popleft()
+                self.phase[i] = REJECTED
+                self.t_done[i] = now
+                continue
+            if ok == "wait":
+                return True
+            r.waiting.popleft()
+            if self.ready[i] <= now:
+                spare -= int(self.target[i] - self.pos[i])
+        return False
+
+    def _admit_one(self, r: _Replica, i: int, now: float) -> str:
+        ids = self.blocks(i)
+        inp = int(self.inp[i])
+        pool = r.pool
+        # the leading run of blocks present somewhere, and where each is read from
+        where = []
+        for b in ids:
+            key = ("g", int(b))
+            if pool.has(key):
+                where.append(None)
+                continue
+            t = self._tier_of(key, now, self.g_tiers)
+            if t is None:
+                break
+            where.append(t)
+        run = len(where)
+        hit = min(run * self.bt, inp - 1) if run else 0
+        swa_ok = True
+        if self.swa_model and hit > 0:
+            key = ("s", int(ids[run - 1]))
+            sk = ("S", int(self.session[i])) if self.session[i] >= 0 else None
+            swa_ok = pool.has(key) or (sk is not None and pool.has(sk)) or \
+                self._tier_of(key, now, self.s_tiers) is not None or \
+                (sk is not None and self._tier_of(sk, now, self.s_tiers) is not None)
+        replay = 0
+        if hit and not swa_ok:
+            if self.encoder_replay:
+                replay = min(hit, self.window)
+            else:
+                self.recomputed[i] = hit
+                hit = 0
+        gen = int(self.gen[i])
+        target = inp + gen  # a preempted request recomputes the tokens it emitted
+        # HBM: every prompt block not already there, the SWA state, the recomputed outputs
+        need = sum(self.block_bytes(i, j) for j in range(ids.size) if not pool.has(("g", int(ids[j]))))
+        priv = self.s + self.g * gen
+        if need + priv > pool.capacity:
+            return "never"
+        if need + priv > pool.free() + pool.cached or not pool.make_room(need + priv):
+            return "wait"
+        keys = [("g", int(b)) for b in ids]
+        for j, k in enumerate(keys):
+            pool.ref(k, self.block_bytes(i, j))
+        pool.private += priv
+        self.priv[i] = priv
+        self.keys[i] = keys
+        # where the hit came from (tokens per tier), restore bytes per device
+        host_b = disk_b = 0.0
+        nb = -(-hit // self.bt) if hit else 0
+        for j in range(nb):
+            tok = min(self.bt, hit - j * self.bt)
+            t = where[j]
+            name = "hbm" if t is None else t.spec.name
+            self.hit[name][i] += tok
+            if t is not None:
+                t.touch(("g", int(ids[j])), now)
+                if name == "host":
+                    host_b += tok * self.g
+                else:
+                    disk_b += tok * self.g
+        if self.swa_model and hit and swa_ok:
+            self.swa_hit[i] = True
+            key = ("s", int(ids[run - 1]))
+            if not pool.has(key):
+                sk = ("S", int(self.session[i])) if self.session[i] >= 0 else None
+                t = self._tier_of(key, now, self.s_tiers) or (sk and self._tier_of(sk, now, self.s_tiers))
+                if t is not None and not (sk is not None and pool.has(sk)):
+                    if t.spec.name == "host":
+                        host_b += self.s
+                    else:
+                        disk_b += self.s
+        self.hit_tokens[i] = hit
+        self.replay[i] = replay
+        self.pending_replay[i] = replay > 0
+        dr = float(restore_seconds(host_b * self.per_device, disk_b * self.per_device, self.hw)) \
+            if host_b + disk_b > 0 else 0.0
+        self.restore_s[i] = dr
+        self.ready[i] = now
+        if dr > 0:
+            r.link = max(r.link, now) + dr
+            self.ready[i] = r.link
+        self.phase[i] = PREFILL
+        self.pos[i] = hit
+        self.target[i] = target
+        if math.isnan(self.t_admit[i]):
+            self.t_admit[i] = now
+        r.running.append(i)
+        return "ok"
+
+    # -- completion ---------------------------------------------------------------------------------------
+    def _release(self, r: _Replica, i: int) -> None:
+        for k in self.keys.pop(i, ()):
+            r.pool.unref(k)
+        r.pool.private -= self.priv[i]
+        self.priv[i] = 0.0
+
+    def _prefilled(self, r: _Replica, i: int, now: float) -> None:
+        """Write the prompt's global blocks through to the tiers that keep them."""
+        if not self.g_tiers:
+            return
+        ids = self.blocks(i)
+        for j, b in enumerate(ids):
+            nb = self.block_bytes(i, j)
+            for t in self.g_tiers:
+                t.put(("g", int(b)), nb, now)
+
+    def _finish(self, r: _Replica, i: int, now: float) -> None:
+        self.phase[i] = DONE
+        self.t_done[i] = now
+        self._release(r, i)
+        if self.swa_model and self.s > 0:
+            keys = [k for k in (self._swa_key(i),
+                                ("S", int(self.session[i])) if self.session[i] >= 0 else None) if k is not None]
+            for k in keys:
+                r.pool.put_cached(k, self.s)
+                for t in self.s_tiers:
+                    t.put(k, self.s, now)
+
+    def _preempt(self, r: _Replica) -> bool:
+        """Recompute-preempt the newest running request; False when none can be."""
+        if len(r.running) <= 1:
+            return False
+        i = r.running.pop()
+        self._release(r, i)
+        self.phase[i] = WAIT
+        self.preempted[i] += 1
+        r.waiting.appendleft(i)
+        return True
+
+    # -- one step of a replica ----------------------------------------------------------------------------
+    def step(self, r: _Replica, t_next: float) -> None:
+        now = r.t
+        decodes = [i for i in r.running if self.phase[i] == DECODE]
+        queued = sum(int(self.target[i] - self.pos[i]) for i in r.running
+                     if self.phase[i] == PREFILL and self.ready[i] <= now)
+        blocked = self.admit(r, now, self.budget - len(decodes) - queued)
+        budget = self.budget - len(decodes)
+        if budget < 0:
+            decodes, budget = decodes[:self.budget], 0
+        chunks = []
+        pending = False
+        t_ready = math.inf
+        for i in r.running:
+            if self.phase[i] != PREFILL:
+                continue
+            if self.ready[i] > now:
+                t_ready = min(t_ready, self.ready[i])
+                continue
+            if budget <= 0:
+                pending = True
+                break
+            k = int(min(self.target[i] - self.pos[i], budget))
+            chunks.append((i, k, int(self.pos[i])))
+            budget -= k
+        t_event = min(t_next, t_ready)
+        if not decodes and not chunks:
+            r.advance(t_event if math.isfinite(t_event) else now)
+            return
+        # KV growth of the decodes (preempting the newest request while it does not fit)
+        need = self.g * len(decodes)
+        while need > 0 and (need > r.pool.free() + r.pool.cached or not r.pool.make_room(need)):
+            if not self._preempt(r):
+                break
+            decodes = [i for i in decodes if self.phase[i] == DECODE]
+            chunks = [c for c in chunks if self.phase[c[0]] == PREFILL]
+            need = self.g * len(decodes)
+            if not decodes and not chunks:
+                return
+        B = len(decodes)
+        ctx = (self.inp[decodes] + self.gen[decodes]).astype(np.float64) if B else np.zeros(0)
+        cmean = float(ctx.mean()) if B else 0.0
+        if chunks or pending or (r.waiting and len(r.running) < self.max_running and not blocked):
+            m = 1
+            if chunks:
+                dt = self._step_time(cmean, B, chunks)
+                self.step_count[1] += 1
+            else:
+                dt = float(self.st.decode(B, cmean))
+                self.step_count[0] += 1
+            dts = np.array([dt])
+        else:
+            # a run of pure decode steps up to the next completion, arrival, or KV limit
+            left = int((self.out[decodes] - self.gen[decodes]).min())
+            room = r.pool.free() + r.pool.cached
+            fit = room / (self.g * B) if self.g > 0 else math.inf  # steps the KV pool can still grow
+            kmax = max(1, min(left, int(fit) if math.isfinite(fit) else left))
+            steps = np.arange(kmax, dtype=np.float64)
+            dts = self.st.decode(np.full(kmax, float(B)), cmean + steps)
+            m = kmax
+            if math.isfinite(t_event):  # the steps that start before the next event
+                m = 1 + int(np.searchsorted(np.cumsum(dts)[:-1], t_event - now, side="left"))
+            m = max(1, min(m, kmax))
+            dts = dts[:m]
+            self.step_count[0] += m
+        if B:
+            np.add.at(self.hist, np.searchsorted(_HIST_EDGES, dts), float(B))
+        self._sample_step(chunks, ctx, decodes, dts.size)
+        t_end = now + float(dts.sum())
+        r.advance(t_end)
+        r.busy_s += float(dts.sum())
+        r.steps += dts.size
+        m = dts.size
+        # decodes emit m tokens each
+        if B:
+            self.gen[decodes] += m
+            grow = self.g * m
+            self.priv[decodes] += grow
+            r.pool.private += grow * B
+        for i, k, _ in chunks:
+            self.pos[i] += k
+            self.pending_replay[i] = False
+            if self.pos[i] >= self.target[i]:  # the last chunk emits the next token
+                self.phase[i] = DECODE
+                if math.isnan(self.t_first[i]):
+                    self.t_first[i] = t_end
+                self.gen[i] += 1
+                self._prefilled(r, i, t_end)
+        done = [i for i in r.running if self.phase[i] == DECODE and self.gen[i] >= self.out[i]]
+        if done:
+            for i in done:
+                self._finish(r, i, t_end)
+            gone = set(done)
+            r.running = [i for i in r.running if i not in gone]
+
+    def _sample_step(self, chunks, ctx, decodes, m) -> None:
+        """Reservoir-sample steps for the surface's error (each of a run of decode steps counts once)."""
+        if self.validate <= 0:
+            return
+        self.sample_seen += 1
+        rec = None
+        if len(self.samples) < self.validate:
+            rec = len(self.samples)
+            self.samples.append(None)
+        else:
+            j = int(self.rng.integers(0, self.sample_seen))
+            if j < self.validate:
+                rec = j
+        if rec is not None:
+            ch = [(k, p, int(self.replay[i]) if self.pending_replay[i] else 0) for i, k, p in chunks]
+            cmean = float(ctx.mean()) if ctx.size else 0.0
+            pred = self._step_time(cmean, ctx.size, chunks) if chunks else float(self.st.decode(ctx.size, cmean))
+            self.samples[rec] = (ch, ctx.copy(), pred)
+
+    def _step_time(self, cmean: float, B: int, chunks) -> float:
+        """A step with prefill chunks: the surface at its coordinates plus each bounded replay's marginal cost."""
+        n = np.array([c[1] for c in chunks], np.float64)
+        p = np.array([c[2] for c in chunks], np.float64)
+        total = float(n.sum())
+        dt = self.st.step(B, cmean, total, float((n * p + n * (n + 1) / 2).sum()))
+        for i, _, _ in chunks:
+            if self.pending_replay[i]:
+                dt += self.st.replay(total, float(self.hit_tokens[i]))
+        return dt
+
+    def sample(self, upto: float) -> None:
+        while self.sample_s and self.next_sample <= upto:
+            t = self.next_sample
+            tl = self.timeline
+            tl["t_s"].append(t)
+            tl["hbm_bytes"].append(sum(r.pool.used + r.pool.private for r in self.reps))
+            tl["hbm_cached_bytes"].append(sum(r.pool.cached for r in self.reps))
+            for st in self.tiers:
+                st._advance(t)
+            for name in ("host", "disk"):
+                tl[f"{name}_bytes"].append(sum(st.used for st in self.tiers if st.spec.name == name))
+            tl["waiting"].append(sum(len(r.waiting) for r in self.reps))
+            tl["running"].append(sum(len(r.running) for r in self.reps))
+            self.next_sample += self.sample_s
+
+    # -- the loop -----------------------------------------------------------------------------------------
+    def run(self) -> None:
+        n, arr = self.n, self.arr
+        nxt = 0
+        reps = self.reps
+        while True:
+            busy = [r for r in reps if r.load()]
+            if not busy:
+                if nxt >= n:
+                    break
+                self.route(nxt, float(arr[nxt]))
+                nxt += 1
+                continue
+            r = min(busy, key=lambda x: (x.t, x.idx))
+            if nxt < n and arr[nxt] <= r.t:
+                while nxt < n and arr[nxt] <= r.t:
+                    self.route(nxt, float(arr[nxt]))
+                    nxt += 1
+                if self.progress:
+                    self.progress(nxt)
+                continue
+            before = r.t
+            self.step(r, float(arr[nxt]) if nxt < n else math.inf)
+            if r.t == before and r.load():
+                # no progress possible: the replica waits for the next arrival (a full pool with nothing running
+                # cannot happen: admit() rejects a head that does not fit an empty pool)
+                if nxt < n:
+                    r.advance(float(arr[nxt]))
+                else:
+                    raise GraphsimError("serve_sim", f"replica {r.idx} is stuck with {r.load()} requests "
+                                                     "(an internal error: please report it)")
+            self.sample(min(x.t for x in reps))
+        for r in reps:
+            r.advance(max(x.t for x in reps))
+
+
+def _percentiles(v: np.ndarray) -> dict:
+    v = v[np.isfinite(v)]
+    if not v.size:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    p = np.percentile(v, [50, 90, 99])
+    return {"p50": float(p[0]), "p90": float(p[1]), "p99": float(p[2]), "mean": float(v.mean())}
+
+
+def _hist_percentiles(hist: np.ndarray) -> dict:
+    tot = hist.sum()
+    if tot <= 0:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    cdf = np.cumsum(hist) / tot
+    mid = np.concatenate([[_HIST_EDGES[0]], np.sqrt(_HIST_EDGES[:-1] * _HIST_EDGES[1:]), [_HIST_EDGES[-1]]])
+    out = {f"p{q}": float(mid[min(int(np.searchsorted(cdf, q / 100.0)), mid.size - 1)]) * 1e3 for q in (50, 90, 99)}
+    # (each value is its histogram bin's centre: 200 bins per decade, within 0.6 % of the step time)
+    out["mean"] = float((hist * mid).sum() / tot) * 1e3
+    return out
+
+
+def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers=None, router: str = "prefix",
+             sla: SLA = SLA(), classes: tuple = (), seed: int = 0, validate: int = 256, samples: int = 200,
+             prices=None, steps=None, progress=None) -> SimResult:
+    """Serve ``trace`` (:class:`graphsim.serving.trace.Trace`) on ``deployment``; returns per-request records, latency
+    percentiles per class, goodput under ``sla``, throughput per GPU, cache hits and bytes per tier over time, and
+    the checks. ``cache_design`` names the tiers below HBM (:data:`graphsim.serving.kvcache.DESIGNS`) unless
+    ``tiers`` gives them (``prices``: {tier: price per GiB-hour}); ``classes``: input-length edges splitting the requests into classes; ``validate``: steps
+    sampled to state the step surface's error against the exact program; ``steps``: a step-time object to use
+    instead of the deployment's program (tests' closed forms)."""
+    from ..fit import DEFAULT_RESERVE_GIB, MemoryModel
+    from ..hw import load_hw
+    from ..models import load_model
+    from ..pipeline import Plan, Policies, compile_plan
+    from ..plan import ParallelMapping
+    from .engines import ENGINES, engine_terms
+
+    require(router in ROUTERS, "router", f"unknown {router!r}; allowed: {', '.join(ROUTERS)}")
+    require(len(trace) > 0, "trace", "holds no requests")
+    dep = deployment
+    model = load_model(dep.model) if isinstance(dep.model, str) else dep.model
+    hw = load_hw(dep.hw) if isinstance(dep.hw, str) else dep.hw
+    mapping = dep.mapping or ParallelMapping()
+    policies = dep.policies or Policies()
+    require(mapping.pp == 1, "mapping.pp", "serve-sim runs pp = 1 replicas (a pipeline's micro-batch schedule is not "
+                                           "simulated); give pp 1")
+    view = dep.view
+    if dep.engine == "auto":
+        eng = None if view is None or getattr(view, "name", "sol") == "sol" or not getattr(view, "backend", "") \
+            else ENGINES.get(str(view.backend).split("@", 1)[0])
+    else:
+        eng = engine_terms(dep.engine)
+    budget = int(dep.token_budget or getattr(eng, "max_tokens_per_step", None) or DEFAULT_TOKEN_BUDGET)
+    max_running = int(dep.max_running or getattr(eng, "max_running", None) or (1 << 20))
+    reserve = DEFAULT_RESERVE_GIB if dep.reserve_gib is None else dep.reserve_gib
+
+    g, s = kv_terms(model, policies)
+    swa_model = s > 0 and hasattr(model, "kv_breakdown") and model.kv_breakdown(1024) is not None \
+        and "swa_bytes" in (model.kv_breakdown(1024) or {})
+    # HBM: the KV pool of one replica, in bytes of requests' KV (a device holds 1/kv_split of the replica's pool
+    # share... each device's room times the devices one request's KV is spread over)
+    split = model.kv_split(mapping)
+    per_device = mapping.dp / split  # a request's bytes on one of its devices / its bytes
+    from ..limits import MAX_CONTEXT
+
+    limit = model.max_context() if policies.beyond_context == "refuse" and hasattr(model, "max_context") \
+        else MAX_CONTEXT
+    total = np.asarray(trace.input_len, np.int64) + np.asarray(trace.output_len, np.int64)
+    too_long = total > limit  # refused on arrival, as an engine refuses a request beyond its context
+    require(not bool(too_long.all()), "trace", f"every request exceeds {model.name}'s context of {limit:,} tokens "
+                                               "(--beyond-context runs them as a what-if)")
+    max_ctx = int(min(int(total[~too_long].max()) + 1, limit))
+    if dep.hbm_kv_gib is not None:
+        capacity = float(dep.hbm_kv_gib) * GiB
+    else:
+        mm = MemoryModel(model, hw, mapping, policies, kind="prefill", reserve_gib=reserve, engine=eng)
+        work = float(mm.workspace(1, budget)[0])
+        fixed = sum(mm.weights.values()) + work
+        room = eng.room(hw.hbm_capacity_bytes, mm.reserve, fixed, 0.0) if eng is not None else \
+            hw.hbm_capacity_bytes - mm.reserve - fixed
+        require(room > 0, "deployment", f"{model.name} on {mapping} leaves no HBM for a KV cache on {hw.name} "
+                                        f"({room / GiB:.1f} GiB): use more GPUs per replica")
+        capacity = float(room) * split
+    design = "custom"
+    if tiers is None:
+        design = cache_design if cache_design != "auto" else ("three-tier" if swa_model else "host-disk")
+        tiers = design_tiers(design, hw.host_mem_bytes * mapping.gpus * dep.replicas, swa_model)
+    tiers = tuple(tiers)
+    for name, price in (prices or {}).items():
+        require(name in [t.name for t in tiers], "price", f"{name!r} is not a tier of this cache "
+                                                          f"({', '.join(t.name for t in tiers) or 'none'})")
+        tiers = tuple(attrs.evolve(t, price_gib_hour=float(price)) if t.name == name else t for t in tiers)
+    require(all(isinstance(t, TierSpec) for t in tiers), "tiers", "give TierSpec records")
+    if steps is None:
+        b_max = int(min(max_running, 1 << 14, len(trace)))
+        prog = compile_plan(model, Plan([f"prefill:{max_ctx}", f"decode:{max_ctx}x{max(b_max, 1)}"], mapping,
+                                        policies),
+                            hw, dep.profile, view=view)
+        exact = compile_plan(model, Plan(["prefill:1024"] * 8 + ["decode:1024"] * 4, mapping, policies), hw,
+                             dep.profile, view=view) if validate > 0 else None
+        from .steps import StepTimes
+
+        steps = StepTimes(prog, max_batch=b_max, max_context=max_ctx, budget=budget,
+                          replay_window=policies.replay_window, swa=swa_model, exact_program=exact)
+    arr = np.asarray(trace.arrival_s, np.float64)
+    span = float(arr[-1] - arr[0]) if len(trace) > 1 else 1.0
+    sim = _Sim(trace, dep, steps, too_long=too_long, tiers=tiers, router=router, seed=seed, validate=validate,
+               sample_s=max(span, 1e-3) / max(samples, 1) if samples else 0.0, progress=progress,
+               kv=(g, s), per_device=per_device, hbm_capacity=capacity, max_running=max_running, budget=budget,
+               window=policies.replay_window, swa_model=swa_model,
+               encoder_replay=policies.encoder_replay == "on", hw=hw)
+    sim.run()
+    return _result(sim, trace, dep, model, hw, mapping, policies, eng, budget, max_running, capacity, tiers, sla,
+                   classes, steps, router, design)
+
+
+def _finite(v):
+    """A JSON number, or None for an unbounded (inf) or undefined (nan) value."""
+    return float(v) if v is not None and math.isfinite(float(v)) else None
+
+
+def _result(sim: _Sim, trace, dep, model, hw, mapping, policies, eng, budget, max_running, capacity, tiers, sla,
+            classes, steps, router, design) -> SimResult:
+    from ..search import policy_text
+
+    n = sim.n
+    arr = sim.arr
+    served = sim.phase == DONE
+    ttft = (sim.t_first - arr) * 1e3
+    e2e = (sim.t_done - arr) * 1e3
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(sim.out > 1, (sim.t_done - sim.t_first) / np.maximum(sim.out - 1, 1), np.nan) * 1e3
+    ttft[~served], e2e[~served], tpot[~served] = np.nan, np.nan, np.nan
+    t_end = float(np.nanmax(sim.t_done)) if n else 0.0
+    span = max(t_end - float(arr[0]), 1e-12)
+    gpus = mapping.gpus * dep.replicas
+    good = served.copy()
+    if sla.ttft_ms is not None:
+        good &= ttft <= sla.ttft_ms
+    if sla.tpot_ms is not None:
+        good &= ~(tpot > sla.tpot_ms)
+    edges = tuple(sorted(int(x) for x in classes))
+    cls = np.searchsorted(np.asarray(edges, np.int64), sim.inp, side="left") if edges else np.zeros(n, np.int64)
+    bounds = [0, *edges, None]
+    per_class = []
+    for k in range(len(edges) + 1):
+        sel = cls == k
+        per_class.append({"name": "all" if not edges else (f"input<={edges[0]}" if k == 0 else
+                                                             f"input>{edges[-1]}" if k == len(edges) else
+                                                             f"{edges[k - 1]}<input<={edges[k]}"),
+                          "min_input_tokens": bounds[k] + (1 if k else 0), "max_input_tokens": bounds[k + 1],
+                          "requests": int(sel.sum()), "ttft_ms": _percentiles(ttft[sel]),
+                          "tpot_ms": _percentiles(tpot[sel]), "e2e_ms": _percentiles(e2e[sel])})
+    inp_tot = float(sim.inp.sum())
+    hits = {k: float(v.sum()) for k, v in sim.hit.items()}
+    req_hits = {k: int((v > 0).sum()) for k, v in sim.hit.items()}
+    # Little's law: the replicas' own integral of requests held vs arrival rate x mean time in system
+    L = (sum(r.held for r in sim.reps) + sim.transit) / span
+    lam = n / span
+    W = float(np.nanmean(np.where(served | (sim.phase == REJECTED), sim.t_done - arr, np.nan)))
+    little = {"mean_in_system": L, "arrival_rate_x_mean_time": lam * W,
+              "relative_error": abs(L - lam * W) / max(lam * W, 1e-300)}
+    reuse = float(trace.prefix_hits().sum()) / inp_tot if hasattr(trace, "prefix_hits") else None
+    tier_rows = []
+    by_name = {st.spec.name: st for st in sim.tiers}
+    for name in ("host", "disk"):  # every tier graphsim knows, present or not
+        st = by_name.get(name)
+        if st is not None:
+            st._advance(t_end)
+        sp = st.spec if st is not None else None
+        tier_rows.append({
+            "name": name, "present": st is not None, "holds": list(sp.holds) if sp else [],
+            "capacity_gib": _finite(sp.capacity_bytes / GiB) if sp else None,
+            "ttl_s": _finite(sp.ttl_s) if sp else None, "price_per_gib_hour": sp.price_gib_hour if sp else 0.0,
+            "peak_gib": st.peak / GiB if st else 0.0, "gib_hours": st.byte_s / GiB / 3600.0 if st else 0.0,
+            "cost": st.cost() if st else 0.0, "evicted": st.evicted if st else 0, "expired": st.expired if st else 0,
+            "hit_tokens": hits[name], "hit_requests": req_hits[name]})
+    summary = {
+        "deployment": {"model": model.name, "hw": hw.name, "mapping": str(mapping), "replicas": dep.replicas,
+                       "gpus": gpus, "policies": policy_text(policies),
+                       "view": getattr(dep.view, "name", "sol") if dep.view is not None else "sol",
+                       "engine": getattr(eng, "name", "none") if eng is not None else "none",
+                       "token_budget": budget, "max_running": max_running if max_running < (1 << 20) else None,
+                       "hbm_pool_gib_per_replica": _finite(capacity / GiB), "router": router,
+                       "cache_design": design},
+        "requests": {"total": n, "served": int(served.sum()), "rejected": int((sim.phase == REJECTED).sum()),
+                     "rejected_beyond_context": int(sim.too_long.sum()), "preempted": int((sim.preempted > 0).sum()),
+                     "preemptions": int(sim.preempted.sum())},
+        "duration_s": span,
+        "latency": {"ttft_ms": _percentiles(ttft), "tpot_ms": _percentiles(tpot), "itl_ms": _hist_percentiles(sim.hist),
+                    "e2e_ms": _percentiles(e2e)},
+        "classes": per_class,
+        "goodput": {"ttft_ms": sla.ttft_ms, "tpot_ms": sla.tpot_ms, "requests": int(good.sum()),
+                    "fraction": float(good.sum()) / max(n, 1), "requests_per_s": float(good.sum()) / span,
+                    "output_tokens_per_s_per_gpu": float(sim.out[good].sum()) / span / gpus},
+        "throughput": {"output_tokens_per_s_per_gpu": float(sim.out[served].sum()) / span / gpus,
+                       "input_tokens_per_s_per_gpu": float(sim.inp[served].sum()) / span / gpus,
+                       "requests_per_s": float(served.sum()) / span},
+        "queue": {"mean_waiting": float(np.mean(sim.timeline["waiting"])) if sim.timeline["waiting"] else 0.0,
+                  "max_waiting": int(max(sim.timeline["waiting"], default=0))},
+        "steps": {"decode_only": int(sim.step_count[0]), "mixed": int(sim.step_count[1]),
+                  "busy_fraction": float(np.mean([r.busy_s for r in sim.reps])) / span},
+        "cache": {"hit_ratio": float(sim.hit_tokens.sum()) / inp_tot if inp_tot else 0.0,
+                  "trace_prefix_reuse": reuse, "hit_tokens": hits, "hit_requests": req_hits,
+                  "swa_hits": int(sim.swa_hit.sum()), "replays": int((sim.replay > 0).sum()),
+                  "replayed_tokens": int(sim.replay.sum()), "recomputed_hit_tokens": int(sim.recomputed.sum()),
+                  "hbm_evicted": sum(r.pool.evicted for r in sim.reps),
+                  "persistent_gib_hours": sum(t["gib_hours"] for t in tier_rows if t["name"] == "disk"),
+                  "tiers": tier_rows},
+    }
+    checks = {"littles_law": little}
+    err = {"steps": 0, "median_rel": None, "p90_abs_rel": None, "max_abs_rel": None,
+           "surface_points": int(getattr(steps, "points", 0))}
+    if sim.samples and getattr(steps, "exact_program", None) is not None:
+        recs = [x for x in sim.samples if x is not None]
+        ex = steps.exact([(c, ctx) for c, ctx, _ in recs])
+        pr = np.array([p for _, _, p in recs])
+        rel = (pr - ex) / ex
+        err.update(steps=len(recs), median_rel=float(np.median(rel)), p90_abs_rel=float(np.percentile(abs(rel), 90)),
+                   max_abs_rel=float(np.max(abs(rel))))
+    requests = {"arrival_s": arr, "input_len": sim.inp, "output_len": sim.out, "replica": sim.replica,
+                "ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e, "hit_tokens": sim.hit_tokens,
+                "hit_hbm": sim.hit["hbm"], "hit_host": sim.hit["host"], "hit_disk": sim.hit["disk"],
+                "swa_hit": sim.swa_hit, "replayed": sim.replay, "restore_ms": sim.restore_s * 1e3,
+                "preempted": sim.preempted, "served": served, "good": good}
+    return SimResult(requests, summary, {k: np.asarray(v) for k, v in sim.timeline.items()}, checks, err,
+                     summary["deployment"])
+
+
+__all__ = ["Deployment", "SLA", "SimResult", "simulate", "kv_terms", "restore_seconds", "ROUTERS"]

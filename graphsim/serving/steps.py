@@ -1,0 +1,216 @@
+"""Step times of a serving simulation from graphsim's own compiled program (issue 27): never a second cost model.
+
+A continuous-batching step runs ``B`` decodes (one position each at their contexts) and prefill chunks (``n_i`` new
+positions after ``p_i`` earlier ones each) in one forward. The simulator asks for millions of steps, so the program
+is evaluated once, vectorized, on a *response surface* over the step's coordinates and interpolated:
+
+- decode-only steps: (B, mean decode context C) on a fine geometric grid;
+- mixed steps: (B, C, N = Σ n_i, P) on a coarser grid, where the chunks are priced as one sequence of N positions
+  after P earlier ones with P chosen so that the attention pairs Σ (n_i·p_i + n_i(n_i+1)/2) match
+  (N·P + N(N+1)/2; P >= 0);
+- a bounded SWA replay (DeepSeek-V4.1, a prefix hit without its SWA state) adds its own cost, the program's forward
+  with the replayed positions minus the same forward without them, as a curve over the cached positions.
+
+The interpolation is multilinear over the grid's raw coordinates (the forward is monotone and piecewise-smooth in
+each); :meth:`StepTimes.exact` evaluates recorded steps with one workload group per chunk and per context quartile of
+the decodes, so a simulation states its surface's error on its own step mix (``SimResult.surface_error``).
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from ..errors import require
+
+#: groups of the exact evaluation: prefill chunks (more are merged into the last) and decode context quartiles
+EXACT_PREFILL_GROUPS = 8
+EXACT_DECODE_GROUPS = 4
+#: the NumPy evaluator's sweet spot (lowering.evaluate.NUMPY_POINTS): chunks never trigger a JAX compile
+_CHUNK = 4096
+
+
+def _geom(lo: float, hi: float, ratio: float, *, zero: bool = False, integer: bool = True) -> np.ndarray:
+    """lo, lo·ratio, ... up to and including hi (whole numbers when ``integer``), with 0 first when ``zero``."""
+    hi = max(hi, lo)
+    vals = [lo]
+    while vals[-1] * ratio < hi:
+        vals.append(vals[-1] * ratio)
+    vals.append(hi)
+    a = np.unique(np.round(vals) if integer else np.asarray(vals, dtype=np.float64))
+    if zero:
+        a = np.unique(np.concatenate([[0.0], a]))
+    if a.size < 2:
+        a = np.array([a[0], a[0] + 1.0])
+    return a.astype(np.float64)
+
+
+def interp(grids: tuple, table: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Multilinear interpolation of ``table`` (shape = grid lengths) at the rows of ``q`` (n, d), clipped to the
+    grid's box."""
+    q = np.atleast_2d(np.asarray(q, dtype=np.float64))
+    idx, w = [], []
+    for d, g in enumerate(grids):
+        x = np.clip(q[:, d], g[0], g[-1])
+        i = np.clip(np.searchsorted(g, x, side="right") - 1, 0, len(g) - 2)
+        idx.append(i)
+        w.append((x - g[i]) / (g[i + 1] - g[i]))
+    out = np.zeros(q.shape[0])
+    for corner in itertools.product((0, 1), repeat=len(grids)):
+        ww = np.ones(q.shape[0])
+        for d, c in enumerate(corner):
+            ww = ww * (w[d] if c else 1.0 - w[d])
+        out += ww * table[tuple(idx[d] + c for d, c in enumerate(corner))]
+    return out
+
+
+def effective_past(n: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """P with N·P + N(N+1)/2 = pairs (>= 0): the past of one sequence of N positions with the chunks' pairs."""
+    n = np.asarray(n, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(n > 0, (pairs - n * (n + 1) / 2) / np.maximum(n, 1.0), 0.0)
+    return np.maximum(p, 0.0)
+
+
+class StepTimes:
+    """Forward seconds of serving steps of one deployment (``compiled``: a program with a prefill and a decode
+    request, in that order, at the deployment's mapping and policies, in any view)."""
+
+    def __init__(self, compiled, *, max_batch: int, max_context: int, budget: int, replay_window: int = 128,
+                 swa: bool = False, exact_program=None):
+        require(compiled.plan.kinds == ("prefill", "decode"), "compiled", "the step program is one prefill and one "
+                                                                          "decode request")
+        self.c, self.exact_program = compiled, exact_program
+        self.max_batch, self.max_context, self.budget = int(max_batch), int(max_context), int(budget)
+        self.window, self.swa = int(replay_window), bool(swa)
+        self.points = 0
+        cmax = float(max(self.max_context, 2))
+        self.d_grids = (_geom(1, max(self.max_batch, 2), 1.5), _geom(16, cmax, 1.5))
+        self.m_grids = (_geom(1, max(self.max_batch, 2), 2.0, zero=True), _geom(64, cmax, 4.0),
+                        _geom(1, max(self.budget, 2), 1.5), _geom(256, cmax, 4.0, zero=True))
+        self.d_table = self._surface(self.d_grids, decode_only=True)
+        self.m_table = self._surface(self.m_grids, decode_only=False)
+        self.r_grids = (_geom(1, max(self.budget, 2), 2.0), _geom(1, cmax, 2.0))
+        self.r_table = self._replay_table(self.r_grids) if self.swa else None
+
+    # -- building -----------------------------------------------------------------------------------------
+    def _forward(self, count, new, past, replay=None) -> np.ndarray:
+        from ..workload import Workload
+
+        count, new, past = (np.asarray(a, dtype=np.float64) for a in (count, new, past))
+        replay = np.zeros_like(count) if replay is None else np.asarray(replay, dtype=np.float64)
+        out = np.empty(count.shape[0])
+        for s in range(0, count.shape[0], _CHUNK):
+            sl = slice(s, s + _CHUNK)
+            wl = Workload(("prefill", "decode"), count[sl], new[sl], past[sl], replay=replay[sl],
+                          tier=np.zeros_like(count[sl]))
+            out[sl] = np.asarray(self.c.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64)
+        self.points += count.shape[0]
+        require(bool(np.all(np.isfinite(out))), "view", "the view has no time for some serving steps of this "
+                                                         "deployment (see graphsim estimate for the same requests)")
+        return out
+
+    def _surface(self, grids, decode_only: bool) -> np.ndarray:
+        mesh = np.meshgrid(*grids, indexing="ij")
+        flat = [m.ravel() for m in mesh]
+        if decode_only:
+            b, c = flat
+            n = np.zeros_like(b)
+            p = np.zeros_like(b)
+        else:
+            b, c, n, p = flat
+        count = np.stack([(n > 0).astype(np.float64), b], axis=1)
+        new = np.stack([np.maximum(n, 1.0), np.ones_like(b)], axis=1)
+        past = np.stack([p, c], axis=1)
+        return self._forward(count, new, past).reshape(mesh[0].shape)
+
+    def _replay_table(self, grids) -> np.ndarray:
+        """Seconds a bounded replay of min(K, W) positions adds to a prefill of N positions after K cached ones
+        (the replayed positions batch with the chunk's: the marginal cost at the step's size)."""
+        mesh = np.meshgrid(*grids, indexing="ij")
+        n, k = (m.ravel() for m in mesh)
+        count = np.stack([np.ones_like(k), np.zeros_like(k)], axis=1)
+        new = np.stack([n, np.ones_like(k)], axis=1)
+        past = np.stack([k, np.zeros_like(k)], axis=1)
+        rep = np.stack([np.minimum(k, self.window), np.zeros_like(k)], axis=1)
+        d = self._forward(count, new, past, rep) - self._forward(count, new, past)
+        return np.maximum(d, 0.0).reshape(mesh[0].shape)
+
+    # -- queries ------------------------------------------------------------------------------------------
+    def decode(self, batch, context) -> np.ndarray:
+        """Seconds of decode-only steps of ``batch`` requests at mean context ``context`` (arrays)."""
+        b = np.asarray(batch, dtype=np.float64)
+        c = np.broadcast_to(np.asarray(context, dtype=np.float64), b.shape)
+        return interp(self.d_grids, self.d_table, np.stack([b.ravel(), c.ravel()], axis=1)).reshape(b.shape)
+
+    def step(self, batch: int, context: float, new: float, pairs: float) -> float:
+        """Seconds of one step: ``batch`` decodes at mean context ``context`` and prefill chunks of ``new``
+        positions in all with ``pairs`` causal attention pairs."""
+        if new <= 0:
+            return float(self.decode(batch, context)) if batch > 0 else 0.0
+        p = float(effective_past(new, pairs))
+        return float(interp(self.m_grids, self.m_table, np.array([[batch, context, new, p]]))[0])
+
+    def replay(self, new, cached) -> float:
+        """Seconds the bounded SWA replay of a request with ``cached`` positions adds to a step prefilling
+        ``new`` positions (0 for a model without SWA)."""
+        if self.r_table is None:
+            return 0.0
+        return float(interp(self.r_grids, self.r_table, np.array([[new, cached]], dtype=np.float64))[0])
+
+    # -- validation ---------------------------------------------------------------------------------------
+    def exact(self, steps: list) -> np.ndarray:
+        """Forward seconds of recorded ``steps`` — each (chunks [(new, past, replay)], decode contexts) — from
+        the exact program: one group per prefill chunk (the 8th holds the rest) and per decode context quartile."""
+        from ..workload import Workload
+
+        require(self.exact_program is not None, "steps", "no exact program to validate the surface against")
+        gp, gd = EXACT_PREFILL_GROUPS, EXACT_DECODE_GROUPS
+        n = len(steps)
+        count, new, past, rep = (np.zeros((n, gp + gd)) for _ in range(4))
+        for i, (chunks, ctxs) in enumerate(steps):
+            for j, (nn, pp, rr) in enumerate(chunks[:gp]):
+                count[i, j], new[i, j], past[i, j], rep[i, j] = 1, nn, pp, rr
+            if len(chunks) > gp:  # the rest as one more sequence (pairs kept)
+                rest = np.asarray(chunks[gp - 1:], dtype=np.float64)
+                nn = rest[:, 0].sum()
+                pairs = (rest[:, 0] * rest[:, 1] + rest[:, 0] * (rest[:, 0] + 1) / 2).sum()
+                count[i, gp - 1], new[i, gp - 1] = 1, nn
+                past[i, gp - 1] = np.floor(effective_past(nn, pairs))
+                rep[i, gp - 1] = min(rest[:, 2].sum(), past[i, gp - 1])
+            new[i, :gp] = np.maximum(new[i, :gp], 1)
+            if len(ctxs):
+                for j, part in enumerate(np.array_split(np.sort(np.asarray(ctxs, dtype=np.float64)), gd)):
+                    if part.size:
+                        count[i, gp + j], past[i, gp + j] = part.size, np.round(part.mean())
+            new[i, gp:] = 1
+        out = np.empty(n)
+        kinds = ("prefill",) * gp + ("decode",) * gd
+        for s in range(0, n, _CHUNK):
+            sl = slice(s, s + _CHUNK)
+            wl = Workload(kinds, count[sl], new[sl], past[sl], replay=rep[sl], tier=np.zeros_like(count[sl]))
+            out[sl] = np.asarray(self.exact_program.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64)
+        return out
+
+
+class FixedSteps:
+    """Every step takes ``seconds`` whatever it runs: the simulator's closed-form checks (an M/D/1 queue)."""
+
+    exact_program = None
+    points = 0
+
+    def __init__(self, seconds: float):
+        require(float(seconds) > 0, "seconds", f"must be > 0, got {seconds!r}")
+        self.seconds = float(seconds)
+
+    def decode(self, batch, context) -> np.ndarray:
+        return np.full(np.shape(batch), self.seconds)
+
+    def step(self, batch, context, new, pairs) -> float:
+        return self.seconds
+
+    def replay(self, new, cached) -> float:
+        return 0.0
+
+
+__all__ = ["StepTimes", "FixedSteps", "interp", "effective_past", "EXACT_PREFILL_GROUPS", "EXACT_DECODE_GROUPS"]

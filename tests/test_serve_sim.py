@@ -1,0 +1,233 @@
+"""Issue 27: request-level serving simulation (graphsim.serving.sim) — checks that cannot be tuned: Little's law, an
+M/D/1 queue against its closed form, the infinite-cache identity (hit ratio = the trace's own prefix reuse), hit
+ratio monotone in a tier's capacity, replayed tokens = min(hit, W) per SWA miss, the step surface against the exact
+program, and the CLI on the shipped trace excerpt (DeepSeek-V4.1, DeepSeek-V3, a dense model)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import graphsim as gs
+from graphsim.errors import GraphsimError
+from graphsim.serving import SLA, Deployment, TierSpec, load_trace, simulate, synthetic
+from graphsim.serving.kvcache import GiB, HBMPool, Store, design_tiers
+from graphsim.serving.steps import FixedSteps, effective_past, interp
+
+EXCERPT = Path(__file__).resolve().parent / "data" / "traces" / "mooncake_synthetic_trace_head300.jsonl"
+AGENT = {"turns": {"dist": "uniform", "low": 2, "high": 6}, "think_s": {"dist": "lognormal", "mean": 20, "cv": 1},
+         "tool_tokens": {"dist": "lognormal", "mean": 600, "cv": 1}, "system_tokens": 2000}
+V41 = Deployment("deepseek-v4.1-flash", "gb200", gs.ParallelMapping(tp=4))
+V3 = Deployment("deepseek-v3", "gb200", gs.ParallelMapping(tp=8, ep=8))
+DENSE = Deployment("llama-3.1-70b", "h200", gs.ParallelMapping(tp=4), replicas=2)
+
+
+@pytest.fixture(scope="module")
+def excerpt():
+    return load_trace(EXCERPT)
+
+
+@pytest.fixture(scope="module")
+def agent():
+    return synthetic(requests=400, rate=0.5, input={"dist": "lognormal", "mean": 3000, "cv": 1},
+                     output={"dist": "lognormal", "mean": 300, "cv": 1}, sessions=AGENT, seed=7)
+
+
+def _little(res, tol=0.02):
+    lit = res.checks["littles_law"]
+    assert lit["relative_error"] < tol, lit
+
+
+# ---- closed forms ---------------------------------------------------------------------------------------------------
+def test_md1_queue_matches_its_closed_form():
+    """One server, fixed service D, Poisson arrivals at rho/D: mean time in system D + rho·D / (2(1 - rho))
+    (Pollaczek-Khinchine for deterministic service)."""
+    d, rho = 0.01, 0.7
+    tr = synthetic(requests=20000, rate=rho / d, input=500, output=1, seed=3)
+    dep = Deployment("deepseek-v3", "gb200", gs.ParallelMapping(tp=8, ep=8), max_running=1, hbm_kv_gib=math.inf)
+    res = simulate(tr, dep, steps=FixedSteps(d), validate=0)
+    w = float(np.nanmean(res.requests["e2e_ms"])) / 1e3
+    assert w == pytest.approx(d + rho * d / (2 * (1 - rho)), rel=0.03)
+    _little(res)
+
+
+def test_one_request_alone_takes_its_steps():
+    """An isolated request: TTFT = one prefill step (the prompt fits the budget), then output - 1 decode steps."""
+    tr = synthetic(requests=1, rate=1.0, input=1000, output=5, seed=0)
+    res = simulate(tr, Deployment("deepseek-v3", "gb200", gs.ParallelMapping(tp=8, ep=8), hbm_kv_gib=math.inf),
+                   steps=FixedSteps(0.02), validate=0)
+    assert res.requests["ttft_ms"][0] == pytest.approx(20.0)
+    assert res.requests["e2e_ms"][0] == pytest.approx(20.0 * 5)
+    assert res.requests["tpot_ms"][0] == pytest.approx(20.0)
+
+
+def test_chunked_prefill_takes_ceil_prompt_over_budget_steps():
+    tr = synthetic(requests=1, rate=1.0, input=10000, output=1, seed=0)
+    dep = Deployment("deepseek-v3", "gb200", gs.ParallelMapping(tp=8, ep=8), hbm_kv_gib=math.inf, token_budget=4096)
+    res = simulate(tr, dep, steps=FixedSteps(0.01), validate=0)
+    assert res.requests["ttft_ms"][0] == pytest.approx(10.0 * math.ceil(10000 / 4096))
+
+
+# ---- the identities on the shipped trace and on agent sessions -------------------------------------------------------
+@pytest.mark.parametrize("dep", [V41, V3, DENSE], ids=["v4.1", "v3", "dense"])
+def test_littles_law_and_infinite_cache_identity_on_the_trace(excerpt, dep):
+    res = simulate(excerpt, dep, tiers=(TierSpec("disk"),), validate=64)
+    _little(res)
+    c = res.summary["cache"]
+    # every global block any earlier request wrote is found again: the trace's own prefix reuse, exactly
+    assert c["hit_ratio"] == pytest.approx(excerpt.prefix_reuse(), rel=1e-12)
+    assert res.summary["requests"]["served"] + res.summary["requests"]["rejected"] == len(excerpt)
+    # the step surface against the exact program on the simulation's own steps
+    assert res.surface_error["steps"] == 64 and res.surface_error["max_abs_rel"] < 0.10
+
+
+def test_littles_law_and_identity_on_agent_sessions(agent):
+    res = simulate(agent, V41, tiers=(TierSpec("host", holds=("swa",)), TierSpec("disk", holds=("global",))),
+                   validate=0)
+    _little(res)
+    assert res.summary["cache"]["hit_ratio"] == pytest.approx(agent.prefix_reuse(), rel=1e-12)
+    assert agent.prefix_reuse() > 0.5  # sessions re-read their whole history
+
+
+def test_hit_ratio_is_monotone_in_a_tier_capacity(excerpt):
+    ratios = []
+    for gib in (0.25, 1.0, 4.0, 16.0, math.inf):
+        res = simulate(excerpt, V3, tiers=(TierSpec("disk", capacity_bytes=gib * GiB),), validate=0)
+        ratios.append(res.summary["cache"]["hit_ratio"])
+    assert all(b >= a for a, b in zip(ratios, ratios[1:])), ratios
+    assert ratios[-1] == pytest.approx(excerpt.prefix_reuse())
+    # and in the HBM pool's
+    hbm = [simulate(excerpt, Deployment("deepseek-v3", "gb200", gs.ParallelMapping(tp=8, ep=8), hbm_kv_gib=g),
+                    cache_design="hbm", validate=0).summary["cache"]["hit_ratio"] for g in (8.0, 32.0, 128.0)]
+    assert all(b >= a for a, b in zip(hbm, hbm[1:])), hbm
+
+
+def test_replayed_tokens_are_the_window_per_swa_miss(agent):
+    # no tier keeps the SWA state: once a request leaves HBM every hit misses its window
+    res = simulate(agent, Deployment("deepseek-v4.1-flash", "gb200", gs.ParallelMapping(tp=4), hbm_kv_gib=2.0),
+                   tiers=(TierSpec("disk", holds=("global",)),), validate=0)
+    r = res.requests
+    miss = (r["hit_tokens"] > 0) & ~r["swa_hit"]
+    assert miss.sum() > 0
+    assert np.array_equal(r["replayed"][miss], np.minimum(r["hit_tokens"][miss], 128))
+    assert r["replayed"][~miss].sum() == 0
+    assert res.summary["cache"]["replayed_tokens"] == int(np.minimum(r["hit_tokens"][miss], 128).sum())
+    # full recompute instead of the bounded replay: the missed hits are recomputed, nothing replayed
+    off = Deployment("deepseek-v4.1-flash", "gb200", gs.ParallelMapping(tp=4),
+                     gs.Policies(encoder_replay="off"), hbm_kv_gib=2.0)
+    res2 = simulate(agent, off, tiers=(TierSpec("disk", holds=("global",)),), validate=0)
+    assert res2.summary["cache"]["replayed_tokens"] == 0 and res2.summary["cache"]["recomputed_hit_tokens"] > 0
+    assert res2.summary["latency"]["ttft_ms"]["mean"] > res.summary["latency"]["ttft_ms"]["mean"]
+
+
+def test_three_tier_keeps_fewer_persistent_bytes_than_swa_on_disk(agent):
+    """The talk's design moves the SWA state off disk: disk holds only the global KV (strictly less)."""
+    a = {t["name"]: t for t in simulate(agent, V41, cache_design="three-tier", validate=0).summary["cache"]["tiers"]}
+    b = {t["name"]: t for t in simulate(agent, V41, cache_design="swa-on-disk", validate=0).summary["cache"]["tiers"]}
+    assert a["disk"]["holds"] == ["global"] and b["disk"]["holds"] == ["global", "swa"]
+    assert a["disk"]["gib_hours"] < b["disk"]["gib_hours"]
+    assert a["host"]["present"] and a["host"]["holds"] == ["swa"] and not b["host"]["present"]
+
+
+def test_deterministic_and_goodput_follows_the_sla(excerpt):
+    a = simulate(excerpt, V3, sla=SLA(ttft_ms=200.0, tpot_ms=20.0), validate=16, seed=1)
+    b = simulate(excerpt, V3, sla=SLA(ttft_ms=200.0, tpot_ms=20.0), validate=16, seed=1)
+    assert json.dumps(a.to_json(), default=str) == json.dumps(b.to_json(), default=str)
+    r = a.requests
+    good = r["served"] & (r["ttft_ms"] <= 200.0) & ~(r["tpot_ms"] > 20.0)
+    assert a.summary["goodput"]["requests"] == int(good.sum())
+    loose = simulate(excerpt, V3, sla=SLA(ttft_ms=1e9), validate=0).summary["goodput"]["requests"]
+    assert loose >= a.summary["goodput"]["requests"]
+
+
+def test_dense_model_has_no_swa_tier():
+    tiers = design_tiers("auto", 1e12, has_swa=False)
+    assert [t.holds for t in tiers] == [("global",), ("global",)]
+    assert [t.name for t in design_tiers("three-tier", 1e12, has_swa=True)] == ["host", "disk"]
+
+
+# ---- pieces -----------------------------------------------------------------------------------------------------------
+def test_store_lru_and_ttl():
+    s = Store(TierSpec("host", capacity_bytes=30.0, ttl_s=10.0))
+    for k in range(3):
+        s.put(k, 10.0, now=float(k))
+    s.has(0, 3.0)
+    s.touch(0, 3.0)  # 0 is now the most recent
+    s.put(3, 10.0, now=4.0)  # evicts 1, the least recently used
+    assert [k for k in s.entries] == [2, 0, 3] and s.evicted == 1
+    assert not s.has(2, 12.5) and s.expired == 1  # 2 was last used at t=2: expired after 12
+    assert s.has(0, 12.5)
+
+
+def test_hbm_pool_evicts_only_unreferenced():
+    p = HBMPool(100.0)
+    p.ref("a", 40.0)
+    p.ref("b", 40.0)
+    p.unref("b")
+    assert p.cached == 40.0 and p.free() == 20.0
+    assert p.make_room(20.0) and p.has("b")  # enough room: nothing evicted
+    assert p.make_room(60.0) and not p.has("b") and p.has("a") and p.evicted == 1
+    assert not p.make_room(61.0)  # "a" is held
+
+
+def test_surface_interpolation_is_exact_on_linear_functions():
+    g = (np.array([0.0, 1.0, 4.0]), np.array([1.0, 2.0, 8.0]))
+    table = np.add.outer(2 * g[0], 3 * g[1])
+    q = np.array([[0.5, 1.5], [3.0, 7.0], [10.0, 0.0]])  # the last is clipped into the box
+    assert np.allclose(interp(g, table, q), [2 * 0.5 + 3 * 1.5, 2 * 3 + 3 * 7, 2 * 4 + 3 * 1])
+    # one sequence with the chunks' attention pairs
+    n = np.array([100.0, 50.0])
+    p = np.array([1000.0, 0.0])
+    pairs = float((n * p + n * (n + 1) / 2).sum())
+    pe = float(effective_past(n.sum(), pairs))
+    assert n.sum() * pe + n.sum() * (n.sum() + 1) / 2 == pytest.approx(pairs)
+
+
+def test_bad_inputs_name_their_field(excerpt):
+    with pytest.raises(GraphsimError, match="router"):
+        simulate(excerpt, V3, router="random")
+    with pytest.raises(GraphsimError, match="tier.host"):
+        TierSpec.parse("host:fraction=2", 1e12)
+    with pytest.raises(GraphsimError, match="tier"):
+        TierSpec.parse("nvme:capacity_gib=1", 1e12)
+    with pytest.raises(GraphsimError, match="replicas"):
+        Deployment("deepseek-v3", replicas=0)
+    with pytest.raises(GraphsimError, match="pp"):
+        simulate(excerpt, Deployment("deepseek-v3", "gb200", gs.ParallelMapping(tp=8, pp=2)))
+
+
+# ---- the command ------------------------------------------------------------------------------------------------------
+def _cli(*args):
+    from graphsim.cli import main
+
+    return main([str(a) for a in args])
+
+
+def test_cli_json_and_requests_out(tmp_path, capsys):
+    out = tmp_path / "req.parquet"
+    assert _cli("serve-sim", "--model", "deepseek-v4.1-flash", "--hw", "gb200", "--tp", "4", "--trace", EXCERPT,
+                "--json", "--requests-out", out, "--validate", "16", "--no-progress") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema_version"] == 1 and doc["command"] == "serve-sim"
+    assert {"p50", "p90", "p99"} <= set(doc["latency"]["ttft_ms"])
+    assert [(t["name"], t["holds"]) for t in doc["cache"]["tiers"]] == [("host", ["swa"]), ("disk", ["global"])]
+    import pandas as pd
+
+    assert len(pd.read_parquet(out)) == 300
+
+
+def test_cli_runs_a_deployment_from_search_output(tmp_path, capsys):
+    doc = {"best": [{"rank": 1, "mode": "agg", "decode_mapping": "tp8-dp1-ep8-pp1", "decode_replicas": 1,
+                     "policies": "overlap=serial"}]}
+    f = tmp_path / "search.json"
+    f.write_text(json.dumps(doc))
+    assert _cli("serve-sim", "--model", "deepseek-v3", "--hw", "gb200", "--from", f, "--trace", EXCERPT, "--head", 50,
+                "--validate", "0", "--no-progress") == 0
+    text = capsys.readouterr().out
+    assert "1x tp8-dp1-ep8-pp1" in text and "Little's law" in text
+    assert _cli("serve-sim", "--model", "deepseek-v3", "--hw", "gb200", "--from", f, "--rank", "3", "--trace",
+                EXCERPT) == 2
+    assert "rank" in capsys.readouterr().err
