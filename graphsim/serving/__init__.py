@@ -1,7 +1,8 @@
 """Serving: what an engine does around the forwards graphsim prices.
 
-- :mod:`.engines` — serving engines' documented terms (memory rule, KV paging) a prediction fits batches by.
+- :mod:`.engines` — serving engines' documented terms (memory rule, KV paging, request and token limits per step,
+  host cost of a step) a prediction fits batches by and prices steps with.
 """
-from .engines import ENGINES, MEMORY_MODES, EngineTerms, engine_terms
+from .engines import ENGINES, MEMORY_MODES, SETTABLE, EngineTerms, engine_terms, prefill_steps
 
-__all__ = ["EngineTerms", "ENGINES", "MEMORY_MODES", "engine_terms"]
+__all__ = ["EngineTerms", "ENGINES", "MEMORY_MODES", "SETTABLE", "engine_terms", "prefill_steps"]
