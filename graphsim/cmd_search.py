@@ -286,7 +286,9 @@ def to_text(r, launch_all: bool = False, pareto_rows: int = 12, lost_rows: int =
     axes = "; ".join(f"{a['field']} {'/'.join(map(str, a['values']))}" for a in sp["policy_axes"]) or "none"
     lines = [f"graphsim search {r.model} on {r.gpus}x {r.hw}: ISL/OSL {_traffic_text(r.traffic)}; SLA "
              f"{_sla_text(r.sla)}; {r.view} view, profile {r.profile}"
-             + (f"; {sp['engine']} memory rule and KV pages" if sp.get("engine", "none") != "none" else ""),
+             + (f"; {sp['engine']} memory rule and KV pages" if sp.get("engine", "none") != "none" else "")
+             + ("; its steps priced (limits, chunked prompts, host time)" if sp.get("engine_steps") == "priced"
+                else ""),
              f"searched {'+'.join(sp['modes'])}: {sp['decode_mappings']} decode / {sp['prefill_mappings']} prefill "
              f"mappings, batches {sp['batches_per_dp_rank'][0]}..{sp['batches_per_dp_rank'][-1]} per DP rank, "
              f"policy axes: {axes}; {st['programs_compiled']} programs compiled, {st['programs_cached']} from cache, "
