@@ -685,6 +685,7 @@ class _Search:
             wl = Workload(("decode",), batch[:, None], new[:, None], np.full((batch.size, 1), t.decode_context))
             fwd = np.asarray(c.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64)
             if self.serving is not None:  # a decode-only step: a CUDA graph replay up to the engine's graph batch
+                fwd = self._routed(c, req, mapping, policies, wl, fwd, batch * new)
                 fwd = self.serving.step_time(fwd, kernels(c), self.serving.graphed(batch / dp))
             em = emitted(("decode",), new[:, None], policies)[:, 0]
             ctx = t.memory_context(batch / dp)
@@ -720,6 +721,24 @@ class _Search:
         headroom = mm.headroom(batch, ctx, work)
         return Group(kind, mapping, policies, batch, verify, fwd, em, headroom, np.asarray(work, np.float64),
                      np.zeros_like(batch))
+
+    def _routed(self, c, req, mapping, policies, wl, fwd, tokens) -> np.ndarray:
+        """Decode forwards with the hottest EP rank at the routing statistics' expected load
+        (:func:`graphsim.serving.moe.hottest_rank_factor` for each step's routed ``tokens``): the program priced at
+        ``ep_imbalance`` 1 and 2 (its expert work and dispatch bytes scale with the hot rank's tokens), the
+        difference scaled by factor − 1. Untouched where the term is off, on one EP rank, without routed experts
+        or when the policies fix ``ep_imbalance`` themselves."""
+        from .serving import hottest_rank_factor
+
+        sv = self.serving
+        moe = next((op.info for op in c.graph.ops if op.kind == "moe_experts" and op.info.experts), None)
+        if not sv.moe_routing or mapping.ep <= 1 or moe is None or policies.ep_imbalance != 1.0:
+            return fwd
+        factor = hottest_rank_factor(tokens, moe.top_k, moe.experts, mapping.ep, sv.moe_load_ratio, sv.eplb)
+        c2 = compile_plan(self.model, Plan([req], mapping, attrs.evolve(policies, ep_imbalance=2.0)), self.hw,
+                          self.profile, view=self.view)
+        hot = np.asarray(c2.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64)
+        return fwd + (factor - 1.0) * (hot - fwd)
 
     def _engine_prefill(self, c, req, mapping, policies, per_rank, isl, whole) -> np.ndarray:
         """Prefill forwards (rows of ``per_rank`` prompts per DP rank, one column per class) as the engine runs

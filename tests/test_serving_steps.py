@@ -11,7 +11,7 @@ import graphsim as gs
 from graphsim.cli import main
 from graphsim.hw import load_profile
 from graphsim.search import SLA, Space, Traffic, _Search, kernels, search
-from graphsim.serving import ENGINES, SETTABLE, prefill_steps
+from graphsim.serving import ENGINES, SETTABLE, expected_max_normal, hottest_rank_factor, prefill_steps
 from graphsim.workload import Workload
 
 GiB = 2.0**30
@@ -90,15 +90,47 @@ def test_a_prompt_over_the_budget_is_its_chunks_summed():
 
 
 def test_decode_rows_within_the_limits_and_graph_replay():
-    s = _search(ENGINES["vllm"], ["max_running=8", "launch_us=50", "graph_max_batch=4"], isl=4000)
+    off = "moe_routing=false"  # the routing term apart (test_the_hottest_ep_rank_carries_the_routing_statistics)
+    s = _search(ENGINES["vllm"], ["max_running=8", "launch_us=50", "graph_max_batch=4", off], isl=4000)
     g = s.group("decode", M, gs.Policies())
     assert set(g.batch) == {8.0}  # 64 requests per DP rank exceed max_running
     ref = _search(None, isl=4000).group("decode", M, gs.Policies())
     gpu = ref.forward_s[list(ref.batch).index(8.0)]
     c = gs.compile_plan("deepseek-v3", gs.Plan([f"decode:{s.traffic.decode_context}x{64 * 8}"], M), "gb200", PROFILE)
     assert g.forward_s[0] == pytest.approx(max(gpu, kernels(c) * 50e-6), rel=1e-12)  # 8 > 4: no graph
-    s2 = _search(ENGINES["vllm"], ["max_running=8", "launch_us=50"], isl=4000)  # graphs up to 512: one launch
+    s2 = _search(ENGINES["vllm"], ["max_running=8", "launch_us=50", off], isl=4000)  # graphs up to 512: one launch
     assert s2.group("decode", M, gs.Policies()).forward_s[0] == pytest.approx(gpu, rel=1e-12)
+
+
+def test_routing_statistics_closed_forms():
+    # E[max of 2 standard normals] = 1/sqrt(pi); of 8: 1.4236 (tabulated order statistics)
+    assert expected_max_normal(2) == pytest.approx(1 / np.pi ** 0.5, rel=1e-9)
+    assert expected_max_normal(8) == pytest.approx(1.42360, abs=1e-5)
+    # T tokens x top-8 of 256 experts on 8 ranks: 1 + z_8·σ/(μ·sqrt(1 - 1/8)), σ² = T·8·(1/8)(7/8)(248/255)
+    t = np.array([8.0, 512.0])
+    mu, var = t, t * (7 / 8) * 248 / 255
+    want = 1 + expected_max_normal(8) * np.sqrt(var) / (mu * np.sqrt(7 / 8))
+    np.testing.assert_allclose(hottest_rank_factor(t, 8, 256, 8), want, rtol=1e-12)
+    # (a 3,000-draw simulation of the same routing gives 1.520 and 1.062: the normal approximation holds)
+    assert hottest_rank_factor(t, 8, 256, 8, load_ratio=1.3) == pytest.approx(1.3 * want, rel=1e-12)
+    assert hottest_rank_factor(t, 8, 256, 8, load_ratio=1.3, eplb=True) == pytest.approx(want, rel=1e-12)
+    assert (hottest_rank_factor(t, 8, 256, 1) == 1).all()
+    # a rank holds 2 of 16 experts: one token sends it at most 2 of its 8, twice the mean 1 (the normal's 2.04 capped)
+    assert hottest_rank_factor([1.0], 8, 16, 8)[0] == pytest.approx(2.0, rel=1e-12)
+
+
+def test_the_hottest_ep_rank_carries_the_routing_statistics():
+    s = _search(ENGINES["trtllm"], ["max_running=8"], isl=4000)  # graphs up to 128: the GPU time alone
+    g = s.group("decode", M, gs.Policies())
+    ctx = s.traffic.decode_context
+    wl = Workload(("decode",), [[8]], [[1]], [[ctx]])
+    req = [f"decode:{ctx}x{64 * 8}"]
+    base, _ = _forward(req, M, wl)
+    hot = np.asarray(gs.compile_plan("deepseek-v3", gs.Plan(req, M, gs.Policies(ep_imbalance=2.0)), "gb200",
+                                     PROFILE).evaluate(wl, outputs=("forward",))["forward"])
+    f = hottest_rank_factor([8.0], 8, 256, 4)  # DeepSeek-V3: top-8 of 256 routed experts, ep 4
+    assert g.forward_s[0] == pytest.approx(float(base[0] + (f[0] - 1) * (hot[0] - base[0])), rel=1e-12)
+    assert g.forward_s[0] > base[0]
 
 
 def test_the_sol_twin_never_pays_the_step_terms():

@@ -29,7 +29,8 @@ MEMORY_MODES = ("total", "free", "all")
 SETTABLE = {"memory_fraction": ("float", 0.01, 1.0), "kv_block_tokens": ("int", 1, 1 << 20),
             "max_running": ("int?", 1, 1 << 24), "step_tokens": ("int?", 1, 1 << 30),
             "chunked_prefill": ("bool", 0, 1), "graph_max_batch": ("int", 0, 1 << 24),
-            "launch_us": ("us", 0.0, 1e4), "graph_launch_us": ("us", 0.0, 1e4), "step_overhead_us": ("us", 0.0, 1e6)}
+            "launch_us": ("us", 0.0, 1e4), "graph_launch_us": ("us", 0.0, 1e4), "step_overhead_us": ("us", 0.0, 1e6),
+            "moe_routing": ("bool", 0, 1), "moe_load_ratio": ("float", 1.0, 1024.0), "eplb": ("bool", 0, 1)}
 
 
 @attrs.frozen
@@ -60,6 +61,12 @@ class EngineTerms:
     tiers: tuple = ()
     #: the token budget is the replica's, split over its attention-DP ranks (SGLang with DP attention)
     step_tokens_split_dp: bool = False
+    #: a decode step's hottest EP rank carries the routing statistics' expected load (graphsim.serving.moe)
+    moe_routing: bool = True
+    #: measured hottest-rank mean load over the mean (skewed routing; 1: uniform, no term)
+    moe_load_ratio: float = 1.0
+    #: the engine rebalances experts from routing statistics (EPLB): the measured skew goes, the per-step noise stays
+    eplb: bool = False
 
     def budget(self, dp: int) -> float:
         """Tokens one step of one instance (attention-DP rank) schedules (inf: no budget)."""
@@ -127,6 +134,7 @@ class EngineTerms:
                 "step_tokens_split_dp": self.step_tokens_split_dp, "chunked_prefill": self.chunked_prefill,
                 "graph_max_batch": self.graph_max_batch, "launch_us": self.launch_s * 1e6,
                 "graph_launch_us": self.graph_launch_s * 1e6, "step_overhead_us": self.step_overhead_s * 1e6,
+                "moe_routing": self.moe_routing, "moe_load_ratio": self.moe_load_ratio, "eplb": self.eplb,
                 "sources": [{"field": f, "source": src} for f, src in self.sources]}
 
     def paged(self, context):
@@ -148,6 +156,8 @@ class EngineTerms:
 
 GIB = 2.0**30
 #: no public figure for the host side of a step: each engine's note (the term stays 0 until --engine-set sets it)
+_ROUTING = ("moe_routing", "derived, not an engine figure: the hottest EP rank's expected load under uniform "
+            "top-k routing (graphsim.serving.moe); moe_load_ratio (a measured skew) has no public default: 1")
 _LAUNCH = ("launch_us", "no engine documents its host time per kernel launch or per graph replay (it depends on "
            "the CPU, driver and kernel arguments): no term; measure it (nsys) and set --engine-set launch_us=, "
            "graph_launch_us=")
@@ -172,7 +182,8 @@ ENGINES = {
                              "it in tokens, graphsim in requests (equal without speculation)"),
          _LAUNCH,
          ("step_overhead_us", "no public figure of vLLM's per-step scheduler time (--async-scheduling overlaps it "
-                              "with the GPU): no term")),
+                              "with the GPU): no term"),
+         _ROUTING, ("eplb", "vLLM ParallelConfig.enable_eplb default False (--enable-eplb)")),
         max_running=1024, step_tokens=8192, chunked_prefill=True, graph_max_batch=512,
         tiers=(("max_running", ((70 * GIB, 256), (None, 1024))), ("step_tokens", ((70 * GIB, 2048), (None, 8192))))),
     "trtllm": EngineTerms(
@@ -191,7 +202,8 @@ ENGINES = {
                              "128 when no batch sizes are given; graphs replay decode-only batches"),
          _LAUNCH,
          ("step_overhead_us", "TensorRT-LLM's PyTorch backend overlap scheduler (on unless "
-                              "disable_overlap_scheduler) prepares step n+1 while step n runs: hidden")),
+                              "disable_overlap_scheduler) prepares step n+1 while step n runs: hidden"),
+         _ROUTING, ("eplb", "TensorRT-LLM MoeConfig.load_balancer default None (no online expert load balancer)")),
         max_running=2048, step_tokens=8192, chunked_prefill=False, graph_max_batch=128),
     "sglang": EngineTerms(
         "sglang", "all", 1.0, 1,
@@ -209,7 +221,8 @@ ENGINES = {
                              "graph"),
          _LAUNCH,
          ("step_overhead_us", "SGLang's overlap scheduler (default on; --disable-overlap-schedule) runs the CPU "
-                              "scheduling of the next batch while the GPU runs this one: hidden")),
+                              "scheduling of the next batch while the GPU runs this one: hidden"),
+         _ROUTING, ("eplb", "SGLang --enable-eplb default off (ServerArgs.enable_eplb = False)")),
         max_running=None, step_tokens=16384, chunked_prefill=True, graph_max_batch=512, step_tokens_split_dp=True,
         tiers=(("step_tokens", ((35 * GIB, 2048), (160 * GIB, 8192), (None, 16384))),
                ("graph_max_batch", ((160 * GIB, 256), (None, 512))))),

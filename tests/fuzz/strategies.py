@@ -735,9 +735,11 @@ def search_case(draw) -> dict:
     if brk == "engine-set" or (brk != "engine" and rare(draw, 6)):
         argv += ["--engine", draw(st.sampled_from(["vllm", "trtllm", "sglang"]))]
         argv += ["--engine-set", draw(st.sampled_from(
-            ["tokens=1", "step_tokens=8k", "graph_max_batch=-1", "launch_us=nan", "chunked_prefill=maybe", "=1"]
+            ["tokens=1", "step_tokens=8k", "graph_max_batch=-1", "launch_us=nan", "chunked_prefill=maybe", "=1",
+             "moe_load_ratio=0.5"]
             if brk == "engine-set" else ["step_tokens=4096", "max_running=none", "launch_us=4", "chunked_prefill=false",
-                                         "graph_max_batch=0", "step_overhead_us=50"]))]
+                                         "graph_max_batch=0", "step_overhead_us=50", "eplb=true",
+                                         "moe_load_ratio=1.2"]))]
     if rare(draw, 6):  # a prediction from the shipped tables, ranked beside its SOL twin
         argv += ["--measured", MEASURED, "--backend", draw(st.sampled_from(["trtllm@1.3.0rc20", "trtllm@9"]))]
     if seeded or draw(st.booleans()):
