@@ -671,7 +671,7 @@ class _Search:
             sv = self.serving
             if sv is not None:  # requests and tokens per step of one engine instance (one DP rank)
                 cap, budget = sv.max_running or math.inf, sv.budget(dp)
-                per_rank = [b for b in per_rank if b <= cap and b * (1 + kmax) <= budget]
+                per_rank = [b for b in per_rank if b <= cap and (b * (1 + kmax) <= budget or not sv.decode_in_budget)]
                 require(bool(per_rank), "engine", f"no decode batch per DP rank within {sv.name}'s limits "
                         f"(max_running={sv.max_running}, {budget:g} tokens a step)")
             batch = np.array([b * dp for b in per_rank], dtype=np.float64)
@@ -820,7 +820,7 @@ class _Search:
         out = np.asarray(sv.step_time(fwd, k), dtype=np.float64)
         per_rank = np.where(prompts == 1, 1.0, prompts / dp)  # a lone prompt runs on one rank
         L = np.broadcast_to(isl, prompts.shape)
-        tokens = per_rank * L + decodes / dp * new
+        tokens = per_rank * L + (decodes / dp * new if sv.decode_in_budget else 0.0)
         plan = {}
         for r, j in zip(*np.nonzero(tokens > budget)):
             steps = None
@@ -1195,6 +1195,11 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
         why = "; ".join(sorted({x["error"] for x in s.skipped}))[:300] or (
             "disaggregated serving needs a prefill and a decode pool: a decode mapping smaller than --gpus and a "
             "prefill mapping in what is left" if space.modes == ("disagg",) else "no mapping fits the space")
+        if s.serving is not None and not s.skipped:
+            sv = s.serving
+            why = (f"{sv.name} runs no step of this traffic within its limits (step_tokens={sv.step_tokens}, "
+                   f"chunked_prefill={str(sv.chunked_prefill).lower()}, max_running={sv.max_running}; the longest "
+                   f"prompt has {max(traffic.isl)} tokens): --engine-set changes them")
         raise GraphsimError("search", f"no deployment could be evaluated: {why}")
     df = pd.DataFrame(rows)
     df["deployment"] = df["mode"] + " " + df["mapping"] + " [" + df["policies"] + "]"

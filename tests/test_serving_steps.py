@@ -87,6 +87,10 @@ def test_a_prompt_over_the_budget_is_its_chunks_summed():
     assert whole.forward_s[list(whole.batch).index(1.0), 0] != pytest.approx(want, rel=1e-6)
     # TensorRT-LLM packs prompts whole and runs none longer than its 8192 tokens
     assert np.isnan(_search(ENGINES["trtllm"]).group("prefill", M, gs.Policies()).forward_s).all()
+    with pytest.raises(gs.GraphsimError, match=r"trtllm runs no step of this traffic within its limits \(step_tokens"
+                       r"=8192, chunked_prefill=false"):
+        search("deepseek-v3", "gb200", gpus=8, traffic=Traffic.of(10000, 1000), space=SPACE, profile=PROFILE,
+               engine="trtllm")
 
 
 def test_decode_rows_within_the_limits_and_graph_replay():

@@ -61,6 +61,8 @@ class EngineTerms:
     tiers: tuple = ()
     #: the token budget is the replica's, split over its attention-DP ranks (SGLang with DP attention)
     step_tokens_split_dp: bool = False
+    #: decode tokens count against the budget (vLLM, TensorRT-LLM); else it bounds prompt tokens only (SGLang)
+    decode_in_budget: bool = True
     #: a decode step's hottest EP rank carries the routing statistics' expected load (graphsim.serving.moe)
     moe_routing: bool = True
     #: measured hottest-rank mean load over the mean (skewed routing; 1: uniform, no term)
@@ -131,7 +133,8 @@ class EngineTerms:
         return {"memory": self.memory, "memory_fraction": self.memory_fraction,
                 "kv_block_tokens": self.kv_block_tokens, "max_running": self.max_running,
                 "step_tokens": self.step_tokens,
-                "step_tokens_split_dp": self.step_tokens_split_dp, "chunked_prefill": self.chunked_prefill,
+                "step_tokens_split_dp": self.step_tokens_split_dp,
+                "decode_in_budget": self.decode_in_budget, "chunked_prefill": self.chunked_prefill,
                 "graph_max_batch": self.graph_max_batch, "launch_us": self.launch_s * 1e6,
                 "graph_launch_us": self.graph_launch_s * 1e6, "step_overhead_us": self.step_overhead_s * 1e6,
                 "moe_routing": self.moe_routing, "moe_load_ratio": self.moe_load_ratio, "eplb": self.eplb,
@@ -214,7 +217,8 @@ ENGINES = {
                          "documented default): no cap"),
          ("step_tokens", "SGLang --chunked-prefill-size: ServerArgs (python/sglang/srt/server_args.py) sets 2048 "
                          "below 35 GiB of GPU memory, 8192 below 160 GiB (H100, H200), 16384 at or above (B200, "
-                         "GB200); with --enable-dp-attention it is divided by the DP size (per rank)"),
+                         "GB200); with --enable-dp-attention it is divided by the DP size (per rank); it bounds "
+                         "a prefill batch's tokens, decode batches are bounded by --max-running-requests"),
          ("chunked_prefill", "SGLang chunks a prompt over --chunked-prefill-size (on unless set to -1)"),
          ("graph_max_batch", "SGLang --cuda-graph-max-bs: ServerArgs sets 512 at or above 160 GiB of GPU memory and "
                              "256 below (512 there at tp >= 4 in newer releases); decode batches up to it replay a "
@@ -224,6 +228,7 @@ ENGINES = {
                               "scheduling of the next batch while the GPU runs this one: hidden"),
          _ROUTING, ("eplb", "SGLang --enable-eplb default off (ServerArgs.enable_eplb = False)")),
         max_running=None, step_tokens=16384, chunked_prefill=True, graph_max_batch=512, step_tokens_split_dp=True,
+        decode_in_budget=False,
         tiers=(("step_tokens", ((35 * GIB, 2048), (160 * GIB, 8192), (None, 16384))),
                ("graph_max_batch", ((160 * GIB, 256), (None, 512))))),
 }
