@@ -98,6 +98,10 @@ def test_decode_rows_within_the_limits_and_graph_replay():
     s = _search(ENGINES["vllm"], ["max_running=8", "launch_us=50", "graph_max_batch=4", off], isl=4000)
     g = s.group("decode", M, gs.Policies())
     assert set(g.batch) == {8.0}  # 64 requests per DP rank exceed max_running
+    # a 16-token budget: vLLM counts decode tokens in it (8 x 1 fits, 64 does not); SGLang's bounds prompts only
+    small = ["step_tokens=16", off]
+    assert set(_search(ENGINES["vllm"], small, isl=4000).group("decode", M, gs.Policies()).batch) == {8.0}
+    assert set(_search(ENGINES["sglang"], small, isl=4000).group("decode", M, gs.Policies()).batch) == {8.0, 64.0}
     ref = _search(None, isl=4000).group("decode", M, gs.Policies())
     gpu = ref.forward_s[list(ref.batch).index(8.0)]
     c = gs.compile_plan("deepseek-v3", gs.Plan([f"decode:{s.traffic.decode_context}x{64 * 8}"], M), "gb200", PROFILE)
