@@ -102,6 +102,11 @@ def register(sub) -> None:
                          "gpu_memory_utilization 0.92 and 16-token blocks, TensorRT-LLM 0.9 of free memory and "
                          "32-token blocks, SGLang token pages); auto: the --backend's framework under a measured "
                          "view, none under SOL (a bound keeps every byte)")
+    sp.add_argument("--engine-set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override one of the engine's documented terms (repeatable): max_running, step_tokens "
+                         "(a number or none), chunked_prefill, graph_max_batch, launch_us, graph_launch_us, "
+                         "step_overhead_us, memory_fraction, kv_block_tokens; a prediction prices steps with them "
+                         "(docs/search.md has the defaults and sources)")
     sp.add_argument("--refine", type=int, default=4, metavar="N",
                     help="how many of the best deployments along the tok/s/GPU vs tok/s/user front get the policy "
                          "stage (default 4; 0 = base policies only; chosen without the SLA)")
@@ -193,7 +198,7 @@ def run(a) -> None:
         try:
             r = search(load_model_args(a), a.hw, gpus=a.gpus, traffic=traffic, sla=sla, space=space, top=a.top,
                        profile=a.profile, view=view_spec(a), reserve_gib=a.reserve_gib, cache_dir=cache, progress=bar,
-                       jobs=a.jobs, engine=a.engine)
+                       jobs=a.jobs, engine=a.engine, engine_set=tuple(a.engine_set))
         finally:
             if bar:
                 bar.close()
@@ -281,7 +286,9 @@ def to_text(r, launch_all: bool = False, pareto_rows: int = 12, lost_rows: int =
     axes = "; ".join(f"{a['field']} {'/'.join(map(str, a['values']))}" for a in sp["policy_axes"]) or "none"
     lines = [f"graphsim search {r.model} on {r.gpus}x {r.hw}: ISL/OSL {_traffic_text(r.traffic)}; SLA "
              f"{_sla_text(r.sla)}; {r.view} view, profile {r.profile}"
-             + (f"; {sp['engine']} memory rule and KV pages" if sp.get("engine", "none") != "none" else ""),
+             + (f"; {sp['engine']} memory rule and KV pages" if sp.get("engine", "none") != "none" else "")
+             + ("; its steps priced (limits, chunked prompts, host time)" if sp.get("engine_steps") == "priced"
+                else ""),
              f"searched {'+'.join(sp['modes'])}: {sp['decode_mappings']} decode / {sp['prefill_mappings']} prefill "
              f"mappings, batches {sp['batches_per_dp_rank'][0]}..{sp['batches_per_dp_rank'][-1]} per DP rank, "
              f"policy axes: {axes}; {st['programs_compiled']} programs compiled, {st['programs_cached']} from cache, "

@@ -53,6 +53,7 @@ from .errors import GraphsimError, require
 from .limits import MAX_CONTEXT, MAX_RANKS, MAX_REQUESTS, check_int, check_number
 from .pipeline import Plan, Policies, compile_plan
 from .plan import ParallelMapping
+from .workload import Workload
 
 GiB = 2.0**30
 MODES = ("agg", "disagg")
@@ -330,11 +331,17 @@ class Group:
             arr = {k: np.asarray(d[k], dtype=np.float64) for k in Group.ARRAYS}
             ok = isinstance(d["kind"], str) and isinstance(d["error"], str) and (kind is None or d["kind"] == kind) \
                 and len({len(v) for k, v in arr.items() if k != "forward_s"} | {len(arr["forward_s"])}) == 1 and \
-                all(np.isfinite(v).all() for v in arr.values()) and bool((arr["forward_s"] > 0).all())
+                all(np.isfinite(v).all() for k, v in arr.items() if k != "forward_s") and _times(arr["forward_s"])
             ok = ok and (bool(d["error"]) or _sane_rows(arr, d["kind"], width))
         except (KeyError, TypeError, ValueError):
             return None
         return Group(d["kind"], mapping, policies, error=d["error"], **arr) if ok else None
+
+
+def _times(f: np.ndarray) -> bool:
+    """Forward times: > 0 and finite, or NaN where a prediction's engine does not run the step (a prompt over
+    its token budget)."""
+    return bool((np.isnan(f) | (np.isfinite(f) & (f > 0))).all())
 
 
 def _sane_rows(a: dict, kind: str, width: int | None) -> bool:
@@ -542,6 +549,10 @@ class _Search:
                  jobs: int = 1, engine=None):
         self.model, self.hw, self.gpus, self.traffic, self.sla, self.space = model, hw, gpus, traffic, sla, space
         self.profile, self.view, self.reserve_gib, self.engine = profile, view, reserve_gib, engine
+        #: the engine's step terms (limits, chunked prompts, host time): a prediction's only — the SOL view and the
+        #: SOL twin keep the engine's memory rule and pay no step terms
+        predicted = profile is not None or (view is not None and getattr(view, "name", "sol") != "sol")
+        self.serving = engine if predicted else None
         self.cache, self.progress, self.jobs = cache or _Cache(None), progress, jobs
         self.args = (model, hw, gpus, traffic, sla, space, profile, view, reserve_gib, engine)  # what a worker rebuilds
         self.groups: dict = {}
@@ -657,6 +668,12 @@ class _Search:
                 return mm.headroom(b * dp, ctx, mm.workspace(b * dp, ctx, 1.0 + kmax))
 
             per_rank = sorted(set(per_rank) | set(_largest_between(room, per_rank)))
+            sv = self.serving
+            if sv is not None:  # requests and tokens per step of one engine instance (one DP rank)
+                cap, budget = sv.max_running or math.inf, sv.budget(dp)
+                per_rank = [b for b in per_rank if b <= cap and (b * (1 + kmax) <= budget or not sv.decode_in_budget)]
+                require(bool(per_rank), "engine", f"no decode batch per DP rank within {sv.name}'s limits "
+                        f"(max_running={sv.max_running}, {budget:g} tokens a step)")
             batch = np.array([b * dp for b in per_rank], dtype=np.float64)
             if mapping.pp > 1:
                 batch = batch[batch >= max(mapping.pp, policies.pp_micro_batches)]
@@ -667,6 +684,9 @@ class _Search:
             new = 1.0 + verify
             wl = Workload(("decode",), batch[:, None], new[:, None], np.full((batch.size, 1), t.decode_context))
             fwd = np.asarray(c.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64)
+            if self.serving is not None:  # a decode-only step: a CUDA graph replay up to the engine's graph batch
+                fwd = self._routed(c, req, mapping, policies, wl, fwd, batch * new)
+                fwd = self.serving.step_time(fwd, kernels(c), self.serving.graphed(batch / dp))
             em = emitted(("decode",), new[:, None], policies)[:, 0]
             ctx = t.memory_context(batch / dp)
             work = mm.workspace(batch, ctx, new)
@@ -692,12 +712,57 @@ class _Search:
             bb, ii = np.meshgrid(batch, isl, indexing="ij")  # (R, classes)
             wl = Workload(("prefill",), bb.reshape(-1, 1), ii.reshape(-1, 1), np.zeros((bb.size, 1)))
             fwd = np.asarray(c.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64).reshape(bb.shape)
+            require(bool(np.all(np.isfinite(fwd))), "view", f"no {kind} time for {mapping} under this view")
+            if self.serving is not None:
+                fwd = self._engine_prefill(c, req, mapping, policies, per_rank, isl, fwd)
             em = np.ones_like(batch)
             work = mm.workspace(batch, ctx)
-        require(bool(np.all(np.isfinite(fwd))), "view", f"no {kind} time for {mapping} under this view")
+        require(bool(np.all(np.isfinite(fwd) | np.isnan(fwd))), "view", f"no {kind} time for {mapping} under this view")
         headroom = mm.headroom(batch, ctx, work)
         return Group(kind, mapping, policies, batch, verify, fwd, em, headroom, np.asarray(work, np.float64),
                      np.zeros_like(batch))
+
+    def _routed(self, c, req, mapping, policies, wl, fwd, tokens) -> np.ndarray:
+        """Decode forwards with the hottest EP rank at the routing statistics' expected load
+        (:func:`graphsim.serving.moe.hottest_rank_factor` for each step's routed ``tokens``): the program priced at
+        ``ep_imbalance`` 1 and 2 (its expert work and dispatch bytes scale with the hot rank's tokens), the
+        difference scaled by factor − 1. Untouched where the term is off, on one EP rank, without routed experts
+        or when the policies fix ``ep_imbalance`` themselves."""
+        from .serving import hottest_rank_factor
+
+        sv = self.serving
+        moe = next((op.info for op in c.graph.ops if op.kind == "moe_experts" and op.info.experts), None)
+        if not sv.moe_routing or mapping.ep <= 1 or moe is None or policies.ep_imbalance != 1.0:
+            return fwd
+        factor = hottest_rank_factor(tokens, moe.top_k, moe.experts, mapping.ep, sv.moe_load_ratio, sv.eplb)
+        c2 = compile_plan(self.model, Plan([req], mapping, attrs.evolve(policies, ep_imbalance=2.0)), self.hw,
+                          self.profile, view=self.view)
+        hot = np.asarray(c2.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64)
+        return fwd + (factor - 1.0) * (hot - fwd)
+
+    def _engine_prefill(self, c, req, mapping, policies, per_rank, isl, whole) -> np.ndarray:
+        """Prefill forwards (rows of ``per_rank`` prompts per DP rank, one column per class) as the engine runs
+        them: within its token budget one step (``whole``), else the steps of :func:`prefill_steps` — chunks with
+        ``past`` = the prompt's earlier chunks, or whole prompts packed — each a forward of a three-group program
+        (the rest of a begun prompt, whole prompts, the next prompt's head), summed; NaN where the engine does not
+        run it. Every step pays the engine's host terms."""
+        from .serving import prefill_steps
+
+        sv, dp = self.serving, mapping.dp
+        k = kernels(c)
+        out = np.asarray(sv.step_time(whole, k), dtype=np.float64)
+        plan = {}
+        for r, p in enumerate(per_rank):
+            for j, n in enumerate(isl):
+                steps = prefill_steps(p, int(n), sv.budget(dp), sv.chunked_prefill)
+                if steps is None:
+                    out[r, j] = np.nan
+                elif len(steps) > 1:
+                    plan[(r, j)] = steps
+        if plan:
+            c3 = compile_plan(self.model, Plan([req] * 3, mapping, policies), self.hw, self.profile, view=self.view)
+            out = _sum_steps(out, plan, c3, ("prefill",) * 3, dp, sv, k)
+        return out
 
     def _mixed(self, mapping, policies, kmax: int) -> Group:
         """Aggregated steps that prefill prompts together with the running decode batch. A replica admits
@@ -731,6 +796,9 @@ class _Search:
         wl = Workload(("prefill", "decode"), count, new, past)
         fwd = np.asarray(c.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64).reshape(R, K * C)
         require(bool(np.all(np.isfinite(fwd))), "view", f"no mixed-step time for {mapping} under this view")
+        if self.serving is not None:
+            fwd = self._engine_mixed(c, fwd, prompts.reshape(R, K * C), decodes.reshape(R, K * C),
+                                     each(1.0 + dec.verify).reshape(R, K * C), np.tile(isl, K), dp)
         # memory: the decode batch's KV and weights as the decode program has them, the largest op's
         # activations of the heaviest step (the prompts' activations dwarf one decode token's)
         from .fit import op_workspace
@@ -738,6 +806,33 @@ class _Search:
         work = op_workspace(c.program, wl).reshape(R, K * C).max(axis=1)
         headroom = dec.headroom_bytes + dec.workspace_bytes - np.maximum(dec.workspace_bytes, work)
         return Group("mixed", mapping, policies, dec.batch, dec.verify, fwd, dec.emitted, headroom, work, f)
+
+    def _engine_mixed(self, c, fwd, prompts, decodes, new, isl, dp) -> np.ndarray:
+        """Mixed-program steps (``(R, blocks x classes)``) as the engine runs them: within its token budget per DP
+        rank (prompt tokens + decode tokens) one step; over it, a lone prompt or one prompt per DP rank with the
+        decodes paused runs as chunks (or packed whole prompts) of the budget, each a step; a step that carries
+        decodes or more than one prompt per rank over the budget is not offered (NaN: the engine would split it
+        across steps, a schedule graphsim does not price yet). Every step pays the engine's host terms (eager
+        launches: no graph holds a prefill)."""
+        from .serving import prefill_steps
+
+        sv, k, budget = self.serving, kernels(c), self.serving.budget(dp)
+        out = np.asarray(sv.step_time(fwd, k), dtype=np.float64)
+        per_rank = np.where(prompts == 1, 1.0, prompts / dp)  # a lone prompt runs on one rank
+        L = np.broadcast_to(isl, prompts.shape)
+        tokens = per_rank * L + (decodes / dp * new if sv.decode_in_budget else 0.0)
+        plan = {}
+        for r, j in zip(*np.nonzero(tokens > budget)):
+            steps = None
+            if decodes[r, j] == 0 and per_rank[r, j] == 1:  # one prompt per rank alone: its chunks
+                steps = prefill_steps(1, int(L[r, j]), budget, sv.chunked_prefill)
+            if steps is None:
+                out[r, j] = np.nan
+            else:  # the prompt's piece on every rank that runs one; the decode group empty
+                plan[(r, j)] = [((prompts[r, j], st[0][1], st[0][2]), (0.0, 1.0, 0.0)) for st in steps]
+        if plan:
+            out = _sum_steps(out, plan, c, ("prefill", "decode"), 1, sv, k)
+        return out
 
     # -- deployments -----------------------------------------------------------------------------------------
     def agg_rows(self, mapping, policies) -> list[dict]:
@@ -776,8 +871,8 @@ class _Search:
         cands = []  # prefill candidates: (group, row, ttft without transfer, requests/s per replica)
         for g in pre_groups:
             for r in range(g.batch.size):
-                if g.headroom_bytes[r] < 0 or g.batch[r] % g.mapping.dp:
-                    continue
+                if g.headroom_bytes[r] < 0 or g.batch[r] % g.mapping.dp or np.isnan(g.forward_s[r]).any():
+                    continue  # does not fit, or its engine does not run the prefill
                 tp = float(g.forward_s[r].max())
                 cands.append((g, r, tp, g.batch[r] / float(t.w @ g.forward_s[r])))
         cands = _pareto_min_max(cands, lambda c: c[2], lambda c: c[3] / c[0].mapping.gpus)
@@ -877,7 +972,7 @@ def agg_schedules(mix: Group, t_dec: np.ndarray, w: np.ndarray, dp: int):
     out = []
     for step, pb, ttft, vals, probs in (
             ("mixed", dp * n, blk["mixed"].max(axis=1), [t_lo, blk["mixed"]], [(1 - phi) * w, phi * w]),
-            ("prefill", dp * n, blk["prefill"].max(axis=1), [td + 0 * lone, td + blk["prefill"]],
+            ("prefill", dp * n, blk["prefill"].max(axis=1), [td + np.zeros_like(lone), td + blk["prefill"]],
              [(1 - q) * w, q * w]),
             ("lone", np.ones_like(f), lone.max(axis=1), [td + gl * lone, td + (gl + 1) * lone],
              [(1 - phg) * w, phg * w])):
@@ -887,6 +982,27 @@ def agg_schedules(mix: Group, t_dec: np.ndarray, w: np.ndarray, dp: int):
             same = (dp == 1) & (n == 1)
             mean, p99 = np.where(same, np.nan, mean), np.where(same, np.nan, p99)
         out.append((step, pb, ttft, mean, p99))
+    return out
+
+
+def kernels(c) -> int:
+    """Kernels one step of compiled program ``c`` launches per device: its compute and communication ops on the
+    representative device (after fusion; a pipeline stage's device launches its own)."""
+    return sum(1 for op in c.graph.ops if op.device == 0 and op.stream in ("compute", "comm"))
+
+
+def _sum_steps(out: np.ndarray, plan: dict, c, kinds: tuple, scale: float, sv, k: int) -> np.ndarray:
+    """``out`` with each ``plan`` entry ((row, column) -> steps, each a tuple of (count, new, past) per group of
+    ``kinds``; counts times ``scale``) replaced by the sum of its steps' forwards on ``c``, each a step as engine
+    ``sv`` runs it (``k`` kernels, eager)."""
+    pieces = np.array([st for steps in plan.values() for st in steps], dtype=np.float64)  # (S, groups, 3)
+    wl = Workload(kinds, pieces[:, :, 0] * scale, pieces[:, :, 1], pieces[:, :, 2])
+    t = sv.step_time(np.asarray(c.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64), k)
+    out = out.copy()
+    at = 0
+    for key, steps in plan.items():
+        out[key] = float(t[at:at + len(steps)].sum())
+        at += len(steps)
     return out
 
 
@@ -1006,7 +1122,8 @@ def pareto_flags(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: Space = Space(), top: int = 5,
            profile=None, view=None, reserve_gib: float | None = None, cache_dir: str | Path | None = None,
-           progress: Callable[[int], None] | None = None, jobs: int = 1, engine: str | None = "auto") -> SearchResult:
+           progress: Callable[[int], None] | None = None, jobs: int = 1, engine: str | None = "auto",
+           engine_set: tuple = ()) -> SearchResult:
     """Search deployments of ``model`` on ``gpus`` GPUs of ``hw`` for ``traffic`` under ``sla``; the best
     ``top`` deployments (by output tokens/s per GPU among those meeting the SLA), the Pareto front and why the
     others lost. ``cache_dir`` keeps every evaluated program (a rerun resumes from it). ``progress(n)`` is called
@@ -1017,7 +1134,11 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
     What is evaluated never depends on the SLA (it only ranks): a bound added to the SLA never hides a row
     that meets it. ``engine`` ("auto", "none", "sglang", "vllm", "trtllm"): whose documented memory rule and KV
     paging decide which batches fit (graphsim.serving); "auto" is the measured view's backend framework, none in
-    the SOL view (a bound keeps every byte)."""
+    the SOL view (a bound keeps every byte). A *prediction* (a measured view or a profile) also runs each step
+    as its engine does (:mod:`graphsim.serving.engines`): decode batches within its requests and tokens per DP rank,
+    prompts over its token budget in chunks (each a forward with the earlier chunks as ``past``; TTFT their sum),
+    and a step's host time (kernel launches or a CUDA graph replay, the exposed scheduler); the SOL view and the
+    SOL twin never pay those. ``engine_set``: ``FIELD=VALUE`` strings overriding the engine's documented terms."""
     import pandas as pd
 
     from .fit import DEFAULT_RESERVE_GIB
@@ -1035,6 +1156,10 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
     check_number("reserve_gib", reserve, 0.0, 1 << 20)
     check_int("jobs", jobs, 1, 1024)
     terms = _engine(engine, view)
+    require(not engine_set or terms is not None, "engine_set", "sets an engine's terms: choose an engine (--engine "
+            "sglang|vllm|trtllm, or a measured view whose backend has one)")
+    if terms is not None:  # the GPU's tier of each default computed at launch, then the user's settings
+        terms = terms.on(hw.hbm_capacity_bytes).with_settings(engine_set)
     s = _Search(model, hw, gpus, traffic, sla, space, profile, view, reserve,
                 _Cache(Path(cache_dir) if cache_dir else None), progress, jobs, terms)
     axes = policy_axes(model, space)
@@ -1070,6 +1195,11 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
         why = "; ".join(sorted({x["error"] for x in s.skipped}))[:300] or (
             "disaggregated serving needs a prefill and a decode pool: a decode mapping smaller than --gpus and a "
             "prefill mapping in what is left" if space.modes == ("disagg",) else "no mapping fits the space")
+        if s.serving is not None and not s.skipped:
+            sv = s.serving
+            why = (f"{sv.name} runs no step of this traffic within its limits (step_tokens={sv.step_tokens}, "
+                   f"chunked_prefill={str(sv.chunked_prefill).lower()}, max_running={sv.max_running}; the longest "
+                   f"prompt has {max(traffic.isl)} tokens): --engine-set changes them")
         raise GraphsimError("search", f"no deployment could be evaluated: {why}")
     df = pd.DataFrame(rows)
     df["deployment"] = df["mode"] + " " + df["mapping"] + " [" + df["policies"] + "]"
@@ -1115,10 +1245,8 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
                "memory_axes": [f for f, _ in axes if f in MEMORY_AXES], "policy_points": len(choices),
                "refine": space.refine, "exhaustive": space.exhaustive, "acceptance": list(space.acceptance),
                "nvlink_domain": hw.nvlink_domain, "engine": terms.name if terms else "none",
-               "engine_terms": ({"memory": terms.memory, "memory_fraction": terms.memory_fraction,
-                                 "kv_block_tokens": terms.kv_block_tokens,
-                                 "sources": [{"field": f, "source": src} for f, src in terms.sources]}
-                                if terms else None)}
+               "engine_terms": terms.to_dict() if terms else None,
+               "engine_steps": "priced" if s.serving is not None else ("memory only" if terms else "none")}
     stats = {"programs_compiled": s.compiled, "programs_cached": s.cached, "rows": len(df),
              "sol_programs_compiled": s.twin_compiled,
              "rows_meeting_sla": int(df["meets_sla"].sum()), "pareto_points": int(df["pareto"].sum()),

@@ -669,7 +669,7 @@ def lengths_csv(draw):
 
 
 SEARCH_BREAKS = ("gpus", "isl", "osl", "batch", "modes", "refine", "ttft", "tpot", "min-user-tps", "tpot-stat",
-                 "kv-margin", "acceptance", "lengths+isl", "engine")
+                 "kv-margin", "acceptance", "lengths+isl", "engine", "engine-set")
 
 
 @st.composite
@@ -731,6 +731,15 @@ def search_case(draw) -> dict:
     if brk == "engine" or rare(draw, 4):  # whose memory rule decides the batches
         argv += ["--engine", draw(st.sampled_from(["tgi", "", "VLLM"] if brk == "engine" else
                                                   ["auto", "none", "vllm", "trtllm", "sglang"]))]
+    # an engine's terms overridden (a prediction prices its steps with them)
+    if brk == "engine-set" or (brk != "engine" and rare(draw, 6)):
+        argv += ["--engine", draw(st.sampled_from(["vllm", "trtllm", "sglang"]))]
+        argv += ["--engine-set", draw(st.sampled_from(
+            ["tokens=1", "step_tokens=8k", "graph_max_batch=-1", "launch_us=nan", "chunked_prefill=maybe", "=1",
+             "moe_load_ratio=0.5"]
+            if brk == "engine-set" else ["step_tokens=4096", "max_running=none", "launch_us=4", "chunked_prefill=false",
+                                         "graph_max_batch=0", "step_overhead_us=50", "eplb=true",
+                                         "moe_load_ratio=1.2"]))]
     if rare(draw, 6):  # a prediction from the shipped tables, ranked beside its SOL twin
         argv += ["--measured", MEASURED, "--backend", draw(st.sampled_from(["trtllm@1.3.0rc20", "trtllm@9"]))]
     if seeded or draw(st.booleans()):
