@@ -298,7 +298,8 @@ def to_text(res, tr) -> str:
              f"{dep['router']}",
              f"trace: {getattr(tr, 'source', '') or 'in memory'}: {rq['total']:,} requests over "
              f"{s['duration_s']:,.1f} s; served {rq['served']:,}, rejected {rq['rejected']:,} "
-             f"({rq['rejected_beyond_context']:,} beyond the model's context), preemptions {rq['preemptions']:,}", "",
+             f"({rq['rejected_beyond_context']:,} beyond the model's context, {rq['rejected_over_step_budget']:,} "
+             f"prompts over a step without chunked prefill), preemptions {rq['preemptions']:,}", "",
              f"{'latency (ms)':<22}{'p50':>12}{'p90':>12}{'p99':>12}{'mean':>12}"]
     for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL (per token)", "itl_ms"), ("end-to-end", "e2e_ms")):
         d = lat[key]

@@ -153,13 +153,15 @@ class _Replica:
 
 class _Sim:
     def __init__(self, trace, dep: Deployment, steps, *, too_long, tiers, router, seed, validate, sample_s, progress,
-                 kv, per_device, hbm_capacity, max_running, budget, window, swa_model, encoder_replay, hw):
+                 kv, per_device, hbm_capacity, max_running, budget, window, swa_model, encoder_replay, hw,
+                 chunked=True, decode_in_budget=True):
         self.tr, self.dep, self.st, self.hw = trace, dep, steps, hw
         self.router, self.progress = router, progress
         self.g, self.s = kv
         self.per_device = per_device  # a request's bytes on one device / its bytes in all
         self.max_running, self.budget, self.window = max_running, budget, window
         self.swa_model, self.encoder_replay = swa_model, encoder_replay
+        self.chunked, self.decode_in_budget = chunked, decode_in_budget
         n = len(trace)
         self.n = n
         self.arr = np.asarray(trace.arrival_s, np.float64)
@@ -201,6 +203,7 @@ class _Sim:
                                          "waiting", "running")}
         self.next_sample = float(self.arr[0]) if n else 0.0
         self.too_long = np.asarray(too_long, bool)
+        self.over_budget = np.zeros(n, bool)
 
     # -- helpers -------------------------------------------------------------------------------------------
     def blocks(self, i) -> np.ndarray:
@@ -408,8 +411,9 @@ class _Sim:
         decodes = [i for i in r.running if self.phase[i] == DECODE]
         queued = sum(int(self.target[i] - self.pos[i]) for i in r.running
                      if self.phase[i] == PREFILL and self.ready[i] <= now)
-        blocked = self.admit(r, now, self.budget - len(decodes) - queued)
-        budget = self.budget - len(decodes)
+        spent = len(decodes) if self.decode_in_budget else 0  # SGLang's budget bounds prompt tokens only
+        blocked = self.admit(r, now, self.budget - spent - queued)
+        budget = self.budget - spent
         if budget < 0:
             decodes, budget = decodes[:self.budget], 0
         chunks = []
@@ -425,6 +429,9 @@ class _Sim:
                 pending = True
                 break
             k = int(min(self.target[i] - self.pos[i], budget))
+            if not self.chunked and k < self.target[i] - self.pos[i]:  # packed whole: waits for a step it fits
+                pending = True
+                break
             chunks.append((i, k, int(self.pos[i])))
             budget -= k
         t_event = min(t_next, t_ready)
@@ -513,15 +520,16 @@ class _Sim:
         if rec is not None:
             ch = [(k, p, int(self.replay[i]) if self.pending_replay[i] else 0) for i, k, p in chunks]
             cmean = float(ctx.mean()) if ctx.size else 0.0
-            pred = self._step_time(cmean, ctx.size, chunks) if chunks else float(self.st.decode(ctx.size, cmean))
+            pred = self._step_time(cmean, ctx.size, chunks, host=False) if chunks else \
+                float(self.st.decode(ctx.size, cmean, host=False))
             self.samples[rec] = (ch, ctx.copy(), pred)
 
-    def _step_time(self, cmean: float, B: int, chunks) -> float:
+    def _step_time(self, cmean: float, B: int, chunks, host: bool = True) -> float:
         """A step with prefill chunks: the surface at its coordinates plus each bounded replay's marginal cost."""
         n = np.array([c[1] for c in chunks], np.float64)
         p = np.array([c[2] for c in chunks], np.float64)
         total = float(n.sum())
-        dt = self.st.step(B, cmean, total, float((n * p + n * (n + 1) / 2).sum()))
+        dt = self.st.step(B, cmean, total, float((n * p + n * (n + 1) / 2).sum()), host)
         for i, _, _ in chunks:
             if self.pending_replay[i]:
                 dt += self.st.replay(total, float(self.hit_tokens[i]))
@@ -629,8 +637,28 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
             else ENGINES.get(str(view.backend).split("@", 1)[0])
     else:
         eng = engine_terms(dep.engine)
-    budget = int(dep.token_budget or getattr(eng, "max_tokens_per_step", None) or DEFAULT_TOKEN_BUDGET)
-    max_running = int(dep.max_running or getattr(eng, "max_running", None) or (1 << 20))
+    if eng is not None:
+        eng = eng.on(hw.hbm_capacity_bytes)
+    dp = mapping.dp
+    # an engine schedules each attention-DP rank (its documented limits are per rank); the simulator schedules the
+    # replica's dp ranks as one, balanced, as the compiled program prices them
+    if dep.token_budget is not None:
+        budget = int(dep.token_budget)
+    elif eng is not None and eng.step_tokens is not None:
+        budget = int(eng.budget(dp) * dp)
+    else:
+        budget = DEFAULT_TOKEN_BUDGET
+    if dep.max_running is not None:
+        max_running = int(dep.max_running)
+    elif eng is not None and eng.max_running is not None:
+        max_running = int(eng.max_running * dp)
+    else:
+        max_running = 1 << 20
+    # the step terms (host launches, graphs, scheduler time) are a prediction's: SOL pays none
+    predicted = dep.profile is not None or (view is not None and getattr(view, "name", "sol") != "sol")
+    serving = eng if predicted else None
+    chunked = eng.chunked_prefill if eng is not None else True
+    decode_in_budget = eng.decode_in_budget if eng is not None else True
     reserve = DEFAULT_RESERVE_GIB if dep.reserve_gib is None else dep.reserve_gib
 
     g, s = kv_terms(model, policies)
@@ -646,8 +674,13 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
         else MAX_CONTEXT
     total = np.asarray(trace.input_len, np.int64) + np.asarray(trace.output_len, np.int64)
     too_long = total > limit  # refused on arrival, as an engine refuses a request beyond its context
-    require(not bool(too_long.all()), "trace", f"every request exceeds {model.name}'s context of {limit:,} tokens "
-                                               "(--beyond-context runs them as a what-if)")
+    over_budget = np.zeros_like(too_long)
+    if not chunked:  # prompts packed whole: one longer than a step's budget never runs
+        over_budget = ~too_long & (np.asarray(trace.input_len, np.int64) > budget)
+        too_long = too_long | over_budget
+    require(not bool(too_long.all()), "trace", f"every request exceeds {model.name}'s context of {limit:,} tokens"
+                                               + (f" or the engine's {budget:,}-token step (no chunked prefill)"
+                                                  if not chunked else " (--beyond-context runs them as a what-if)"))
     max_ctx = int(min(int(total[~too_long].max()) + 1, limit))
     if dep.hbm_kv_gib is not None:
         capacity = float(dep.hbm_kv_gib) * GiB
@@ -680,14 +713,16 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
         from .steps import StepTimes
 
         steps = StepTimes(prog, max_batch=b_max, max_context=max_ctx, budget=budget,
-                          replay_window=policies.replay_window, swa=swa_model, exact_program=exact)
+                          replay_window=policies.replay_window, swa=swa_model, exact_program=exact, serving=serving)
     arr = np.asarray(trace.arrival_s, np.float64)
     span = float(arr[-1] - arr[0]) if len(trace) > 1 else 1.0
     sim = _Sim(trace, dep, steps, too_long=too_long, tiers=tiers, router=router, seed=seed, validate=validate,
                sample_s=max(span, 1e-3) / max(samples, 1) if samples else 0.0, progress=progress,
                kv=(g, s), per_device=per_device, hbm_capacity=capacity, max_running=max_running, budget=budget,
                window=policies.replay_window, swa_model=swa_model,
-               encoder_replay=policies.encoder_replay == "on", hw=hw)
+               encoder_replay=policies.encoder_replay == "on", hw=hw, chunked=chunked,
+               decode_in_budget=decode_in_budget)
+    sim.over_budget = over_budget
     sim.run()
     return _result(sim, trace, dep, model, hw, mapping, policies, eng, budget, max_running, capacity, tiers, sla,
                    classes, steps, router, design)
@@ -760,10 +795,13 @@ def _result(sim: _Sim, trace, dep, model, hw, mapping, policies, eng, budget, ma
                        "view": getattr(dep.view, "name", "sol") if dep.view is not None else "sol",
                        "engine": getattr(eng, "name", "none") if eng is not None else "none",
                        "token_budget": budget, "max_running": max_running if max_running < (1 << 20) else None,
+                       "engine_steps": "priced" if getattr(steps, "serving", None) is not None else "none",
                        "hbm_pool_gib_per_replica": _finite(capacity / GiB), "router": router,
                        "cache_design": design},
         "requests": {"total": n, "served": int(served.sum()), "rejected": int((sim.phase == REJECTED).sum()),
-                     "rejected_beyond_context": int(sim.too_long.sum()), "preempted": int((sim.preempted > 0).sum()),
+                     "rejected_beyond_context": int((sim.too_long & ~sim.over_budget).sum()),
+                     "rejected_over_step_budget": int(sim.over_budget.sum()),
+                     "preempted": int((sim.preempted > 0).sum()),
                      "preemptions": int(sim.preempted.sum())},
         "duration_s": span,
         "latency": {"ttft_ms": _percentiles(ttft), "tpot_ms": _percentiles(tpot), "itl_ms": _hist_percentiles(sim.hist),

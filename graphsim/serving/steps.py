@@ -77,10 +77,17 @@ class StepTimes:
     request, in that order, at the deployment's mapping and policies, in any view)."""
 
     def __init__(self, compiled, *, max_batch: int, max_context: int, budget: int, replay_window: int = 128,
-                 swa: bool = False, exact_program=None):
+                 swa: bool = False, exact_program=None, serving=None):
         require(compiled.plan.kinds == ("prefill", "decode"), "compiled", "the step program is one prefill and one "
                                                                           "decode request")
         self.c, self.exact_program = compiled, exact_program
+        #: the engine's step terms (graphsim.serving.EngineTerms: host launches, CUDA graphs, scheduler time) when
+        #: the step times are a prediction; None: the GPU's time alone (the SOL view)
+        self.serving, self.dp = serving, compiled.plan.mapping.dp
+        if serving is not None:
+            from ..search import kernels
+
+            self.kernels = kernels(compiled)
         self.max_batch, self.max_context, self.budget = int(max_batch), int(max_context), int(budget)
         self.window, self.swa = int(replay_window), bool(swa)
         self.points = 0
@@ -137,19 +144,27 @@ class StepTimes:
         return np.maximum(d, 0.0).reshape(mesh[0].shape)
 
     # -- queries ------------------------------------------------------------------------------------------
-    def decode(self, batch, context) -> np.ndarray:
-        """Seconds of decode-only steps of ``batch`` requests at mean context ``context`` (arrays)."""
+    def decode(self, batch, context, host: bool = True) -> np.ndarray:
+        """Seconds of decode-only steps of ``batch`` requests at mean context ``context`` (arrays); ``host``: as the
+        engine runs them (a CUDA graph replay up to its batch, else eager launches, plus scheduler time)."""
         b = np.asarray(batch, dtype=np.float64)
         c = np.broadcast_to(np.asarray(context, dtype=np.float64), b.shape)
-        return interp(self.d_grids, self.d_table, np.stack([b.ravel(), c.ravel()], axis=1)).reshape(b.shape)
+        gpu = interp(self.d_grids, self.d_table, np.stack([b.ravel(), c.ravel()], axis=1)).reshape(b.shape)
+        if host and self.serving is not None:
+            return self.serving.step_time(gpu, self.kernels, self.serving.graphed(b / self.dp))
+        return gpu
 
-    def step(self, batch: int, context: float, new: float, pairs: float) -> float:
+    def step(self, batch: int, context: float, new: float, pairs: float, host: bool = True) -> float:
         """Seconds of one step: ``batch`` decodes at mean context ``context`` and prefill chunks of ``new``
-        positions in all with ``pairs`` causal attention pairs."""
+        positions in all with ``pairs`` causal attention pairs (``host``: plus the engine's eager launches and
+        scheduler time)."""
         if new <= 0:
-            return float(self.decode(batch, context)) if batch > 0 else 0.0
+            return float(self.decode(batch, context, host)) if batch > 0 else 0.0
         p = float(effective_past(new, pairs))
-        return float(interp(self.m_grids, self.m_table, np.array([[batch, context, new, p]]))[0])
+        gpu = float(interp(self.m_grids, self.m_table, np.array([[batch, context, new, p]]))[0])
+        if host and self.serving is not None:
+            return float(self.serving.step_time(gpu, self.kernels))
+        return gpu
 
     def replay(self, new, cached) -> float:
         """Seconds the bounded SWA replay of a request with ``cached`` positions adds to a step prefilling
@@ -203,10 +218,10 @@ class FixedSteps:
         require(float(seconds) > 0, "seconds", f"must be > 0, got {seconds!r}")
         self.seconds = float(seconds)
 
-    def decode(self, batch, context) -> np.ndarray:
+    def decode(self, batch, context, host: bool = True) -> np.ndarray:
         return np.full(np.shape(batch), self.seconds)
 
-    def step(self, batch, context, new, pairs) -> float:
+    def step(self, batch, context, new, pairs, host: bool = True) -> float:
         return self.seconds
 
     def replay(self, new, cached) -> float:
