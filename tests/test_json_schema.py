@@ -44,6 +44,9 @@ CASES = {
     "disagg": ("disagg", ["disagg", "--model", "{model}", "--isl", "1024", "--osl", "128", "--prefill", "tp=4",
                           "--decode", "tp=4", "--decode-batch", "8,32", "--json"]),
     "hw list": ("hw", ["hw", "list", "--json"]),
+    "serve-sim": ("serve-sim", ["serve-sim", "--model", "{model}", "--tp", "4", "--trace", str(Path(__file__).parent / "data"
+                                / "traces" / "mooncake_synthetic_trace_head300.jsonl"), "--head", "40", "--classes",
+                                "4096", "--validate", "4", "--no-progress", "--json"]),
     "hw show": ("hw", ["hw", "show", "{model}", "--json"]),  # "families" of hardware: see _subjects
 }
 

@@ -387,9 +387,10 @@ class _Sim:
         self.t_done[i] = now
         self._release(r, i)
         if self.swa_model and self.s > 0:
-            keys = [k for k in (self._swa_key(i),
-                                ("S", int(self.session[i])) if self.session[i] >= 0 else None) if k is not None]
-            for k in keys:
+            # one SWA state per request, at its end: keyed by its session (the next turn continues from it), else by
+            # its last full prompt block (a later prompt that extends this one)
+            k = ("S", int(self.session[i])) if self.session[i] >= 0 else self._swa_key(i)
+            if k is not None:
                 r.pool.put_cached(k, self.s)
                 for t in self.s_tiers:
                     t.put(k, self.s, now)
