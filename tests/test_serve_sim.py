@@ -231,3 +231,14 @@ def test_cli_runs_a_deployment_from_search_output(tmp_path, capsys):
     assert _cli("serve-sim", "--model", "deepseek-v3", "--hw", "gb200", "--from", f, "--rank", "3", "--trace",
                 EXCERPT) == 2
     assert "rank" in capsys.readouterr().err
+
+
+def test_point_interpolation_equals_the_vectorized_one():
+    from graphsim.serving.steps import _Point
+
+    rng = np.random.default_rng(0)
+    grids = (np.array([0.0, 1, 2, 4, 8]), np.array([16.0, 64, 256]), np.array([1.0, 3, 9, 27]))
+    table = rng.random((5, 3, 4))
+    pt = _Point(grids, table)
+    q = np.column_stack([rng.uniform(-1, 10, 50), rng.uniform(0, 300, 50), rng.uniform(0, 30, 50)])
+    assert np.allclose([pt(*row) for row in q], interp(grids, table, q), rtol=1e-12, atol=0)

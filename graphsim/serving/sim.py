@@ -29,7 +29,7 @@ requests' own times (``SimResult.checks``).
 """
 from __future__ import annotations
 
-import heapq
+import bisect
 import math
 from collections import deque
 
@@ -45,6 +45,7 @@ ROUTERS = ("prefix", "least-loaded", "round-robin")
 DEFAULT_TOKEN_BUDGET = 8192
 WAIT, RESTORE, PREFILL, DECODE, DONE, REJECTED = range(6)
 _HIST_EDGES = np.logspace(-6, 2, 1601)  # step-time histogram: 1 µs .. 100 s, 200 bins per decade
+_EDGES = _HIST_EDGES.tolist()
 
 
 @attrs.frozen
@@ -458,7 +459,7 @@ class _Sim:
                 dt = self._step_time(cmean, B, chunks)
                 self.step_count[1] += 1
             else:
-                dt = float(self.st.decode(B, cmean))
+                dt = self.st.step(B, cmean, 0.0, 0.0)
                 self.step_count[0] += 1
             dts = np.array([dt])
         else:
@@ -467,16 +468,30 @@ class _Sim:
             room = r.pool.free() + r.pool.cached
             fit = room / (self.g * B) if self.g > 0 else math.inf  # steps the KV pool can still grow
             kmax = max(1, min(left, int(fit) if math.isfinite(fit) else left))
-            steps = np.arange(kmax, dtype=np.float64)
-            dts = self.st.decode(np.full(kmax, float(B)), cmean + steps)
-            m = kmax
-            if math.isfinite(t_event):  # the steps that start before the next event
-                m = 1 + int(np.searchsorted(np.cumsum(dts)[:-1], t_event - now, side="left"))
-            m = max(1, min(m, kmax))
+            # the steps that start before the next event: priced in windows sized by the first step's time (a
+            # run ends at the next arrival long before its last request finishes, on a busy trace)
+            gap = t_event - now
+            dt0 = self.st.step(B, cmean, 0.0, 0.0)
+            k = kmax if not math.isfinite(gap) else min(kmax, max(1, int(gap / max(dt0, 1e-12)) + 2))
+            while True:
+                if k <= 16:  # a few steps: the per-point path (NumPy's per-call cost would dominate)
+                    dts = np.array([self.st.step(B, cmean + j, 0.0, 0.0) for j in range(k)])
+                else:
+                    dts = self.st.decode(np.full(k, float(B)), cmean + np.arange(k, dtype=np.float64))
+                m = k
+                if math.isfinite(gap):
+                    m = 1 + int(np.searchsorted(np.cumsum(dts)[:-1], gap, side="left"))
+                if m < k or k >= kmax:
+                    break
+                k = min(kmax, 2 * k)
+            m = max(1, min(m, k))
             dts = dts[:m]
             self.step_count[0] += m
         if B:
-            np.add.at(self.hist, np.searchsorted(_HIST_EDGES, dts), float(B))
+            if dts.size == 1:
+                self.hist[bisect.bisect_left(_EDGES, float(dts[0]))] += B
+            else:
+                np.add.at(self.hist, np.searchsorted(_HIST_EDGES, dts), float(B))
         self._sample_step(chunks, ctx, decodes, dts.size)
         t_end = now + float(dts.sum())
         r.advance(t_end)
@@ -522,7 +537,7 @@ class _Sim:
             ch = [(k, p, int(self.replay[i]) if self.pending_replay[i] else 0) for i, k, p in chunks]
             cmean = float(ctx.mean()) if ctx.size else 0.0
             pred = self._step_time(cmean, ctx.size, chunks, host=False) if chunks else \
-                float(self.st.decode(ctx.size, cmean, host=False))
+                self.st.step(ctx.size, cmean, 0.0, 0.0, host=False)
             self.samples[rec] = (ch, ctx.copy(), pred)
 
     def _step_time(self, cmean: float, B: int, chunks, host: bool = True) -> float:

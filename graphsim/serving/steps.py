@@ -17,6 +17,7 @@ the decodes, so a simulation states its surface's error on its own step mix (``S
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 
 import numpy as np
@@ -64,6 +65,36 @@ def interp(grids: tuple, table: np.ndarray, q: np.ndarray) -> np.ndarray:
     return out
 
 
+class _Point:
+    """:func:`interp` at one point in plain Python (the simulator asks one step at a time: NumPy's per-call cost
+    would be most of the simulation). The same multilinear interpolation, the same clipping."""
+
+    def __init__(self, grids: tuple, table: np.ndarray):
+        self.grids = [list(map(float, g)) for g in grids]
+        self.flat = list(map(float, np.ascontiguousarray(table).ravel()))
+        self.strides = [int(np.prod(table.shape[d + 1:])) for d in range(table.ndim)]
+        self.corners = list(itertools.product((0, 1), repeat=table.ndim))
+
+    def __call__(self, *q) -> float:
+        base, ws = 0, []
+        for g, x, st in zip(self.grids, q, self.strides):
+            x = g[0] if x < g[0] else g[-1] if x > g[-1] else x
+            i = min(max(bisect.bisect_right(g, x) - 1, 0), len(g) - 2)
+            ws.append(((x - g[i]) / (g[i + 1] - g[i]), st))
+            base += i * st
+        flat, out = self.flat, 0.0
+        for corner in self.corners:
+            w, k = 1.0, base
+            for c, (t, st) in zip(corner, ws):
+                if c:
+                    w *= t
+                    k += st
+                else:
+                    w *= 1.0 - t
+            out += w * flat[k]
+        return out
+
+
 def effective_past(n: np.ndarray, pairs: np.ndarray) -> np.ndarray:
     """P with N·P + N(N+1)/2 = pairs (>= 0): the past of one sequence of N positions with the chunks' pairs."""
     n = np.asarray(n, dtype=np.float64)
@@ -99,6 +130,8 @@ class StepTimes:
         self.m_table = self._surface(self.m_grids, decode_only=False)
         self.r_grids = (_geom(1, max(self.budget, 2), 2.0), _geom(1, cmax, 2.0))
         self.r_table = self._replay_table(self.r_grids) if self.swa else None
+        self._d1, self._m1 = _Point(self.d_grids, self.d_table), _Point(self.m_grids, self.m_table)
+        self._r1 = _Point(self.r_grids, self.r_table) if self.r_table is not None else None
 
     # -- building -----------------------------------------------------------------------------------------
     def _forward(self, count, new, past, replay=None) -> np.ndarray:
@@ -159,9 +192,14 @@ class StepTimes:
         positions in all with ``pairs`` causal attention pairs (``host``: plus the engine's eager launches and
         scheduler time)."""
         if new <= 0:
-            return float(self.decode(batch, context, host)) if batch > 0 else 0.0
-        p = float(effective_past(new, pairs))
-        gpu = float(interp(self.m_grids, self.m_table, np.array([[batch, context, new, p]]))[0])
+            if batch <= 0:
+                return 0.0
+            gpu = self._d1(float(batch), float(context))
+            if host and self.serving is not None:
+                return float(self.serving.step_time(gpu, self.kernels, self.serving.graphed(batch / self.dp)))
+            return gpu
+        p = max((pairs - new * (new + 1) / 2) / new, 0.0)  # effective_past, for one point
+        gpu = self._m1(float(batch), float(context), float(new), p)
         if host and self.serving is not None:
             return float(self.serving.step_time(gpu, self.kernels))
         return gpu
@@ -169,9 +207,9 @@ class StepTimes:
     def replay(self, new, cached) -> float:
         """Seconds the bounded SWA replay of a request with ``cached`` positions adds to a step prefilling
         ``new`` positions (0 for a model without SWA)."""
-        if self.r_table is None:
+        if self._r1 is None:
             return 0.0
-        return float(interp(self.r_grids, self.r_table, np.array([[new, cached]], dtype=np.float64))[0])
+        return self._r1(float(new), float(cached))
 
     # -- validation ---------------------------------------------------------------------------------------
     def exact(self, steps: list) -> np.ndarray:
