@@ -34,7 +34,13 @@ def register(sub) -> None:
                   "graphsim serve-sim --model deepseek-v3 --hw gb200 --from search.json --rank 1 --trace trace.jsonl"])
     _plan_args(p, requests=False)
     d = p.add_argument_group("deployment", "replicas of the mapping above, or a row of graphsim search's output")
-    d.add_argument("--replicas", type=int, default=1, metavar="N", help="aggregated replicas (default 1)")
+    d.add_argument("--replicas", type=int, default=1, metavar="N",
+                   help="aggregated replicas (default 1); with --prefill-replicas, the decode pool's")
+    d.add_argument("--prefill", default=None, metavar="MAPPING",
+                   help="disaggregated: the prefill pool's mapping (tp=4,ep=4 or tp4-ep4; default the mapping above)")
+    d.add_argument("--prefill-replicas", type=int, default=0, metavar="N",
+                   help="disaggregated: prefill replicas (default 0: aggregated); the mapping flags are the decode "
+                        "pool's, and the KV is handed over as graphsim disagg prices it")
     d.add_argument("--from", dest="from_file", default=None, metavar="FILE",
                    help="take the mapping, replicas and policies from graphsim search output (--json document, or "
                         "its -o table .parquet/.csv)")
@@ -155,22 +161,23 @@ def deployment_from_search(path: str, rank: int = 1) -> dict:
         row = df.iloc[rank].to_dict()
     else:
         raise GraphsimError("from", f"{path}: graphsim search output is .json, .parquet or .csv")
-    require(row.get("mode", "agg") == "agg", "from",
-            "the row is a disaggregated deployment; serve-sim simulates aggregated replicas (give an agg row)")
-    return {"mapping": _mapping(str(row["decode_mapping"])), "replicas": int(row.get("decode_replicas", 1)),
-            "policies": _policies(str(row.get("policies", "default")))}
+    text = str(row.get("policies", "default"))
+    pre_pol, dec_pol = text, text
+    if text.startswith("prefill:") and " decode:" in text:  # a disaggregated row whose pools' policies differ
+        pre_pol, _, dec_pol = text[len("prefill:"):].partition(" decode:")
+    out = {"mapping": _mapping(str(row["decode_mapping"])), "replicas": int(row.get("decode_replicas", 1)),
+           "policies": _policies(dec_pol), "prefill_mapping": None, "prefill_replicas": 0, "prefill_policies": None}
+    if row.get("mode", "agg") == "disagg":
+        out.update(prefill_mapping=_mapping(str(row["prefill_mapping"])),
+                   prefill_replicas=int(row.get("prefill_replicas", 1)), prefill_policies=_policies(pre_pol))
+    return out
 
 
 def _mapping(text: str):
-    from .plan import ParallelMapping
+    """``tp4-dp1-ep4-pp1`` or ``tp=4,ep=4`` (graphsim disagg's parser) -> ParallelMapping."""
+    from .cmd_disagg import parse_mapping
 
-    kw = {}
-    for part in text.split("-"):
-        k = part.rstrip("0123456789")
-        require(k in ("tp", "dp", "ep", "pp", "cp") and part[len(k):].isdigit(), "from.mapping",
-                f"{text!r} is not a mapping like tp4-dp1-ep4-pp1")
-        kw[k] = int(part[len(k):])
-    return ParallelMapping(**kw)
+    return parse_mapping(text)
 
 
 def _policies(text: str):
@@ -214,14 +221,20 @@ def run(a) -> None:
     model, hw = load_model_args(a), load_hw(a.hw)
     if a.from_file:
         got = deployment_from_search(a.from_file, a.rank)
-        mapping, replicas, policies = got["mapping"], got["replicas"], got["policies"]
     else:
-        mapping, replicas, policies = ParallelMapping(a.tp, a.dp, a.ep, a.pp, a.cp), a.replicas, policies_from_args(a)
-    dep = Deployment(model, hw, mapping, policies, replicas, view_spec(a), load_profile(a.profile) if a.profile
-                     else None, a.engine, a.max_running, a.token_budget, a.reserve_gib, a.hbm_kv_gib)
+        got = {"mapping": ParallelMapping(a.tp, a.dp, a.ep, a.pp, a.cp), "replicas": a.replicas,
+               "policies": policies_from_args(a), "prefill_replicas": a.prefill_replicas, "prefill_policies": None,
+               "prefill_mapping": _mapping(a.prefill) if a.prefill else None}
+        require(a.prefill is None or a.prefill_replicas > 0, "prefill",
+                "--prefill names the prefill pool of a disaggregated deployment: give --prefill-replicas N too")
+    dep = Deployment(model, hw, got["mapping"], got["policies"], got["replicas"], view_spec(a),
+                     load_profile(a.profile) if a.profile else None, a.engine, a.max_running, a.token_budget,
+                     a.reserve_gib, a.hbm_kv_gib, got["prefill_mapping"], got["prefill_replicas"],
+                     got["prefill_policies"])
+    gpus = dep.mapping.gpus * dep.replicas + ((dep.prefill_mapping or dep.mapping).gpus * dep.prefill_replicas)
     tiers = None
     if a.tier:
-        host = hw.host_mem_bytes * mapping.gpus * replicas
+        host = hw.host_mem_bytes * gpus
         tiers = tuple(TierSpec.parse(t, host) for t in a.tier)
         names = [t.name for t in tiers]
         require(len(set(names)) == len(names), "tier", f"each tier once, got {', '.join(names)}")
@@ -287,13 +300,17 @@ class _Progress:
 
 def _ms(d: dict, k: str) -> str:
     v = d.get(k)
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:,.1f}"
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:,.1f}" if abs(v) >= 1 or v == 0 else f"{v:.3g}"
 
 
 def to_text(res, tr) -> str:
     s = res.summary
     dep, rq, lat = s["deployment"], s["requests"], s["latency"]
-    lines = [f"serve-sim: {dep['model']} on {dep['replicas']}x {dep['mapping']} ({dep['hw']}, {dep['gpus']} GPUs), "
+    where = f"{dep['replicas']}x {dep['mapping']}" if dep["mode"] == "agg" else \
+        f"P {dep['prefill_replicas']}x {dep['prefill_mapping']} + D {dep['replicas']}x {dep['mapping']}"
+    lines = [f"serve-sim: {dep['model']} on {where} ({dep['hw']}, {dep['gpus']} GPUs), "
              f"view {dep['view']}, engine {dep['engine']}, token budget {dep['token_budget']:,}, router "
              f"{dep['router']}",
              f"trace: {getattr(tr, 'source', '') or 'in memory'}: {rq['total']:,} requests over "
@@ -301,7 +318,10 @@ def to_text(res, tr) -> str:
              f"({rq['rejected_beyond_context']:,} beyond the model's context, {rq['rejected_over_step_budget']:,} "
              f"prompts over a step without chunked prefill), preemptions {rq['preemptions']:,}", "",
              f"{'latency (ms)':<22}{'p50':>12}{'p90':>12}{'p99':>12}{'mean':>12}"]
-    for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL (per token)", "itl_ms"), ("end-to-end", "e2e_ms")):
+    rows = [("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL (per token)", "itl_ms"), ("end-to-end", "e2e_ms")]
+    if dep["mode"] == "disagg":
+        rows.append(("KV hand-over", "handover_ms"))
+    for name, key in rows:
         d = lat[key]
         lines.append(f"{name:<22}" + "".join(f"{_ms(d, k):>12}" for k in ("p50", "p90", "p99", "mean")))
     if len(s["classes"]) > 1:

@@ -242,3 +242,45 @@ def test_point_interpolation_equals_the_vectorized_one():
     pt = _Point(grids, table)
     q = np.column_stack([rng.uniform(-1, 10, 50), rng.uniform(0, 300, 50), rng.uniform(0, 30, 50)])
     assert np.allclose([pt(*row) for row in q], interp(grids, table, q), rtol=1e-12, atol=0)
+
+
+# ---- disaggregated pools ----------------------------------------------------------------------------------------------
+def test_disaggregated_request_takes_prefill_handover_and_decode_steps():
+    """One request: TTFT = one prefill step on the prefill pool; then its KV crosses to the decode pool (graphsim's
+    disagg hand-over) and output - 1 decode steps follow there."""
+    tr = synthetic(requests=1, rate=1.0, input=1000, output=5, seed=0)
+    m = gs.ParallelMapping(tp=8, ep=8)
+    dep = Deployment("deepseek-v3", "gb200", m, prefill_mapping=gs.ParallelMapping(tp=4, ep=4), prefill_replicas=1,
+                     hbm_kv_gib=math.inf)
+    res = simulate(tr, dep, steps=FixedSteps(0.02), validate=0)
+    r = res.requests
+    assert r["ttft_ms"][0] == pytest.approx(20.0)
+    assert r["handover_ms"][0] > 0
+    assert r["e2e_ms"][0] == pytest.approx(20.0 + r["handover_ms"][0] + 4 * 20.0)
+    assert res.summary["deployment"]["mode"] == "disagg" and res.summary["deployment"]["gpus"] == 4 + 8
+
+
+def test_disaggregated_trace_keeps_littles_law(excerpt):
+    m = gs.ParallelMapping(tp=8, ep=8)
+    res = simulate(excerpt, Deployment("deepseek-v3", "gb200", m, prefill_mapping=m, prefill_replicas=1), validate=16)
+    _little(res)
+    rq = res.summary["requests"]
+    assert rq["served"] + rq["rejected"] == len(excerpt)
+    assert res.surface_error["max_abs_rel"] < 0.10
+    r = res.requests
+    multi = r["served"] & (r["output_len"] > 1)
+    assert (r["handover_ms"][multi] > 0).all() and (r["handover_ms"][~multi] == 0).all()
+
+
+@pytest.mark.parametrize("prefill_replicas", [0, 1], ids=["agg-recompute", "disagg-swap"])
+def test_preemption_when_decodes_outgrow_the_pool(prefill_replicas):
+    """Long outputs admitted at their short prompts outgrow a small pool: the newest request is preempted
+    (recompute when aggregated, swap on a decode replica) and every request still finishes, Little's law intact."""
+    tr = synthetic(requests=40, rate=50.0, input=1000, output=3000, seed=2)
+    m = gs.ParallelMapping(tp=8, ep=8)
+    dep = Deployment("deepseek-v3", "gb200", m, prefill_mapping=m if prefill_replicas else None,
+                     prefill_replicas=prefill_replicas, hbm_kv_gib=1.0)
+    res = simulate(tr, dep, steps=FixedSteps(0.001), validate=0)
+    rq = res.summary["requests"]
+    assert rq["preemptions"] > 0 and rq["served"] == 40
+    _little(res)

@@ -30,6 +30,7 @@ requests' own times (``SimResult.checks``).
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections import deque
 
@@ -43,17 +44,18 @@ ROUTERS = ("prefix", "least-loaded", "round-robin")
 #: tokens per step when the engine documents none (vLLM's max_num_batched_tokens and SGLang's
 #: --chunked-prefill-size are both 8,192 on large GPUs)
 DEFAULT_TOKEN_BUDGET = 8192
-WAIT, RESTORE, PREFILL, DECODE, DONE, REJECTED = range(6)
+WAIT, RESTORE, PREFILL, DECODE, DONE, REJECTED, TRANSFER = range(7)
 _HIST_EDGES = np.logspace(-6, 2, 1601)  # step-time histogram: 1 µs .. 100 s, 200 bins per decade
 _EDGES = _HIST_EDGES.tolist()
 
 
 @attrs.frozen
 class Deployment:
-    """What serves the trace: a model on ``replicas`` replicas of ``mapping`` under ``policies``, priced in
-    ``view`` (None: SOL) with ``profile``; ``engine`` ("auto": the measured view's framework, else none)
-    decides the KV pool's memory rule; ``max_running`` / ``token_budget`` override the engine's limits;
-    ``hbm_kv_gib`` overrides the KV pool of one replica (inf: unbounded)."""
+    """What serves the trace: a model on ``replicas`` replicas of ``mapping`` under ``policies`` (with
+    ``prefill_replicas`` > 0: the decode pool of a disaggregated deployment), priced in ``view`` (None: SOL) with
+    ``profile``; ``engine`` ("auto": the measured view's framework, else none) decides the KV pool's memory rule
+    and the limits; ``max_running`` / ``token_budget`` override the engine's limits; ``hbm_kv_gib`` overrides the KV
+    pool of one replica (inf: unbounded)."""
 
     model: object
     hw: object = "gb200"
@@ -67,11 +69,17 @@ class Deployment:
     token_budget: int | None = None
     reserve_gib: float | None = None
     hbm_kv_gib: float | None = None
+    #: a disaggregated deployment: ``prefill_replicas`` replicas of ``prefill_mapping`` (default ``mapping``) under
+    #: ``prefill_policies`` prefill every prompt; ``replicas`` x ``mapping`` decode (0: aggregated)
+    prefill_mapping: object = None
+    prefill_replicas: int = 0
+    prefill_policies: object = None
 
     def __attrs_post_init__(self):
         from ..limits import check_int
 
         check_int("replicas", self.replicas, 1, 1 << 16)
+        check_int("prefill_replicas", self.prefill_replicas, 0, 1 << 16)
         if self.max_running is not None:
             check_int("max_running", self.max_running, 1, 1 << 20)
         if self.token_budget is not None:
@@ -129,11 +137,26 @@ def restore_seconds(host_bytes, disk_bytes, hw) -> np.ndarray:
 
 
 # ---- the simulation ---------------------------------------------------------------------------------------------
-class _Replica:
-    __slots__ = ("idx", "pool", "waiting", "running", "t", "link", "held", "area", "busy_s", "steps")
+@attrs.frozen
+class _PoolConfig:
+    """What the replicas of one pool share: their role (``mixed`` aggregated; ``prefill`` / ``decode`` pools of a
+    disaggregated deployment), step times, limits, KV pool and mapping."""
 
-    def __init__(self, idx, capacity):
-        self.idx, self.pool = idx, HBMPool(capacity)
+    role: str
+    steps: object
+    budget: int
+    max_running: int
+    capacity: float
+    per_device: float
+    mapping: object
+    policies: object
+
+
+class _Replica:
+    __slots__ = ("idx", "cfg", "pool", "waiting", "running", "t", "link", "held", "area", "busy_s", "steps")
+
+    def __init__(self, idx, cfg: _PoolConfig):
+        self.idx, self.cfg, self.pool = idx, cfg, HBMPool(cfg.capacity)
         self.waiting: deque = deque()
         self.running: list = []
         self.t = 0.0
@@ -153,14 +176,12 @@ class _Replica:
 
 
 class _Sim:
-    def __init__(self, trace, dep: Deployment, steps, *, too_long, tiers, router, seed, validate, sample_s, progress,
-                 kv, per_device, hbm_capacity, max_running, budget, window, swa_model, encoder_replay, hw,
-                 chunked=True, decode_in_budget=True):
-        self.tr, self.dep, self.st, self.hw = trace, dep, steps, hw
+    def __init__(self, trace, dep: Deployment, pools, *, too_long, tiers, router, seed, validate, sample_s, progress,
+                 kv, window, swa_model, encoder_replay, hw, model, chunked=True, decode_in_budget=True):
+        self.tr, self.dep, self.hw, self.model = trace, dep, hw, model
         self.router, self.progress = router, progress
         self.g, self.s = kv
-        self.per_device = per_device  # a request's bytes on one device / its bytes in all
-        self.max_running, self.budget, self.window = max_running, budget, window
+        self.window = window
         self.swa_model, self.encoder_replay = swa_model, encoder_replay
         self.chunked, self.decode_in_budget = chunked, decode_in_budget
         n = len(trace)
@@ -172,7 +193,12 @@ class _Sim:
         self.ids = np.asarray(trace.block_ids, np.int64)
         self.session = np.asarray(trace.session, np.int64)
         self.bt = int(trace.block_tokens)
-        self.reps = [_Replica(i, hbm_capacity) for i in range(dep.replicas)]
+        # pools: [(config, replicas)]; arrivals enter the first pool (the prefill pool of a disaggregated deployment)
+        self.reps = [_Replica(k, cfg) for k, cfg in enumerate(c for c, count in pools for _ in range(count))]
+        self.entry = [r for r in self.reps if r.cfg.role != "decode"]
+        self.decoders = [r for r in self.reps if r.cfg.role == "decode"]
+        self.handovers: list = []  # (delivery time, request, prefill end): KV on its way to the decode pool
+        self.handover_s = np.zeros(n)
         self.tiers = [Store(t, float(self.arr[0]) if n else 0.0) for t in tiers]
         self.g_tiers = [t for t in self.tiers if "global" in t.spec.holds]
         self.s_tiers = [t for t in self.tiers if "swa" in t.spec.holds]
@@ -225,12 +251,12 @@ class _Sim:
         return ("s", int(ids[full - 1])) if full > 0 else None
 
     # -- routing -------------------------------------------------------------------------------------------
-    def route(self, i: int, now: float) -> None:
+    def route(self, i: int, now: float):
         if self.too_long[i]:  # beyond the model's context: refused on arrival
             self.phase[i] = REJECTED
             self.t_done[i] = self.arr[i]
-            return
-        reps = self.reps
+            return None
+        reps = self.entry
         if len(reps) == 1:
             r = reps[0]
         elif self.router == "round-robin":
@@ -257,14 +283,15 @@ class _Sim:
             self.transit += r.t - a
         r.waiting.append(i)
         self.replica[i] = r.idx
+        return r
 
     # -- admission ----------------------------------------------------------------------------------------
     def admit(self, r: _Replica, now: float, spare: int) -> bool:
         """Admit waiting requests in order while the replica runs fewer than ``max_running`` and the step's
         token budget has ``spare`` prefill tokens; True when the head waits for KV room."""
-        while r.waiting and len(r.running) < self.max_running and spare > 0:
+        while r.waiting and len(r.running) < r.cfg.max_running and spare > 0:
             i = r.waiting[0]
-            ok = self._admit_one(r, i, now)
+            ok = self._admit_decoding(r, i, now) if r.cfg.role == "decode" else self._admit_one(r, i, now)
             if ok == "never":  # larger than the whole pool: refused, the queue goes on
                 r.waiting.popleft()
                 self.phase[i] = REJECTED
@@ -351,7 +378,7 @@ class _Sim:
         self.hit_tokens[i] = hit
         self.replay[i] = replay
         self.pending_replay[i] = replay > 0
-        dr = float(restore_seconds(host_b * self.per_device, disk_b * self.per_device, self.hw)) \
+        dr = float(restore_seconds(host_b * r.cfg.per_device, disk_b * r.cfg.per_device, self.hw)) \
             if host_b + disk_b > 0 else 0.0
         self.restore_s[i] = dr
         self.ready[i] = now
@@ -397,15 +424,73 @@ class _Sim:
                     t.put(k, self.s, now)
 
     def _preempt(self, r: _Replica) -> bool:
-        """Recompute-preempt the newest running request; False when none can be."""
+        """Preempt the newest running request; False when none can be. Aggregated and prefill replicas recompute
+        it (its KV is released; readmitted, it recomputes its prompt and the tokens it emitted); a decode replica,
+        which runs no prefill, swaps its KV to host memory and back (the copy link, both ways)."""
         if len(r.running) <= 1:
             return False
         i = r.running.pop()
+        nbytes = self.priv[i]
         self._release(r, i)
-        self.phase[i] = WAIT
         self.preempted[i] += 1
+        if r.cfg.role == "decode":
+            self.phase[i] = TRANSFER
+            self.ready[i] = float(restore_seconds(nbytes * r.cfg.per_device, 0.0, self.hw))  # the swap-in to come
+        else:
+            self.phase[i] = WAIT
         r.waiting.appendleft(i)
         return True
+
+    # -- disaggregated pools ------------------------------------------------------------------------------
+    def _hand_over(self, r: _Replica, i: int, now: float) -> None:
+        """Release the request from its prefill replica (its blocks stay in that replica's prefix cache) and send
+        its KV to the decode pool: graphsim.disagg.handover_seconds (streamed layer by layer during the prefill)."""
+        from ..disagg import Pool, handover_seconds
+
+        self._release(r, i)
+        dec = self.decoders[0].cfg
+        prefill_s = now - float(self.t_admit[i]) if math.isfinite(self.t_admit[i]) else 0.0
+        kv = "global+swa" if self.swa_model else "global"
+        ho, _, _ = handover_seconds(self.model, self.hw, Pool(r.cfg.mapping, 1, policies=r.cfg.policies),
+                                    Pool(dec.mapping, 1, policies=dec.policies), int(self.inp[i]), prefill_s, kv)
+        self.phase[i] = TRANSFER
+        self.ready[i] = 0.0
+        self.handover_s[i] = ho
+        heapq.heappush(self.handovers, (now + ho, i))
+        self.transit += ho  # in flight between the pools: in the system, held by no replica
+
+    def _deliver(self, i: int, t: float):
+        """The KV arrived: the least loaded decode replica queues the request."""
+        r = min(self.decoders, key=lambda x: (x.load(), x.idx))
+        if r.load() == 0 and r.t < t:
+            r.advance(t)
+            r.t = t
+        elif r.t > t:
+            self.transit += r.t - t
+        r.waiting.append(i)
+        self.replica[i] = r.idx
+        return r
+
+    def _admit_decoding(self, r: _Replica, i: int, now: float) -> str:
+        """A decode replica admits a request whose KV arrived (or was swapped out): its prompt and emitted tokens'
+        KV and its SWA state, private to it; a swapped-out request first copies its KV back."""
+        need = self.g * float(self.inp[i] + self.gen[i]) + self.s
+        if need > r.pool.capacity:
+            return "never"
+        if need > r.pool.free() + r.pool.cached or not r.pool.make_room(need):
+            return "wait"
+        r.pool.private += need
+        self.priv[i] = need
+        self.keys[i] = []
+        back = float(self.ready[i])  # swap-in seconds (0 after a hand-over)
+        self.ready[i] = now
+        if back > 0:
+            r.link = max(r.link, now) + back
+            self.ready[i] = r.link
+        self.phase[i] = DECODE if back == 0 else PREFILL
+        self.pos[i] = self.target[i] = 0
+        r.running.append(i)
+        return "ok"
 
     # -- one step of a replica ----------------------------------------------------------------------------
     def step(self, r: _Replica, t_next: float) -> None:
@@ -414,10 +499,14 @@ class _Sim:
         queued = sum(int(self.target[i] - self.pos[i]) for i in r.running
                      if self.phase[i] == PREFILL and self.ready[i] <= now)
         spent = len(decodes) if self.decode_in_budget else 0  # SGLang's budget bounds prompt tokens only
-        blocked = self.admit(r, now, self.budget - spent - queued)
-        budget = self.budget - spent
+        blocked = self.admit(r, now, r.cfg.budget - spent - queued)
+        if r.cfg.role == "decode":  # a decode replica admits requests that decode in this very step
+            decodes = [i for i in r.running if self.phase[i] == DECODE]
+            spent = len(decodes) if self.decode_in_budget else 0
+        budget = r.cfg.budget - spent
         if budget < 0:
-            decodes, budget = decodes[:self.budget], 0
+            decodes, budget = decodes[:r.cfg.budget], 0
+        st = r.cfg.steps
         chunks = []
         pending = False
         t_ready = math.inf
@@ -426,6 +515,9 @@ class _Sim:
                 continue
             if self.ready[i] > now:
                 t_ready = min(t_ready, self.ready[i])
+                continue
+            if r.cfg.role == "decode":  # swapped back in: it decodes from the next step
+                self.phase[i] = DECODE
                 continue
             if budget <= 0:
                 pending = True
@@ -453,13 +545,13 @@ class _Sim:
         B = len(decodes)
         ctx = (self.inp[decodes] + self.gen[decodes]).astype(np.float64) if B else np.zeros(0)
         cmean = float(ctx.mean()) if B else 0.0
-        if chunks or pending or (r.waiting and len(r.running) < self.max_running and not blocked):
+        if chunks or pending or (r.waiting and len(r.running) < r.cfg.max_running and not blocked):
             m = 1
             if chunks:
-                dt = self._step_time(cmean, B, chunks)
+                dt = self._step_time(st, cmean, B, chunks)
                 self.step_count[1] += 1
             else:
-                dt = self.st.step(B, cmean, 0.0, 0.0)
+                dt = st.step(B, cmean, 0.0, 0.0)
                 self.step_count[0] += 1
             dts = np.array([dt])
         else:
@@ -471,13 +563,13 @@ class _Sim:
             # the steps that start before the next event: priced in windows sized by the first step's time (a
             # run ends at the next arrival long before its last request finishes, on a busy trace)
             gap = t_event - now
-            dt0 = self.st.step(B, cmean, 0.0, 0.0)
+            dt0 = st.step(B, cmean, 0.0, 0.0)
             k = kmax if not math.isfinite(gap) else min(kmax, max(1, int(gap / max(dt0, 1e-12)) + 2))
             while True:
                 if k <= 16:  # a few steps: the per-point path (NumPy's per-call cost would dominate)
-                    dts = np.array([self.st.step(B, cmean + j, 0.0, 0.0) for j in range(k)])
+                    dts = np.array([st.step(B, cmean + j, 0.0, 0.0) for j in range(k)])
                 else:
-                    dts = self.st.decode(np.full(k, float(B)), cmean + np.arange(k, dtype=np.float64))
+                    dts = st.decode(np.full(k, float(B)), cmean + np.arange(k, dtype=np.float64))
                 m = k
                 if math.isfinite(gap):
                     m = 1 + int(np.searchsorted(np.cumsum(dts)[:-1], gap, side="left"))
@@ -492,7 +584,7 @@ class _Sim:
                 self.hist[bisect.bisect_left(_EDGES, float(dts[0]))] += B
             else:
                 np.add.at(self.hist, np.searchsorted(_HIST_EDGES, dts), float(B))
-        self._sample_step(chunks, ctx, decodes, dts.size)
+        self._sample_step(st, chunks, ctx, decodes, dts.size)
         t_end = now + float(dts.sum())
         r.advance(t_end)
         r.busy_s += float(dts.sum())
@@ -504,6 +596,7 @@ class _Sim:
             grow = self.g * m
             self.priv[decodes] += grow
             r.pool.private += grow * B
+        handed = []
         for i, k, _ in chunks:
             self.pos[i] += k
             self.pending_replay[i] = False
@@ -513,14 +606,18 @@ class _Sim:
                     self.t_first[i] = t_end
                 self.gen[i] += 1
                 self._prefilled(r, i, t_end)
+                if r.cfg.role == "prefill" and self.gen[i] < self.out[i]:
+                    handed.append(i)
+        for i in handed:  # a prefill pool hands the KV to the decode pool
+            self._hand_over(r, i, t_end)
         done = [i for i in r.running if self.phase[i] == DECODE and self.gen[i] >= self.out[i]]
-        if done:
+        if done or handed:
             for i in done:
                 self._finish(r, i, t_end)
-            gone = set(done)
+            gone = set(done) | set(handed)
             r.running = [i for i in r.running if i not in gone]
 
-    def _sample_step(self, chunks, ctx, decodes, m) -> None:
+    def _sample_step(self, st, chunks, ctx, decodes, m) -> None:
         """Reservoir-sample steps for the surface's error (each of a run of decode steps counts once)."""
         if self.validate <= 0:
             return
@@ -536,19 +633,19 @@ class _Sim:
         if rec is not None:
             ch = [(k, p, int(self.replay[i]) if self.pending_replay[i] else 0) for i, k, p in chunks]
             cmean = float(ctx.mean()) if ctx.size else 0.0
-            pred = self._step_time(cmean, ctx.size, chunks, host=False) if chunks else \
-                self.st.step(ctx.size, cmean, 0.0, 0.0, host=False)
-            self.samples[rec] = (ch, ctx.copy(), pred)
+            pred = self._step_time(st, cmean, ctx.size, chunks, host=False) if chunks else \
+                st.step(ctx.size, cmean, 0.0, 0.0, host=False)
+            self.samples[rec] = (ch, ctx.copy(), pred, st)
 
-    def _step_time(self, cmean: float, B: int, chunks, host: bool = True) -> float:
+    def _step_time(self, st, cmean: float, B: int, chunks, host: bool = True) -> float:
         """A step with prefill chunks: the surface at its coordinates plus each bounded replay's marginal cost."""
         n = np.array([c[1] for c in chunks], np.float64)
         p = np.array([c[2] for c in chunks], np.float64)
         total = float(n.sum())
-        dt = self.st.step(B, cmean, total, float((n * p + n * (n + 1) / 2).sum()), host)
+        dt = st.step(B, cmean, total, float((n * p + n * (n + 1) / 2).sum()), host)
         for i, _, _ in chunks:
             if self.pending_replay[i]:
-                dt += self.st.replay(total, float(self.hit_tokens[i]))
+                dt += st.replay(total, float(self.hit_tokens[i]))
         return dt
 
     def sample(self, upto: float) -> None:
@@ -568,38 +665,75 @@ class _Sim:
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> None:
+        """Step the busy replica with the earliest clock; deliver arrivals and hand-overs due by then first. The
+        busy replicas sit in a heap by clock (entries go stale when a replica moves; they are skipped)."""
         n, arr = self.n, self.arr
         nxt = 0
-        reps = self.reps
-        while True:
-            busy = [r for r in reps if r.load()]
-            if not busy:
-                if nxt >= n:
-                    break
-                self.route(nxt, float(arr[nxt]))
+        reps, ho = self.reps, self.handovers
+        heap: list = []
+        queued: dict = {}  # replica -> the clock of its live heap entry
+
+        def push(r):
+            if r.load() and queued.get(r.idx) != r.t:
+                queued[r.idx] = r.t
+                heapq.heappush(heap, (r.t, r.idx))
+
+        def deliver(t_arr, t_ho):
+            nonlocal nxt
+            if t_arr <= t_ho:
+                r = self.route(nxt, t_arr)
                 nxt += 1
+            else:
+                t, i = heapq.heappop(ho)
+                r = self._deliver(i, t)
+            if r is not None:
+                push(r)
+
+        prefill_clock = self._entry_clock
+        while True:
+            t_arr = float(arr[nxt]) if nxt < n else math.inf
+            t_ho = ho[0][0] if ho else math.inf
+            while heap and (not reps[heap[0][1]].load() or queued.get(heap[0][1]) != heap[0][0]):
+                _, k = heapq.heappop(heap)  # stale: the replica moved or emptied
+                if queued.get(k) is not None and not reps[k].load():
+                    queued.pop(k, None)
+            if not heap:
+                if t_arr == math.inf and t_ho == math.inf:
+                    break
+                deliver(t_arr, t_ho)
                 continue
-            r = min(busy, key=lambda x: (x.t, x.idx))
-            if nxt < n and arr[nxt] <= r.t:
-                while nxt < n and arr[nxt] <= r.t:
-                    self.route(nxt, float(arr[nxt]))
-                    nxt += 1
-                if self.progress:
+            r = reps[heap[0][1]]
+            if min(t_arr, t_ho) <= r.t:
+                deliver(t_arr, t_ho)  # one at a time: the heap orders what each delivery wakes
+                if self.progress and nxt % 256 == 0:
                     self.progress(nxt)
                 continue
+            heapq.heappop(heap)
+            queued.pop(r.idx, None)
             before = r.t
-            self.step(r, float(arr[nxt]) if nxt < n else math.inf)
+            t_next = min(t_arr, t_ho)
+            if r.cfg.role == "decode":  # a prefill replica can hand over a request from its own clock on
+                t_next = min(t_next, prefill_clock())
+            self.step(r, t_next)
             if r.t == before and r.load():
-                # no progress possible: the replica waits for the next arrival (a full pool with nothing running
-                # cannot happen: admit() rejects a head that does not fit an empty pool)
-                if nxt < n:
-                    r.advance(float(arr[nxt]))
+                # no progress possible: the replica waits for the next arrival or hand-over (a full pool with
+                # nothing running cannot happen: admit() refuses a head that does not fit an empty pool)
+                if math.isfinite(t_next):
+                    r.advance(t_next)
                 else:
                     raise GraphsimError("serve_sim", f"replica {r.idx} is stuck with {r.load()} requests "
                                                      "(an internal error: please report it)")
-            self.sample(min(x.t for x in reps))
+            push(r)
+            self.sample(heap[0][0] if heap else r.t)
+        if self.progress:
+            self.progress(nxt)
+        end = max(x.t for x in reps)
         for r in reps:
-            r.advance(max(x.t for x in reps))
+            r.advance(end)
+
+    def _entry_clock(self) -> float:
+        """The earliest clock of a busy prefill replica (inf: none)."""
+        return min((x.t for x in self.entry if x.load()), default=math.inf)
 
 
 def _percentiles(v: np.ndarray) -> dict:
@@ -628,13 +762,13 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
     """Serve ``trace`` (:class:`graphsim.serving.trace.Trace`) on ``deployment``; returns per-request records, latency
     percentiles per class, goodput under ``sla``, throughput per GPU, cache hits and bytes per tier over time, and
     the checks. ``cache_design`` names the tiers below HBM (:data:`graphsim.serving.kvcache.DESIGNS`) unless
-    ``tiers`` gives them (``prices``: {tier: price per GiB-hour}); ``classes``: input-length edges splitting the requests into classes; ``validate``: steps
-    sampled to state the step surface's error against the exact program; ``steps``: a step-time object to use
-    instead of the deployment's program (tests' closed forms)."""
-    from ..fit import DEFAULT_RESERVE_GIB, MemoryModel
+    ``tiers`` gives them (``prices``: {tier: price per GiB-hour}); ``classes``: input-length edges splitting the
+    requests into classes; ``validate``: steps sampled to state the step surface's error against the exact program;
+    ``steps``: a step-time object to use instead of the deployment's programs (tests' closed forms)."""
     from ..hw import load_hw
+    from ..limits import MAX_CONTEXT
     from ..models import load_model
-    from ..pipeline import Plan, Policies, compile_plan
+    from ..pipeline import Policies
     from ..plan import ParallelMapping
     from .engines import ENGINES, engine_terms
 
@@ -645,8 +779,12 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
     hw = load_hw(dep.hw) if isinstance(dep.hw, str) else dep.hw
     mapping = dep.mapping or ParallelMapping()
     policies = dep.policies or Policies()
-    require(mapping.pp == 1, "mapping.pp", "serve-sim runs pp = 1 replicas (a pipeline's micro-batch schedule is not "
-                                           "simulated); give pp 1")
+    disagg = dep.prefill_replicas > 0
+    p_mapping = (dep.prefill_mapping or mapping) if disagg else None
+    p_policies = (dep.prefill_policies or policies) if disagg else None
+    for m, what in ((mapping, "mapping"), (p_mapping, "prefill_mapping")):
+        require(m is None or m.pp == 1, f"{what}.pp", "serve-sim runs pp = 1 replicas (a pipeline's micro-batch "
+                                                      "schedule is not simulated); give pp 1")
     view = dep.view
     if dep.engine == "auto":
         eng = None if view is None or getattr(view, "name", "sol") == "sol" or not getattr(view, "backend", "") \
@@ -655,93 +793,107 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
         eng = engine_terms(dep.engine)
     if eng is not None:
         eng = eng.on(hw.hbm_capacity_bytes)
-    dp = mapping.dp
-    # an engine schedules each attention-DP rank (its documented limits are per rank); the simulator schedules the
-    # replica's dp ranks as one, balanced, as the compiled program prices them
-    if dep.token_budget is not None:
-        budget = int(dep.token_budget)
-    elif eng is not None and eng.step_tokens is not None:
-        budget = int(eng.budget(dp) * dp)
-    else:
-        budget = DEFAULT_TOKEN_BUDGET
-    if dep.max_running is not None:
-        max_running = int(dep.max_running)
-    elif eng is not None and eng.max_running is not None:
-        max_running = int(eng.max_running * dp)
-    else:
-        max_running = 1 << 20
     # the step terms (host launches, graphs, scheduler time) are a prediction's: SOL pays none
     predicted = dep.profile is not None or (view is not None and getattr(view, "name", "sol") != "sol")
-    serving = eng if predicted else None
     chunked = eng.chunked_prefill if eng is not None else True
     decode_in_budget = eng.decode_in_budget if eng is not None else True
-    reserve = DEFAULT_RESERVE_GIB if dep.reserve_gib is None else dep.reserve_gib
 
     g, s = kv_terms(model, policies)
-    swa_model = s > 0 and hasattr(model, "kv_breakdown") and model.kv_breakdown(1024) is not None \
-        and "swa_bytes" in (model.kv_breakdown(1024) or {})
-    # HBM: the KV pool of one replica, in bytes of requests' KV (a device holds 1/kv_split of the replica's pool
-    # share... each device's room times the devices one request's KV is spread over)
-    split = model.kv_split(mapping)
-    per_device = mapping.dp / split  # a request's bytes on one of its devices / its bytes
-    from ..limits import MAX_CONTEXT
-
+    bd = model.kv_breakdown(1024) if hasattr(model, "kv_breakdown") else None
+    swa_model = s > 0 and isinstance(bd, dict) and "swa_bytes" in bd
     limit = model.max_context() if policies.beyond_context == "refuse" and hasattr(model, "max_context") \
         else MAX_CONTEXT
+    entry_dp = (p_mapping or mapping).dp
+    entry_budget = _budget(dep, eng, entry_dp)
     total = np.asarray(trace.input_len, np.int64) + np.asarray(trace.output_len, np.int64)
     too_long = total > limit  # refused on arrival, as an engine refuses a request beyond its context
     over_budget = np.zeros_like(too_long)
     if not chunked:  # prompts packed whole: one longer than a step's budget never runs
-        over_budget = ~too_long & (np.asarray(trace.input_len, np.int64) > budget)
+        over_budget = ~too_long & (np.asarray(trace.input_len, np.int64) > entry_budget)
         too_long = too_long | over_budget
     require(not bool(too_long.all()), "trace", f"every request exceeds {model.name}'s context of {limit:,} tokens"
-                                               + (f" or the engine's {budget:,}-token step (no chunked prefill)"
+                                               + (f" or the engine's {entry_budget:,}-token step (no chunked prefill)"
                                                   if not chunked else " (--beyond-context runs them as a what-if)"))
     max_ctx = int(min(int(total[~too_long].max()) + 1, limit))
-    if dep.hbm_kv_gib is not None:
-        capacity = float(dep.hbm_kv_gib) * GiB
+    kw = dict(model=model, hw=hw, dep=dep, eng=eng, serving=eng if predicted else None, view=view, trace=trace,
+              max_ctx=max_ctx, swa_model=swa_model, validate=validate, steps=steps)
+    if disagg:
+        pools = [(_pool_config("prefill", p_mapping, p_policies, **kw), dep.prefill_replicas),
+                 (_pool_config("decode", mapping, policies, **kw), dep.replicas)]
     else:
-        mm = MemoryModel(model, hw, mapping, policies, kind="prefill", reserve_gib=reserve, engine=eng)
-        work = float(mm.workspace(1, budget)[0])
-        fixed = sum(mm.weights.values()) + work
-        room = eng.room(hw.hbm_capacity_bytes, mm.reserve, fixed, 0.0) if eng is not None else \
-            hw.hbm_capacity_bytes - mm.reserve - fixed
-        require(room > 0, "deployment", f"{model.name} on {mapping} leaves no HBM for a KV cache on {hw.name} "
-                                        f"({room / GiB:.1f} GiB): use more GPUs per replica")
-        capacity = float(room) * split
+        pools = [(_pool_config("mixed", mapping, policies, **kw), dep.replicas)]
+    gpus = sum(c.mapping.gpus * k for c, k in pools)
     design = "custom"
     if tiers is None:
         design = cache_design if cache_design != "auto" else ("three-tier" if swa_model else "host-disk")
-        tiers = design_tiers(design, hw.host_mem_bytes * mapping.gpus * dep.replicas, swa_model)
+        tiers = design_tiers(design, hw.host_mem_bytes * gpus, swa_model)
     tiers = tuple(tiers)
     for name, price in (prices or {}).items():
         require(name in [t.name for t in tiers], "price", f"{name!r} is not a tier of this cache "
                                                           f"({', '.join(t.name for t in tiers) or 'none'})")
         tiers = tuple(attrs.evolve(t, price_gib_hour=float(price)) if t.name == name else t for t in tiers)
     require(all(isinstance(t, TierSpec) for t in tiers), "tiers", "give TierSpec records")
-    if steps is None:
-        b_max = int(min(max_running, 1 << 14, len(trace)))
-        prog = compile_plan(model, Plan([f"prefill:{max_ctx}", f"decode:{max_ctx}x{max(b_max, 1)}"], mapping,
-                                        policies),
-                            hw, dep.profile, view=view)
-        exact = compile_plan(model, Plan(["prefill:1024"] * 8 + ["decode:1024"] * 4, mapping, policies), hw,
-                             dep.profile, view=view) if validate > 0 else None
-        from .steps import StepTimes
-
-        steps = StepTimes(prog, max_batch=b_max, max_context=max_ctx, budget=budget,
-                          replay_window=policies.replay_window, swa=swa_model, exact_program=exact, serving=serving)
     arr = np.asarray(trace.arrival_s, np.float64)
     span = float(arr[-1] - arr[0]) if len(trace) > 1 else 1.0
-    sim = _Sim(trace, dep, steps, too_long=too_long, tiers=tiers, router=router, seed=seed, validate=validate,
+    sim = _Sim(trace, dep, pools, too_long=too_long, tiers=tiers, router=router, seed=seed, validate=validate,
                sample_s=max(span, 1e-3) / max(samples, 1) if samples else 0.0, progress=progress,
-               kv=(g, s), per_device=per_device, hbm_capacity=capacity, max_running=max_running, budget=budget,
-               window=policies.replay_window, swa_model=swa_model,
-               encoder_replay=policies.encoder_replay == "on", hw=hw, chunked=chunked,
+               kv=(g, s), window=policies.replay_window, swa_model=swa_model,
+               encoder_replay=policies.encoder_replay == "on", hw=hw, model=model, chunked=chunked,
                decode_in_budget=decode_in_budget)
     sim.over_budget = over_budget
     sim.run()
-    return _result(sim, trace, dep, model, hw, mapping, policies, eng, budget, max_running, capacity, tiers, sla,
-                   classes, steps, router, design)
+    return _result(sim, trace, dep, model, hw, pools, policies, eng, tiers, sla, classes, router, design)
+
+
+def _budget(dep: Deployment, eng, dp: int) -> int:
+    """Tokens one step of a replica schedules: ``--token-budget``, else the engine's per attention-DP rank x dp
+    (an engine schedules each rank; the simulator schedules the replica's dp ranks as one, balanced, as the compiled
+    program prices them), else :data:`DEFAULT_TOKEN_BUDGET`."""
+    if dep.token_budget is not None:
+        return int(dep.token_budget)
+    if eng is not None and eng.step_tokens is not None:
+        return int(eng.budget(dp) * dp)
+    return DEFAULT_TOKEN_BUDGET
+
+
+def _pool_config(role, mapping, policies, *, model, hw, dep, eng, serving, view, trace, max_ctx, swa_model, validate,
+                 steps) -> _PoolConfig:
+    """One pool's replicas: limits, KV pool (HBM left per device by graphsim's memory model under the engine's rule,
+    times the devices one request's KV is spread over) and step times (its own compiled programs)."""
+    from ..fit import DEFAULT_RESERVE_GIB, MemoryModel
+    from ..pipeline import Plan, compile_plan
+    from .steps import StepTimes
+
+    dp = mapping.dp
+    budget = _budget(dep, eng, dp)
+    if dep.max_running is not None:
+        max_running = int(dep.max_running)
+    elif eng is not None and eng.max_running is not None:
+        max_running = int(eng.max_running * dp)
+    else:
+        max_running = 1 << 20
+    split = model.kv_split(mapping)
+    if dep.hbm_kv_gib is not None:
+        capacity = float(dep.hbm_kv_gib) * GiB
+    else:
+        reserve = DEFAULT_RESERVE_GIB if dep.reserve_gib is None else dep.reserve_gib
+        mm = MemoryModel(model, hw, mapping, policies, kind="prefill", reserve_gib=reserve, engine=eng)
+        work = float(mm.workspace(1, min(budget, max_ctx))[0])
+        fixed = sum(mm.weights.values()) + work
+        room = eng.room(hw.hbm_capacity_bytes, mm.reserve, fixed, 0.0) if eng is not None else \
+            hw.hbm_capacity_bytes - mm.reserve - fixed
+        require(room > 0, "deployment", f"{model.name} on {mapping} leaves no HBM for a KV cache on {hw.name} "
+                                        f"({room / GiB:.1f} GiB): use more GPUs per replica")
+        capacity = float(room) * split
+    if steps is None:
+        b_max = int(min(max_running, 1 << 14, len(trace)))
+        prog = compile_plan(model, Plan([f"prefill:{max_ctx}", f"decode:{max_ctx}x{max(b_max, 1)}"], mapping,
+                                        policies), hw, dep.profile, view=view)
+        exact = compile_plan(model, Plan(["prefill:1024"] * 8 + ["decode:1024"] * 4, mapping, policies), hw,
+                             dep.profile, view=view) if validate > 0 else None
+        steps = StepTimes(prog, max_batch=b_max, max_context=max_ctx, budget=budget,
+                          replay_window=policies.replay_window, swa=swa_model, exact_program=exact, serving=serving)
+    return _PoolConfig(role, steps, budget, max_running, capacity, mapping.dp / split, mapping, policies)
 
 
 def _finite(v):
@@ -749,10 +901,13 @@ def _finite(v):
     return float(v) if v is not None and math.isfinite(float(v)) else None
 
 
-def _result(sim: _Sim, trace, dep, model, hw, mapping, policies, eng, budget, max_running, capacity, tiers, sla,
-            classes, steps, router, design) -> SimResult:
+def _result(sim: _Sim, trace, dep, model, hw, pools, policies, eng, tiers, sla, classes, router,
+            design) -> SimResult:
     from ..search import policy_text
 
+    main = pools[-1][0]  # the aggregated replicas, or the decode pool
+    mapping, budget, max_running, capacity = main.mapping, main.budget, main.max_running, main.capacity
+    pre = pools[0][0] if len(pools) > 1 else None
     n = sim.n
     arr = sim.arr
     served = sim.phase == DONE
@@ -763,7 +918,7 @@ def _result(sim: _Sim, trace, dep, model, hw, mapping, policies, eng, budget, ma
     ttft[~served], e2e[~served], tpot[~served] = np.nan, np.nan, np.nan
     t_end = float(np.nanmax(sim.t_done)) if n else 0.0
     span = max(t_end - float(arr[0]), 1e-12)
-    gpus = mapping.gpus * dep.replicas
+    gpus = sum(c.mapping.gpus * k for c, k in pools)
     good = served.copy()
     if sla.ttft_ms is not None:
         good &= ttft <= sla.ttft_ms
@@ -811,7 +966,11 @@ def _result(sim: _Sim, trace, dep, model, hw, mapping, policies, eng, budget, ma
                        "view": getattr(dep.view, "name", "sol") if dep.view is not None else "sol",
                        "engine": getattr(eng, "name", "none") if eng is not None else "none",
                        "token_budget": budget, "max_running": max_running if max_running < (1 << 20) else None,
-                       "engine_steps": "priced" if getattr(steps, "serving", None) is not None else "none",
+                       "engine_steps": "priced" if getattr(main.steps, "serving", None) is not None else "none",
+                       "mode": "disagg" if pre is not None else "agg",
+                       "prefill_mapping": str(pre.mapping) if pre is not None else None,
+                       "prefill_replicas": dep.prefill_replicas if pre is not None else 0,
+                       "prefill_policies": policy_text(pre.policies) if pre is not None else None,
                        "hbm_pool_gib_per_replica": _finite(capacity / GiB), "router": router,
                        "cache_design": design},
         "requests": {"total": n, "served": int(served.sum()), "rejected": int((sim.phase == REJECTED).sum()),
@@ -821,7 +980,8 @@ def _result(sim: _Sim, trace, dep, model, hw, mapping, policies, eng, budget, ma
                      "preemptions": int(sim.preempted.sum())},
         "duration_s": span,
         "latency": {"ttft_ms": _percentiles(ttft), "tpot_ms": _percentiles(tpot), "itl_ms": _hist_percentiles(sim.hist),
-                    "e2e_ms": _percentiles(e2e)},
+                    "e2e_ms": _percentiles(e2e),
+                    "handover_ms": _percentiles(np.where(sim.handover_s > 0, sim.handover_s * 1e3, np.nan))},
         "classes": per_class,
         "goodput": {"ttft_ms": sla.ttft_ms, "tpot_ms": sla.tpot_ms, "requests": int(good.sum()),
                     "fraction": float(good.sum()) / max(n, 1), "requests_per_s": float(good.sum()) / span,
@@ -843,11 +1003,15 @@ def _result(sim: _Sim, trace, dep, model, hw, mapping, policies, eng, budget, ma
     }
     checks = {"littles_law": little}
     err = {"steps": 0, "median_rel": None, "p90_abs_rel": None, "max_abs_rel": None,
-           "surface_points": int(getattr(steps, "points", 0))}
-    if sim.samples and getattr(steps, "exact_program", None) is not None:
-        recs = [x for x in sim.samples if x is not None]
-        ex = steps.exact([(c, ctx) for c, ctx, _ in recs])
-        pr = np.array([p for _, _, p in recs])
+           "surface_points": int(sum(getattr(c.steps, "points", 0) for c, _ in pools))}
+    recs = [x for x in sim.samples if x is not None and getattr(x[3], "exact_program", None) is not None]
+    if recs:
+        ex, pr = [], []
+        for st in {id(x[3]): x[3] for x in recs}.values():  # each pool's steps against its own program
+            mine = [x for x in recs if x[3] is st]
+            ex.append(st.exact([(c, ctx) for c, ctx, _, _ in mine]))
+            pr.append([p for _, _, p, _ in mine])
+        ex, pr = np.concatenate(ex), np.concatenate([np.asarray(p, np.float64) for p in pr])
         rel = (pr - ex) / ex
         err.update(steps=len(recs), median_rel=float(np.median(rel)), p90_abs_rel=float(np.percentile(abs(rel), 90)),
                    max_abs_rel=float(np.max(abs(rel))))
@@ -855,7 +1019,7 @@ def _result(sim: _Sim, trace, dep, model, hw, mapping, policies, eng, budget, ma
                 "ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e, "hit_tokens": sim.hit_tokens,
                 "hit_hbm": sim.hit["hbm"], "hit_host": sim.hit["host"], "hit_disk": sim.hit["disk"],
                 "swa_hit": sim.swa_hit, "replayed": sim.replay, "restore_ms": sim.restore_s * 1e3,
-                "preempted": sim.preempted, "served": served, "good": good}
+                "preempted": sim.preempted, "handover_ms": sim.handover_s * 1e3, "served": served, "good": good}
     return SimResult(requests, summary, {k: np.asarray(v) for k, v in sim.timeline.items()}, checks, err,
                      summary["deployment"])
 
