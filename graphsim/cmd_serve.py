@@ -45,8 +45,10 @@ def register(sub) -> None:
                    help="take the mapping, replicas and policies from graphsim search output (--json document, or "
                         "its -o table .parquet/.csv)")
     d.add_argument("--rank", type=int, default=1, metavar="N",
-                   help="with --from: the ranked deployment (JSON 'best', default 1) or the table row (0-based "
-                        "index when the table has no rank)")
+                   help="with --from a search --json document: the ranked deployment (default 1)")
+    d.add_argument("--row", type=int, default=None, metavar="I",
+                   help="with --from a search -o table: the row (0-based index; the table holds every deployment at "
+                        "every batch, ranked or not)")
     d.add_argument("--engine", default="auto", choices=("auto", "none", "sglang", "vllm", "trtllm"),
                    help="whose documented memory rule sizes the KV pool (auto: the --backend's framework under a "
                         "measured view, none under SOL)")
@@ -136,9 +138,9 @@ def _trace(a):
     return tr
 
 
-def deployment_from_search(path: str, rank: int = 1) -> dict:
-    """Mapping, replicas and policies of one aggregated deployment in ``graphsim search`` output (a --json document
-    or an -o table)."""
+def deployment_from_search(path: str, rank: int = 1, row: int | None = None) -> dict:
+    """Mapping, replicas and policies (both pools' for a disaggregated row) of one deployment in ``graphsim search``
+    output: the ``rank``-th of a --json document, or row ``row`` of an -o table."""
     from pathlib import Path
 
     p = Path(path)
@@ -157,8 +159,9 @@ def deployment_from_search(path: str, rank: int = 1) -> dict:
         import pandas as pd
 
         df = pd.read_parquet(p) if p.suffix.lower() == ".parquet" else pd.read_csv(p)
-        require(0 <= rank < len(df), "rank", f"{path} has {len(df)} rows; give a 0-based row index")
-        row = df.iloc[rank].to_dict()
+        require(row is not None, "row", f"{path} is a table of every searched row: name one with --row I (0-based)")
+        require(0 <= row < len(df), "row", f"{path} has {len(df)} rows; got --row {row}")
+        row = df.iloc[row].to_dict()
     else:
         raise GraphsimError("from", f"{path}: graphsim search output is .json, .parquet or .csv")
     text = str(row.get("policies", "default"))
@@ -220,7 +223,7 @@ def run(a) -> None:
     tr = _trace(a)
     model, hw = load_model_args(a), load_hw(a.hw)
     if a.from_file:
-        got = deployment_from_search(a.from_file, a.rank)
+        got = deployment_from_search(a.from_file, a.rank, a.row)
     else:
         got = {"mapping": ParallelMapping(a.tp, a.dp, a.ep, a.pp, a.cp), "replicas": a.replicas,
                "policies": policies_from_args(a), "prefill_replicas": a.prefill_replicas, "prefill_policies": None,

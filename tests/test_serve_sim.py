@@ -219,6 +219,23 @@ def test_cli_json_and_requests_out(tmp_path, capsys):
     assert len(pd.read_parquet(out)) == 300
 
 
+SEARCH = Path(__file__).resolve().parent / "data" / "search_v3_16gpu.json"  # graphsim search --model deepseek-v3
+# --hw gb200 --gpus 16 --isl 4000 --osl 500 --ttft 2000 --tpot 50 --refine 0 --json ("best" kept)
+
+
+@pytest.mark.parametrize("rank", [1, 5], ids=["agg", "disagg"])
+def test_cli_runs_a_real_search_row(rank, capsys):
+    doc = json.loads(SEARCH.read_text())
+    row = next(b for b in doc["best"] if b["rank"] == rank)
+    assert _cli("serve-sim", "--model", "deepseek-v3", "--hw", "gb200", "--from", SEARCH, "--rank", rank, "--trace",
+                EXCERPT, "--head", 60, "--validate", "0", "--no-progress", "--json") == 0
+    d = json.loads(capsys.readouterr().out)["deployment"]
+    assert d["mode"] == row["mode"] and d["gpus"] == row["gpus"]
+    assert d["mapping"] == row["decode_mapping"] and d["replicas"] == row["decode_replicas"]
+    if row["mode"] == "disagg":
+        assert d["prefill_mapping"] == row["prefill_mapping"] and d["prefill_replicas"] == row["prefill_replicas"]
+
+
 def test_cli_runs_a_deployment_from_search_output(tmp_path, capsys):
     doc = {"best": [{"rank": 1, "mode": "agg", "decode_mapping": "tp8-dp1-ep8-pp1", "decode_replicas": 1,
                      "policies": "overlap=serial"}]}
@@ -284,3 +301,20 @@ def test_preemption_when_decodes_outgrow_the_pool(prefill_replicas):
     rq = res.summary["requests"]
     assert rq["preemptions"] > 0 and rq["served"] == 40
     _little(res)
+
+
+SHARED_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
+
+
+@pytest.mark.skipif(not SHARED_TRACE.is_file(), reason="the shared Mooncake trace (../shared/data/traces) is not here")
+def test_acceptance_command_on_the_whole_mooncake_trace(capsys):
+    """Issue 27's acceptance: V4.1-Flash on GB200 TP4 serves the public trace; percentiles, hit rates and bytes per
+    tier come out; Little's law and the infinite-cache identity (unbounded disk, TTL 72 h > the trace) hold."""
+    assert _cli("serve-sim", "--model", "deepseek-v4.1-flash", "--hw", "gb200", "--tp", "4", "--trace", SHARED_TRACE,
+                "--validate", "32", "--no-progress", "--json") == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["requests"]["total"] == 3993 and d["latency"]["ttft_ms"]["p99"] > d["latency"]["ttft_ms"]["p50"] > 0
+    assert d["checks"]["littles_law"]["relative_error"] < 0.02
+    assert d["cache"]["hit_ratio"] == pytest.approx(d["cache"]["trace_prefix_reuse"], rel=1e-12)
+    tiers = {t["name"]: t for t in d["cache"]["tiers"]}
+    assert tiers["disk"]["peak_gib"] > 0 and tiers["host"]["peak_gib"] > 0 and d["surface_error"]["max_abs_rel"] < 0.1
