@@ -71,7 +71,9 @@ def _view_args(p: argparse.ArgumentParser) -> None:
     p = p.add_argument_group("view", "how ops are priced: speed of light or measured tables (docs/measured.md)")
     p.add_argument("--view", default="auto", choices=("auto", "sol", "op", "hybrid", "fpm"),
                    help="auto (default): the prediction the inputs allow — hybrid with --measured, fpm with --fpm, "
-                        "else sol; sol: speed of light (the bound alone); op: measured tables for every op a table "
+                        "else (estimate, search, serve-sim) the SOL program derated by the practitioner profile, "
+                        "the SOL figures beside it, or (other commands) sol; sol: speed of light (the bound "
+                        "alone); op: measured tables for every op a table "
                         "family times (strict); hybrid: measured where covered, else the backend's own efficiency "
                         "for the family or a fit on its covered ops; fpm: whole forwards from a fitted FPM model")
     p.add_argument("--fpm", default=None, metavar="FILE",
@@ -225,6 +227,24 @@ def policies_from_args(a):
                     mtp=a.mtp)
 
 
+#: the efficiency profile a prediction falls back to when no measured tables or FPM model are given
+DEFAULT_PREDICTION_PROFILE = "practitioner"
+
+
+def prediction_default(a) -> None:
+    """``--view auto`` (the default) asks for the prediction the inputs allow: the hybrid view with ``--measured``
+    tables, the FPM view with ``--fpm``, else the SOL program derated by the practitioner efficiency profile
+    (hw/data/profiles, each fraction sourced), labelled as such; ``--view sol`` is the bound alone. The SOL figures
+    stay beside the prediction in every output."""
+    if getattr(a, "view", "sol") != "auto":
+        return
+    if getattr(a, "measured", None) or getattr(a, "fpm", None) or getattr(a, "profile", None):
+        return
+    if getattr(a, "backend", ""):
+        return  # view_spec names the missing tables
+    a.profile = DEFAULT_PREDICTION_PROFILE
+
+
 def view_spec(a):
     """The measured view the flags name (None for SOL). ``--view auto`` (the default) is the prediction the
     inputs allow: hybrid with measured tables, fpm with an FPM model, else SOL."""
@@ -250,6 +270,7 @@ def cmd_estimate(a) -> None:
     from .outputs import check_output, emit
 
     check_output(a.output)
+    prediction_default(a)
     if a.chunk:
         return _estimate_chunked(a)
     r = _compile(a).report()

@@ -193,6 +193,9 @@ def run(a) -> None:
             cache = Path(table_out + ".parts")
             if a.fresh:
                 shutil.rmtree(cache, ignore_errors=True)
+        from .cli import prediction_default
+
+        prediction_default(a)
         show = a.progress if a.progress is not None else sys.stderr.isatty()
         bar = _Progress() if show else None
         try:

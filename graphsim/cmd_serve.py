@@ -211,12 +211,13 @@ def _policies(text: str):
 
 def run(a) -> None:
     from . import ParallelMapping, load_hw, load_profile
-    from .cli import int_list, load_model_args, policies_from_args, view_spec
+    from .cli import int_list, load_model_args, policies_from_args, prediction_default, view_spec
     from .outputs import check_output, emit, exclusive, json_document, output_path
     from .serving.kvcache import TierSpec
     from .serving.sim import SLA, Deployment, simulate
 
     check_output(a.output)
+    prediction_default(a)
     for f, suffixes in (("requests_out", TABLE_SUFFIXES), ("plot", (".png", ".pdf", ".svg"))):
         if getattr(a, f):
             output_path(getattr(a, f), field=f.replace("_", "-"), suffixes=suffixes)

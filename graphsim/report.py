@@ -27,6 +27,9 @@ class Report:
     coverage: dict | None = None
     #: per collective and the algorithm x protocol its ops ran at this point: ops and summed time
     collectives: list = attrs.Factory(list)
+    #: what the forward is — the bound itself (``sol``), or a prediction (an efficiency ``profile``, a measured
+    #: view, an FPM model) — with the SOL forward of the same program beside it
+    prediction: dict = attrs.Factory(dict)
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -106,8 +109,8 @@ class Report:
               if i.get("precision_fallbacks") else []),
             "",
             f"forward          {_ms(self.forward_s)}"
-            + (f"   predicted ({self.coverage['view']} view); SOL {_ms(self.coverage['sol_forward_s']).strip()}"
-               if self.coverage and "sol_forward_s" in self.coverage else ""),
+            + (f"   predicted ({self.prediction['label']}); SOL {_ms(self.prediction['sol_forward_s']).strip()}"
+               if self.prediction.get("source", "sol") != "sol" else "   (speed of light: a bound)"),
         ]
         if t["prefill_tokens"]:
             lines.append(f"TTFT (prefill)   {_ms(t['ttft_s'])}")
@@ -184,6 +187,7 @@ def report_json(r: Report) -> dict:
                     **{f"{k}_bytes": v for k, v in t["link_bytes"].items()}},
         "coverage": _coverage_json(cov) if cov is not None else None,
         "fpm": dict(fpm) if fpm is not None else None,
+        "prediction": {k: r.prediction.get(k) for k in ("source", "label", "sol_forward_s", "prediction_over_sol")},
     }
 
 
@@ -268,6 +272,7 @@ def make_report(compiled, point: int = 0) -> Report:
     sched = c.schedule(wl)
     dur, start, finish = sched.duration[point], sched.start[point], sched.finish[point]
     forward = float(finish.max())
+    sol_forward = forward  # the SOL view's own forward (an FPM view scales it; a profile or a measured view: below)
     fpm = c.fpm.describe(wl.point(point), np.array([forward])) if c.fpm is not None else None
     if fpm is not None:  # the FPM view: the forward is measured-and-fitted; the breakdowns stay SOL's
         forward = fpm["fpm_forward_s"]
@@ -354,7 +359,29 @@ def make_report(compiled, point: int = 0) -> Report:
     if fpm is not None:
         identity["backend"] = fpm["backend"]
         cov = fpm
-    return Report(identity, forward, stages, kinds, layers, path, memory, tokens, traffic, cov, collectives)
+    pred = _prediction(c, wl, point, forward, sol_forward, cov, fpm)
+    return Report(identity, forward, stages, kinds, layers, path, memory, tokens, traffic, cov, collectives, pred)
+
+
+def _prediction(c, wl, point: int, forward: float, sol_forward: float, cov, fpm) -> dict:
+    """What the report's forward is and its bound: the SOL view's forward is the bound itself; a profile derates the
+    same program (its SOL: the program at the descriptor's peaks, no per-op overhead); a measured view's bound is its
+    coverage's SOL forward; an FPM view scales the SOL forward it was fitted on."""
+    if fpm is not None:
+        source, label, bound = "fpm", f"fpm model ({fpm.get('backend') or 'local'})", sol_forward
+    elif cov is not None:
+        source, bound = c.view_name, float(cov["sol_forward_s"])
+        label = f"{c.view_name} view ({cov.get('backend') or 'measured'} tables)"
+    elif c.profile is not None:
+        from .lowering.evaluate import evaluate_reference, unit_time
+
+        source, label = "profile", f"{c.profile.name} profile"
+        bound = float(evaluate_reference(c.program, wl, unit_time(c.hw.rates(None)), 0.0, None).finish[point].max())
+    else:
+        return {"source": "sol", "label": "speed of light (a bound)", "sol_forward_s": forward,
+                "prediction_over_sol": 1.0}
+    return {"source": source, "label": label, "sol_forward_s": bound,
+            "prediction_over_sol": forward / bound if bound > 0 else float("nan")}
 
 
 def coverage(c, sched, point: int = 0) -> dict:

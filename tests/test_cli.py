@@ -121,7 +121,7 @@ def test_chunked_prefill_with_an_image_larger_than_a_chunk(capsys):
     assert [s.image_tokens for s in steps[:3]] == [256, 219, 0] and sum(s.new_tokens for s in steps) == 2475
     assert [s.image_patches > 0 for s in steps[:2]] == [True, False]
     rc = main(["estimate", "--model", "deepseek-v4.1-flash", "--request", "prefill:2000+img:1024x768", "--chunk", "256",
-               "--json"])
+               "--view", "sol", "--json"])
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and len(d["steps"]) == 10
     # the ViT runs in the first step only (its patches); later steps project only their own image tokens
@@ -137,7 +137,7 @@ def test_chunked_steps_are_one_program_that_matches_step_by_step_plans(capsys):
     from graphsim.ledger import chunk_prefill
 
     reqs = ["prefill:1000", "prefill:300@100", "decode:4096x8"]
-    rc = main(["estimate", "--model", "deepseek-v3", "--tp", "2", "--chunk", "256", "--json"]
+    rc = main(["estimate", "--model", "deepseek-v3", "--tp", "2", "--chunk", "256", "--view", "sol", "--json"]
               + [x for r in reqs for x in ("--request", r)])
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and len(d["steps"]) == 4

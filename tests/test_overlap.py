@@ -330,7 +330,7 @@ def test_cli_overlap_serial_and_what_stays_exposed(capsys):
 
     def comm(*extra):
         main(["estimate", "--model", "deepseek-v3", "--hw", "gb200", "--tp", "8", "--ep", "8", "--request",
-              "decode:4096x64", *extra])
+              "decode:4096x64", "--view", "sol", *extra])
         line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("communication"))
         return [float(v) for v in re.findall(r"([\d.]+) ms", line)]
 

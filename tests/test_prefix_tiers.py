@@ -80,7 +80,7 @@ def test_chunked_estimate_on_the_cli_spends_no_copy_time(capsys):
 
     from graphsim.cli import main
 
-    assert main(["estimate", "--model", "deepseek-v4.1-flash", "--hw", "h200", "--chunk", "4096",
+    assert main(["estimate", "--model", "deepseek-v4.1-flash", "--hw", "h200", "--chunk", "4096", "--view", "sol",
                  "--request", "prefill:32768", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["steps"]) == 8

@@ -78,5 +78,29 @@ def test_estimate_prints_the_prediction_beside_its_bound(capsys):
     assert d["coverage"]["sol_forward_s"] == pytest.approx(sol, rel=1e-12)
     assert d["coverage"]["prediction_over_sol"] == pytest.approx(d["forward_s"] / sol, rel=1e-12)
     assert d["forward_s"] >= sol
+    assert d["prediction"] == {"source": "hybrid", "label": "hybrid view (trtllm@1.3.0rc20 tables)",
+                               "sol_forward_s": d["coverage"]["sol_forward_s"],
+                               "prediction_over_sol": d["coverage"]["prediction_over_sol"]}
     assert main(args) == 0
-    assert "predicted (hybrid view); SOL" in capsys.readouterr().out
+    assert "predicted (hybrid view (trtllm@1.3.0rc20 tables)); SOL" in capsys.readouterr().out
+
+
+def test_without_tables_the_default_is_the_practitioner_profile_beside_the_bound(capsys):
+    """Issue 25 item 4: `--view auto` (the default) without tables predicts with the practitioner profile and
+    says so; the SOL forward of the same program stays beside it; `--view sol` is the bound alone."""
+    import graphsim as gs
+
+    args = ["estimate", "--model", "deepseek-v3", "--hw", "gb200", "--tp", "4", "--ep", "4", "--request",
+            "decode:1024x16", "--json"]
+    assert main(args) == 0
+    d = json.loads(capsys.readouterr().out)
+    plan = gs.Plan(["decode:1024x16"], gs.ParallelMapping(tp=4, ep=4))
+    sol = gs.compile_plan("deepseek-v3", plan, "gb200").report().forward_s
+    prof = gs.compile_plan("deepseek-v3", plan, "gb200", gs.load_profile("practitioner")).report().forward_s
+    assert d["identity"]["profile"] == "practitioner" and d["forward_s"] == pytest.approx(prof, rel=1e-12)
+    assert d["prediction"]["source"] == "profile" and d["prediction"]["label"] == "practitioner profile"
+    assert d["prediction"]["sol_forward_s"] == pytest.approx(sol, rel=1e-12) and prof > sol
+    assert main([*args, "--view", "sol"]) == 0
+    b = json.loads(capsys.readouterr().out)
+    assert b["forward_s"] == pytest.approx(sol, rel=1e-12) and b["prediction"]["source"] == "sol"
+    assert b["prediction"]["prediction_over_sol"] == 1.0
