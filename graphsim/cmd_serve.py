@@ -98,16 +98,20 @@ def register(sub) -> None:
     p.set_defaults(fn=run)
 
 
-def _grid_args(p) -> None:
-    """``--grid``: many simulations of the trace, one per point of a product of axes (graphsim.serving.grid)."""
-    from .serving.grid import AXES, EXECUTORS
+#: graphsim.serving.grid.AXES (the --grid help; tests/test_serve_grid.py holds them equal)
+GRID_AXES = ("replicas", "mapping", "policies", "max_running", "token_budget", "hbm_kv_gib", "engine", "cache_design",
+             "router", "host_fraction", "host_ttl_s", "disk_capacity_gib", "disk_ttl_s")
 
+
+def _grid_args(p) -> None:
+    """``--grid``: many simulations of the trace, one per point of a product of axes (graphsim.serving.grid; its
+    AXES and EXECUTORS, named here so that building the parser imports nothing heavy)."""
     g = p.add_argument_group("grid", "simulate every point of a product of axes on the sweeps' executors; -o "
                                      "(.parquet/.csv) gets one row per point, resumable like a sweep")
     g.add_argument("--grid", action="append", default=[], metavar="AXIS=V1,V2,...",
                    help=f"an axis and its values (repeatable; separate values with ';' when one holds a comma, "
-                        f"e.g. policies=fusion=single-pass;default). Axes: {', '.join(AXES)}")
-    g.add_argument("--executor", default="local", choices=EXECUTORS,
+                        f"e.g. policies=fusion=single-pass;default). Axes: {', '.join(GRID_AXES)}")
+    g.add_argument("--executor", default="local", choices=("local", "processes", "ray"),
                    help="where the points run: this process, local worker processes, or Ray (default local)")
     g.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="worker processes with --executor processes (default: one per CPU)")
