@@ -145,6 +145,31 @@ def test_resume_skips_finished_points_and_recomputes_stale_ones(head30, tmp_path
     assert len(calls) == 2
 
 
+def test_every_input_enters_the_digests_a_part_is_sealed_with(head30):
+    from graphsim.serving.grid import input_digests
+
+    base = input_digests(head30, V3, {})
+    assert base == input_digests(load_trace(EXCERPT).head(30), Deployment("deepseek-v3", "gb200",
+                                                                           gs.ParallelMapping(tp=8, ep=8)), {})
+    changed = {
+        "model": input_digests(head30, attrs.evolve(V3, model="deepseek-v4.1-flash"), {}),
+        "hw": input_digests(head30, attrs.evolve(V3, hw="gb300"), {}),
+        "trace": input_digests(head30.scale_rate(2.0), V3, {}),
+        "acceptance": input_digests(head30, attrs.evolve(V3, policies=gs.Policies(acceptance=(0.7,))), {}),
+        "reserve": input_digests(head30, attrs.evolve(V3, reserve_gib=4.0), {}),
+        "seed": input_digests(head30, V3, {"seed": 1}),
+        "prices": input_digests(head30, V3, {"prices": {"disk": 1e-4}}),
+    }
+    for what, d in changed.items():
+        assert d != base, what
+    assert changed["model"]["model"] != base["model"] and changed["hw"]["hw"] != base["hw"]
+    assert changed["trace"]["trace"] != base["trace"] and changed["seed"]["settings"] != base["settings"]
+    # a loaded model / hardware object: its state, the same for the same files
+    loaded = attrs.evolve(V3, model=gs.load_model("deepseek-v3"), hw=gs.load_hw("gb200"))
+    assert input_digests(head30, loaded, {}) == input_digests(
+        head30, attrs.evolve(V3, model=gs.load_model("deepseek-v3"), hw=gs.load_hw("gb200")), {})
+
+
 def test_a_second_grid_on_the_same_output_is_refused(head30, tmp_path):
     from graphsim.outputs import exclusive
 

@@ -237,12 +237,10 @@ def _settings(base: Deployment, simulate_kwargs: dict) -> dict:
     """The base deployment's fields and simulate()'s arguments, as text (their model / hardware / profile / view
     files are digested apart)."""
     from ..pipeline import Policies
-    from ..search import policy_text
 
     dep = {f.name: getattr(base, f.name) for f in attrs.fields(Deployment)
            if f.name not in ("model", "hw", "profile")}
-    dep["mapping"] = str(dep["mapping"]) if dep["mapping"] is not None else None
-    dep["policies"] = policy_text(dep["policies"] or Policies())
+    dep["policies"] = dep["policies"] or Policies()  # every field (policy_text leaves acceptance out)
     return {"deployment": {k: repr(v) for k, v in dep.items()},
             "simulate": {k: repr(v) for k, v in sorted(simulate_kwargs.items())}}
 
