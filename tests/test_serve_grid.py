@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import attrs
@@ -16,6 +17,7 @@ from graphsim.errors import GraphsimError
 from graphsim.serving import Deployment, TierSpec, load_trace, simulate, synthetic
 from graphsim.serving import grid as grid_mod
 from graphsim.serving.grid import grid
+from graphsim.serving.steps import FixedSteps
 
 EXCERPT = Path(__file__).resolve().parent / "data" / "traces" / "mooncake_synthetic_trace_head300.jsonl"
 AGENT = {"turns": {"dist": "uniform", "low": 2, "high": 6}, "think_s": 2, "tool_tokens": 300, "system_tokens": 1000}
@@ -188,6 +190,32 @@ def test_processes_give_the_local_table(head30, tmp_path):
     assert back.columns.tolist() == local.columns.tolist() and back.error.isna().all()
     metrics = ["replicas", *grid_mod.METRICS]
     pd.testing.assert_frame_equal(back[metrics], local[metrics], check_dtype=False, rtol=1e-15)
+
+
+class DiesInWorker(FixedSteps):
+    """Fixed steps that end the process running them unless it is the test's own (a worker killed mid-point)."""
+
+    def __init__(self, seconds: float):
+        super().__init__(seconds)
+        self.parent = os.getpid()
+
+    def step(self, *args, **kw):
+        if os.getpid() != self.parent:
+            os._exit(1)
+        return super().step(*args, **kw)
+
+
+def test_a_dead_worker_is_an_error_row_that_is_not_a_part(head30, tmp_path):
+    out = tmp_path / "grid.parquet"
+    df = grid(head30, V3, {"replicas": [1, 2]}, executor="processes", jobs=2, output=out, validate=0,
+              steps=DiesInWorker(0.01))
+    assert (df.error_field == "executor").all() and df.error.str.contains("died").all()
+    assert list((tmp_path / "grid.parquet.parts").glob("*.json")) == []  # a rerun retries them
+    # one worker for three points: each death is its point's row, and a fresh worker takes the next
+    df = grid(head30, V3, {"replicas": [1, 2, 3]}, executor="processes", jobs=1, validate=0, steps=DiesInWorker(0.01))
+    assert (df.error_field == "executor").all()
+    # the same steps in this process run
+    assert grid(head30, V3, {"replicas": [1]}, validate=0, steps=DiesInWorker(0.01)).served.iloc[0] == 30
 
 
 @pytest.mark.slow

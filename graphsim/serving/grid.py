@@ -284,36 +284,52 @@ def _task(point: dict) -> dict:
 
 
 def _run_processes(todo: list, jobs: int, trace, base, kw, collect) -> None:
-    """Points on ``jobs`` spawned worker processes (JAX is not fork-safe) that die with this one; the trace is
-    sent once per worker. A point whose worker died is an error row that is not a part (a rerun retries it)."""
+    """Points on ``jobs`` workers, each a one-process pool started with ``spawn`` (JAX is not fork-safe) that dies
+    with this process and gets the trace once. A point whose worker dies (killed, out of memory) is one error row
+    that is not a part (a rerun retries it) and a fresh worker takes the next point (as the sweeps' executor)."""
     import multiprocessing as mp
+    from collections import deque
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
     from ..workers import pool_initializer
 
     ctx = mp.get_context("spawn")
-    with ProcessPoolExecutor(max(1, min(jobs, len(todo))), mp_context=ctx, initializer=pool_initializer,
-                             initargs=(os.getpid(), _init, trace, base, kw)) as pool:
-        running = {pool.submit(_task, point): (key, point) for key, point in todo}
-        try:
-            while running:
-                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-                for f in done:
-                    key, point = running.pop(f)
-                    try:
-                        row = f.result()
-                    except BrokenProcessPool:
-                        row = {**point, "error_field": "executor", "error": "executor: the worker process running "
-                               "this point died (out of memory?); run the grid again to retry it",
-                               **dict.fromkeys(METRICS, math.nan)}
-                        collect(key, row, part=False)
-                        continue
-                    collect(key, row)
-        except BaseException:
-            for f in running:
-                f.cancel()
-            raise
+
+    def worker():
+        return ProcessPoolExecutor(1, mp_context=ctx, initializer=pool_initializer,
+                                   initargs=(os.getpid(), _init, trace, base, kw))
+
+    queue = deque(todo)
+    pools = [worker() for _ in range(max(1, min(jobs, len(todo))))]
+    running: dict = {}  # future -> (worker index, key, point)
+    ok = False
+    try:
+        while queue or running:
+            busy = {i for i, _, _ in running.values()}
+            for i in range(len(pools)):
+                if i not in busy and queue:
+                    key, point = queue.popleft()
+                    running[pools[i].submit(_task, point)] = (i, key, point)
+            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for f in done:
+                i, key, point = running.pop(f)
+                try:
+                    collect(key, f.result())
+                except BrokenProcessPool:
+                    pools[i].shutdown(wait=False)
+                    pools[i] = worker()
+                    collect(key, {**point, "error_field": "executor", "error": "executor: the worker process running "
+                                  "this point died (out of memory?); run the grid again to retry it",
+                                  **dict.fromkeys(METRICS, math.nan)}, part=False)
+        ok = True
+    finally:
+        for pool in pools:
+            procs = list((getattr(pool, "_processes", None) or {}).values())
+            pool.shutdown(wait=ok, cancel_futures=True)
+            for p in procs if not ok else ():  # interrupted: end our own workers' running points
+                if p.is_alive():
+                    p.terminate()
 
 
 def _run_ray(todo: list, address, trace, base, kw, collect) -> None:
