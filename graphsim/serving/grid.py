@@ -401,7 +401,6 @@ def grid(trace, base: Deployment, axes: Mapping, *, output=None, executor: str =
     require(not bad, "grid", f"{', '.join(bad)} is an axis of this grid; do not also give it as an argument")
     require(not ("tiers" in simulate_kwargs and simulate_kwargs["tiers"] is not None and "cache_design" in given),
             "grid.cache_design", "tiers= replaces the design's tiers; vary cache_design without tiers=")
-    require("progress" not in simulate_kwargs, "progress", "a grid's progress counts points (grid(progress=...))")
     pts = points(axes)
     kw = {"sla": SLA(), **simulate_kwargs}
     if output is None:
