@@ -102,7 +102,29 @@ def register(sub) -> None:
                    help="show a progress bar (default: when stderr is a terminal)")
     s.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
     output_args(p)
+    _grid_args(p)
     p.set_defaults(fn=run)
+
+
+#: graphsim.serving.grid.AXES (the --grid help; tests/test_serve_grid.py holds them equal)
+GRID_AXES = ("replicas", "mapping", "policies", "max_running", "token_budget", "hbm_kv_gib", "engine", "cache_design",
+             "router", "host_fraction", "host_ttl_s", "disk_capacity_gib", "disk_ttl_s")
+
+
+def _grid_args(p) -> None:
+    """``--grid``: many simulations of the trace, one per point of a product of axes (graphsim.serving.grid; its
+    AXES and EXECUTORS, named here so that building the parser imports nothing heavy)."""
+    g = p.add_argument_group("grid", "simulate every point of a product of axes on the sweeps' executors; -o "
+                                     "(.parquet/.csv) gets one row per point, resumable like a sweep")
+    g.add_argument("--grid", action="append", default=[], metavar="AXIS=V1,V2,...",
+                   help=f"an axis and its values (repeatable; separate values with ';' when one holds a comma, "
+                        f"e.g. policies=fusion=single-pass;default). Axes: {', '.join(GRID_AXES)}")
+    g.add_argument("--executor", default="local", choices=("local", "processes", "ray"),
+                   help="where the points run: this process, local worker processes, or Ray (default local)")
+    g.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="worker processes with --executor processes (default: one per CPU)")
+    g.add_argument("--fresh", action="store_true",
+                   help="recompute every point (default: reuse the parts of -o whose inputs are unchanged)")
 
 
 def _trace(a):
@@ -251,6 +273,8 @@ def run(a) -> None:
         except ValueError:
             raise GraphsimError("price", f"{v!r} is not a number") from None
     classes = int_list(a.classes, "classes") or ()
+    if a.grid:
+        return _run_grid(a, tr, dep, tiers=tiers, prices=prices, classes=classes)
     show = a.progress if a.progress is not None else sys.stderr.isatty()
     bar = _Progress(len(tr)) if show else None
     locks = [x for x in (a.output, a.requests_out, a.plot) if x]
@@ -283,6 +307,61 @@ def run(a) -> None:
         emit(a.output, text, "JSON" if a.json else "text")
         for n in notes:
             print(n, file=sys.stderr if a.json and not a.output else sys.stdout)
+
+
+def _grid_axes(items) -> dict:
+    axes: dict = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        k = k.strip().replace("-", "_")
+        require(bool(sep) and k and v.strip(), "grid", f"{item!r}: expected AXIS=V1,V2,..., e.g. replicas=1,2,4")
+        require(k not in axes, "grid", f"axis {k!r} is given twice")
+        axes[k] = [x.strip() for x in v.split(";" if ";" in v else ",") if x.strip()]
+    return axes
+
+
+def _run_grid(a, tr, dep, *, tiers, prices, classes) -> None:
+    """``--grid``: one simulation per point, written to -o (resumable parts) and printed as a compact table."""
+    from .serving.grid import grid
+    from .serving.sim import SLA
+
+    require(bool(a.output) and a.output.lower().endswith(TABLE_SUFFIXES), "output",
+            "--grid writes a table: give -o FILE.parquet or FILE.csv")
+    bad = [f for f, v in (("--json", a.json), ("--requests-out", a.requests_out), ("--plot", a.plot)) if v]
+    require(not bad, "grid", f"{', '.join(bad)} describe one simulation; a grid writes one row per point to -o")
+    axes = _grid_axes(a.grid)
+    kw = {k: v for k, v in (("cache_design", a.cache_design), ("router", a.router)) if k not in axes}
+    show = a.progress if a.progress is not None else sys.stderr.isatty()
+    df = grid(tr, dep, axes, output=a.output, executor=a.executor, jobs=a.jobs, resume=not a.fresh,
+              progress=show, tiers=tiers, prices=prices, classes=classes, sla=SLA(a.ttft, a.tpot), seed=a.seed,
+              validate=a.validate, **kw)
+    print(grid_text(df, list(axes)))
+    info = df.attrs["grid"]
+    print(f"wrote {a.output} ({info['points']} points: {info['computed']} computed, {info['reused']} reused"
+          + (f", {len(info['stale'])} recomputed because an input changed" if info["stale"] else "") + ")")
+
+
+def grid_text(df, axes: list) -> str:
+    """A grid's table in a terminal: the axes, then TTFT / TPOT p50 and p99, goodput, throughput, hit ratio."""
+    cols = [("ttft_p50_ms", "TTFT p50 ms", "{:,.1f}"), ("ttft_p99_ms", "TTFT p99 ms", "{:,.1f}"),
+            ("tpot_p50_ms", "TPOT p50 ms", "{:,.1f}"), ("tpot_p99_ms", "TPOT p99 ms", "{:,.1f}"),
+            ("goodput_fraction", "goodput", "{:.1%}"), ("out_tok_per_s_per_gpu", "out tok/s/GPU", "{:,.1f}"),
+            ("hit_ratio", "hit ratio", "{:.1%}")]
+    head = [*axes, *(c[1] for c in cols)]
+    rows, errors = [], {}
+    for n, (_, r) in enumerate(df.iterrows()):
+        rows.append([str(r[x]) for x in axes])
+        if isinstance(r["error"], str):  # the refused point: its error after its axes
+            errors[n] = r["error"]
+        else:
+            rows[-1] += ["-" if isinstance(r[k], float) and math.isnan(r[k]) else f.format(r[k]) for k, _, f in cols]
+    width = [max([len(h)] + [len(c[i]) for c in rows if i < len(c)]) for i, h in enumerate(head)]
+
+    def line(cells, err=None):
+        text = "  ".join(c.ljust(w) if i < len(axes) else c.rjust(w) for i, (c, w) in enumerate(zip(cells, width)))
+        return text + (f"  error: {err}" if err else "")
+
+    return "\n".join([line(head), *(line(c, errors.get(n)) for n, c in enumerate(rows))])
 
 
 class _Progress:

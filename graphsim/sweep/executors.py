@@ -17,19 +17,20 @@ from .spec import StructuralPoint, SweepSpec
 EXECUTORS = ("local", "processes", "ray")
 
 
-def _trusted(parts: Path, points: dict) -> tuple[set, list]:
-    """The struct_ids whose part may be reused (its checksum holds and it was computed from the same input
-    digests), and (struct_id, why) for each part that is not trusted (it is removed: it will be recomputed)."""
+def _trusted(parts: Path, inputs: Mapping, suffix: str = ".parquet") -> tuple[set, list]:
+    """The keys whose part ``<key><suffix>`` may be reused (its checksum holds and it was computed from the input
+    digests ``inputs[key]``), and (key, why) for each part that is not trusted (it is removed: it will be
+    recomputed). Shared with the serving grid (graphsim.serving.grid)."""
     from ..identity import discard, verify
 
     if not parts.is_dir():
         return set(), []
     done, stale = set(), []
-    for f in parts.glob("*.parquet"):
-        key = f.name[: -len(".parquet")]
-        if key not in points:
+    for f in parts.glob("*" + suffix):
+        key = f.name[: -len(suffix)]
+        if key not in inputs:
             continue  # another spec's part: not ours to judge
-        why = verify(f, dict(points[key].inputs))
+        why = verify(f, dict(inputs[key]))
         if why is None:
             done.add(key)
         else:
@@ -122,7 +123,7 @@ def _run(spec: SweepSpec, out: Path | None, executor: str, address, progress, re
             shutil.rmtree(parts, ignore_errors=True)
             if out.exists():
                 out.unlink()
-        done, stale = _trusted(parts, dict(zip(keys, points)))
+        done, stale = _trusted(parts, {k: sp.inputs for k, sp in zip(keys, points)})
         parts.mkdir(parents=True, exist_ok=True)
     else:
         parts, done = None, set()
@@ -186,6 +187,21 @@ def _forget_stores(points: list) -> None:
 
 def _run_ray(spec: SweepSpec, todo: list, address: str | None, collect, bar) -> None:
     """One Ray task per structural point; the driver writes results as tasks finish (same tables as local)."""
+    ray = ray_init(address)
+    task = ray.remote(_ray_task)
+    pending = {task.remote(spec, sp): (sp, key) for sp, key in todo}
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        for ref in ready:
+            sp, key = pending.pop(ref)
+            collect(key, ray.get(ref))
+            if bar:
+                bar(spec.grid(sp.kinds).size)
+
+
+def ray_init(address: str | None = None):
+    """The ``ray`` module, connected to the cluster at ``address`` (default: a local one), or a one-line error
+    when Ray is not installed."""
     try:
         import ray
     except ImportError:
@@ -199,22 +215,14 @@ def _run_ray(spec: SweepSpec, todo: list, address: str | None, collect, bar) -> 
                 ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
             else:
                 ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
-    task = ray.remote(_ray_task)
-    pending = {task.remote(spec, sp): (sp, key) for sp, key in todo}
-    while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1)
-        for ref in ready:
-            sp, key = pending.pop(ref)
-            collect(key, ray.get(ref))
-            if bar:
-                bar(spec.grid(sp.kinds).size)
+    return ray
 
 
 def _ray_task(spec: SweepSpec, sp: StructuralPoint) -> list:
     return list(structural_tables(spec, sp))
 
 
-def _progress_bar(progress, total: int):
+def _progress_bar(progress, total: int, label: str = "sweep"):
     """A callback advancing by n points: rich on stderr when asked for, a user callable, or nothing."""
     if callable(progress):
         done = [0]
@@ -230,11 +238,11 @@ def _progress_bar(progress, total: int):
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     except ImportError:  # pragma: no cover - rich is a dependency
-        return _PlainBar(total)
-    prog = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+        return _PlainBar(total, label)
+    prog = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                     console=Console(stderr=True), transient=False)
     prog.start()
-    task = prog.add_task("sweep", total=total)
+    task = prog.add_task(label, total=total)
 
     class _Rich:
         def __call__(self, n):
@@ -247,15 +255,15 @@ def _progress_bar(progress, total: int):
 
 
 class _PlainBar:
-    def __init__(self, total: int):
-        self.total, self.done = max(total, 1), 0
+    def __init__(self, total: int, label: str = "sweep"):
+        self.total, self.done, self.label = max(total, 1), 0, label
 
     def __call__(self, n):
         import sys
 
         self.done += n
         frac = self.done / self.total
-        sys.stderr.write(f"\rsweep [{'#' * int(30 * frac):<30}] {self.done:,}/{self.total:,}")
+        sys.stderr.write(f"\r{self.label} [{'#' * int(30 * frac):<30}] {self.done:,}/{self.total:,}")
         sys.stderr.flush()
 
     def close(self):
