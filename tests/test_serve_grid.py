@@ -247,8 +247,8 @@ def test_cli_names_the_grid_axes_and_executors():
 def test_cli_grid_round_trip(tmp_path, capsys):
     out = tmp_path / "grid.csv"
     args = ["serve-sim", "--model", "deepseek-v3", "--hw", "gb200", "--tp", "8", "--ep", "8", "--trace", EXCERPT,
-            "--head", "30", "--validate", "0", "--no-progress", "--grid", "mapping=tp8-dp1-ep8-pp1,tp3-dp1-ep1-pp1",
-            "--grid", "cache-design=hbm,host-disk", "-o", out]
+            "--head", "30", "--validate", "0", "--no-progress", "--view", "sol",
+            "--grid", "mapping=tp8-dp1-ep8-pp1,tp3-dp1-ep1-pp1", "--grid", "cache-design=hbm,host-disk", "-o", out]
     assert _cli(*args) == 0
     text = capsys.readouterr().out
     assert "4 points: 4 computed, 0 reused" in text and "error: mapping.tp: 3 does not divide" in text

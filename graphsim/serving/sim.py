@@ -275,12 +275,16 @@ class _Sim:
                     k += 1
                 return k
             r = min(reps, key=lambda x: (-run(x), x.load(), x.idx))
-        a = float(self.arr[i])
-        if r.load() == 0 and r.t < a:
-            r.advance(a)  # an idle replica waits for the request
-            r.t = a
-        elif r.t > a:
-            self.transit += r.t - a
+        return self._queue(r, i, float(self.arr[i]))
+
+    def _queue(self, r: _Replica, i: int, t: float) -> _Replica:
+        """Request ``i`` joins replica ``r``'s queue at time ``t``: an idle replica waits for it; a replica whose
+        clock is already past ``t`` sees it at its next step (the gap counts as time in the system)."""
+        if r.load() == 0 and r.t < t:
+            r.advance(t)
+            r.t = t
+        elif r.t > t:
+            self.transit += r.t - t
         r.waiting.append(i)
         self.replica[i] = r.idx
         return r
@@ -461,15 +465,7 @@ class _Sim:
 
     def _deliver(self, i: int, t: float):
         """The KV arrived: the least loaded decode replica queues the request."""
-        r = min(self.decoders, key=lambda x: (x.load(), x.idx))
-        if r.load() == 0 and r.t < t:
-            r.advance(t)
-            r.t = t
-        elif r.t > t:
-            self.transit += r.t - t
-        r.waiting.append(i)
-        self.replica[i] = r.idx
-        return r
+        return self._queue(min(self.decoders, key=lambda x: (x.load(), x.idx)), i, t)
 
     def _admit_decoding(self, r: _Replica, i: int, now: float) -> str:
         """A decode replica admits a request whose KV arrived (or was swapped out): its prompt and emitted tokens'
