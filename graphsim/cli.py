@@ -92,7 +92,8 @@ def model_hw_args(p, *, weights: bool = True, profile: bool = True):
     ``--profile``; returns the group for a command's own additions."""
     g = p.add_argument_group("model & hardware")
     g.add_argument("--model", required=True,
-                   help="shipped model name (graphsim models), a config.json path or a checkpoint directory (HF layout)")
+                   help="shipped model name (graphsim models), a Hugging Face id ORG/NAME (the local HF cache, else "
+                        "the bundled snapshot: graphsim models --hub), a config.json path or a checkpoint directory")
     if weights:
         _model_args(g)
     g.add_argument("--hw", default="gb200", help="hardware descriptor name (graphsim hw list) or TOML path (default gb200)")
@@ -401,6 +402,11 @@ def cmd_models(a) -> None:
     from .models import list_models
     from .outputs import emit
 
+    if getattr(a, "hub", False):
+        from .hub import bundled_ids
+
+        emit(a.output, "".join(f"{n}\n" for n in bundled_ids()), "text")
+        return
     emit(a.output, "".join(f"{n}\n" for n in list_models()), "text")
 
 
@@ -530,10 +536,14 @@ def _add_commands(sub, extras: bool = True) -> None:
     output_args(h, output="list/show: write the result here instead of printing it; probe: write the descriptor "
                           "TOML here")
     h.set_defaults(fn=cmd_hw)
-    m = add_command(sub, "models", help="list shipped models",
-                    description="The shipped model names, one per line (any --model also takes a config.json path "
-                                "or a checkpoint\ndirectory in the Hugging Face layout).",
-                    examples=["graphsim models", "graphsim models -o models.txt"])
+    m = add_command(sub, "models", help="list shipped models (and the bundled Hugging Face ids)",
+                    description="The shipped model names, one per line (any --model also takes a Hugging Face id "
+                                "ORG/NAME — from the local\nHugging Face cache or graphsim's bundled snapshot of "
+                                "public configs —, a config.json path or a checkpoint\ndirectory in the Hugging Face "
+                                "layout).",
+                    examples=["graphsim models", "graphsim models --hub", "graphsim models -o models.txt"])
+    m.add_argument("--hub", action="store_true",
+                   help="list the Hugging Face ids graphsim's bundled snapshot answers (graphsim/configs/hf)")
     output_args(m, with_json=False, output="write the list to FILE instead of printing it")
     m.set_defaults(fn=cmd_models)
     for extra in _EXTRA_COMMANDS if extras else ():

@@ -19,6 +19,9 @@ SHIPPED = {
     "deepseek-v4-flash": "deepseek-v4-flash.json",
     "llama-3.1-70b": "llama-3.1-70b.json",
 }
+#: the public Hugging Face repository each shipped config is of (DeepSeek-V4.1-Flash has none: the spec's model)
+SHIPPED_IDS = {"deepseek-v3": "deepseek-ai/DeepSeek-V3", "deepseek-v4-flash": "deepseek-ai/DeepSeek-V4-Flash",
+               "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct"}
 #: package data next to this module (a plain path: importlib.resources costs a few ms of imports per run)
 _CONFIGS = Path(__file__).parent / "configs"
 

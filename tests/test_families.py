@@ -1,5 +1,5 @@
 """Real checkpoints: families from model_type, parameter counts against the model cards, bytes per parameter
-from the checkpoint's quantization, DSA, redundant experts and MTP. Test data: tests/data/hf_configs (public
+from the checkpoint's quantization, DSA, redundant experts and MTP. Test data: graphsim/configs/hf (the bundled public
 HF configs, see its NOTICE.md)."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from graphsim.ir import fmt
 from graphsim.models import load_model
 from graphsim.models.families import FAMILIES
 
-DATA = Path(__file__).parent / "data" / "hf_configs"
+DATA = Path(__file__).resolve().parents[1] / "graphsim" / "configs" / "hf"
 CONFIGS = sorted(p for p in DATA.glob("*_config.json") if not p.name.endswith("hf_quant_config.json"))
 
 

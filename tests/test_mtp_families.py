@@ -3,7 +3,7 @@ GLM-5 — the DeepSeek-V3 class with and without DeepSeek Sparse Attention): eac
 of the module, so it owns its latent cache, its DSA index-key cache and its Top-K selection (issue 24 item
 6: V3.2 with MTP-2/3 failed with "tensors written by two ops: mtp.index_k, mtp.attn.topk"). Families
 without an MTP drafter in graphsim refuse ``policies.mtp`` with a one-line error. Test data:
-tests/data/hf_configs (public HF configs, see its NOTICE.md)."""
+graphsim/configs/hf (the bundled public HF configs, see its NOTICE.md)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,7 +14,7 @@ import graphsim as gs
 from graphsim.errors import GraphsimError
 from graphsim.models import load_model
 
-DATA = Path(__file__).parent / "data" / "hf_configs"
+DATA = Path(__file__).resolve().parents[1] / "graphsim" / "configs" / "hf"
 ACC = (0.8, 0.6, 0.4)
 #: every checkpoint in the test data with num_nextn_predict_layers >= 1 that graphsim drafts with
 MTP_CONFIGS = ["deepseek-ai--DeepSeek-V3", "deepseek-ai--DeepSeek-R1", "deepseek-ai--DeepSeek-V3.2",

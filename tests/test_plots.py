@@ -71,7 +71,7 @@ def test_op_kinds_cover_the_kinds_the_models_emit():
               {"engram": "host", "dspark": "on", "acceptance": (0.8, 0.7, 0.6, 0.5, 0.4)}),
              ("deepseek-v4-flash", ["prefill:2048", "decode:4096x8"], {}),
              ("llama-3.1-70b", ["prefill:2048", "decode:4096x8"], {}),
-             ("tests/data/hf_configs/Qwen--Qwen3.5-27B_config.json", ["prefill:2048", "decode:4096x8"], {})]
+             ("graphsim/configs/hf/Qwen--Qwen3.5-27B_config.json", ["prefill:2048", "decode:4096x8"], {})]
     seen = set()
     for model, requests, policies in cases:
         plan = gs.Plan(requests, gs.ParallelMapping(tp=4), policies=Policies(**policies))

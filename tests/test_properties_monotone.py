@@ -16,7 +16,7 @@ import graphsim as gs
 from graphsim.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-HF = ROOT / "tests" / "data" / "hf_configs"
+HF = ROOT / "graphsim" / "configs" / "hf"
 MODELS = [*gs.list_models(), str(ROOT / "examples" / "configs" / "tiny-qwen3-moe.json"),
           *(str(HF / f"{n}_config.json") for n in ("Qwen--Qwen3-30B-A3B", "openai--gpt-oss-20b",
                                                     "nvidia--Nemotron-H-56B-Base-8K", "Qwen--Qwen3.5-27B",

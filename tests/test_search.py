@@ -466,7 +466,7 @@ def test_a_damaged_cache_file_is_recomputed(tmp_path):
 
 
 # ---- a search that is a bound on its space (issue 24) ------------------------------------------------------------
-LLAMA = str(__import__("pathlib").Path(__file__).parent / "data" / "hf_configs"
+LLAMA = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "graphsim" / "configs" / "hf"
             / "meta-llama--Meta-Llama-3.1-8B_config.json")
 
 

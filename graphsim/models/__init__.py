@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import SHIPPED, kv_cache_format, load_config
+from ..config import SHIPPED, SHIPPED_IDS, kv_cache_format, load_config
 from ..errors import GraphsimError, require
 from ..quant import SCHEMES, from_config, sibling_quant_config
 from .base import Model
@@ -19,12 +19,21 @@ def load_model(name_or_path: str | Path | dict, *, weights: str | None = None, r
     ``redundant_experts`` adds expert copies for EP load balancing (MoE models)."""
     from .families import resolve
 
+    hf_id = SHIPPED_IDS.get(name_or_path.lower()) if isinstance(name_or_path, str) else None
+    if isinstance(name_or_path, str) and name_or_path.lower() not in SHIPPED:
+        from ..hub import is_model_id, resolve as resolve_id
+
+        if is_model_id(name_or_path):  # ORG/NAME: the Hugging Face cache, else the bundled snapshot
+            hf_id = name_or_path
+            name_or_path = resolve_id(hf_id)[0]
     cfg = load_config(name_or_path)
     name = str(name_or_path) if not isinstance(name_or_path, dict) else cfg.get("_name", "custom")
     path = Path(name) if not isinstance(name_or_path, dict) and name.lower() not in SHIPPED else None
     if path is not None:
         name = path.name if path.is_dir() else path.stem.removesuffix("_config").removesuffix(".config")
         name = name if name != "config" else path.parent.name
+    if hf_id is not None:
+        name = hf_id
     sibling = sibling_quant_config(path) if path is not None else None
     if weights is not None:
         require(weights in SCHEMES, "weights", f"unknown weight format {weights!r}; allowed: {', '.join(SCHEMES)}")
@@ -41,7 +50,7 @@ def load_model(name_or_path: str | Path | dict, *, weights: str | None = None, r
             require(cls.QUANT_AWARE, "weights", f"{mt}: {what} not modelled for this family; its weights are "
                     "the formats its own semantics give")
             extra = {"weights": weights, "redundant_experts": redundant_experts, "sibling": sibling}
-        return cls(cfg, name, **extra, **options)
+        return _with_id(cls(cfg, name, **extra, **options), hf_id)
     from ..config import text_config
     from .decoder import Decoder
 
@@ -54,7 +63,13 @@ def load_model(name_or_path: str | Path | dict, *, weights: str | None = None, r
     kv = options.pop("kv_format", None) or kv_cache_format(cfg if not sibling else
                                                             {**cfg, "quantization_config": sibling.get("quantization", sibling)})
     require(not options, "model", f"unknown options {sorted(options)}")
-    return Decoder(spec, name, quant, kv)
+    return _with_id(Decoder(spec, name, quant, kv), hf_id)
+
+
+def _with_id(model: Model, hf_id: str | None) -> Model:
+    """The model, remembering the Hugging Face id it was named by (launch commands carry it; None otherwise)."""
+    model.hf_id = hf_id
+    return model
 
 
 def list_models() -> tuple[str, ...]:

@@ -50,6 +50,9 @@ class Model:
 
     name = "model"
     family = "model"
+    #: the Hugging Face id the model was named by, or the public repository of a shipped config (None: a file or a
+    #: dict); launch commands carry it
+    hf_id = None
     #: policy field -> values this model honours (graphsim.pipeline.BASE_SUPPORT for the rest)
     POLICY_SUPPORT: dict = {}
     #: the checkpoint's weight quantization (graphsim.quant.Quantization) where the family reads it; None when

@@ -252,7 +252,7 @@ def _shipped_config(model: str) -> dict:
     return load_config(model)
 
 
-#: Real checkpoints' configs of the other families (tests/data/hf_configs) mutated like the shipped ones.
+#: Real checkpoints' configs of the other families (graphsim/configs/hf) mutated like the shipped ones.
 FAMILY_CONFIGS = ("Qwen--Qwen3-30B-A3B", "openai--gpt-oss-20b", "meta-llama--Llama-4-Scout-17B-16E-Instruct",
                   "Qwen--Qwen3.5-27B", "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "mistralai--Mixtral-8x7B-v0.1",
                   "deepseek-ai--DeepSeek-V3.2", "moonshotai--Kimi-K2.5", "zai-org--GLM-5-FP8")
@@ -261,7 +261,7 @@ FAMILY_CONFIGS = ("Qwen--Qwen3-30B-A3B", "openai--gpt-oss-20b", "meta-llama--Lla
 def _family_config(name: str) -> dict:
     from pathlib import Path
 
-    return json.loads((Path(__file__).parents[1] / "data" / "hf_configs" / f"{name}_config.json").read_text())
+    return json.loads((Path(__file__).parents[2] / "graphsim" / "configs" / "hf" / f"{name}_config.json").read_text())
 
 
 @st.composite
