@@ -82,13 +82,13 @@ class Quantization:
             if module in enclosing:  # graphsim's tensor holds listed modules (each expert's projections)
                 return enclosing[module]
             for pat, f in wild:
-                if any(_match(n, pat) for n in names):
+                if any(_matcher((pat,))(n) for n in names):
                     return f
         if self.layers and self.default == "mixed":
             return "bf16"  # a MIXED_PRECISION checkpoint quantizes only the layers it lists
         if module in ("lm_head", "head") and not self.head:
             return "bf16"
-        if any(_match(n, pat) for pat in self.exclude for n in names):
+        if self.exclude and any(map(_matcher(self.exclude), names)):
             return "bf16"
         return "bf16" if self.default == "mixed" else self.default
 
@@ -122,6 +122,43 @@ def _names(module: str) -> tuple:
     """The names a checkpoint may give ``module``: bare and under the common prefixes."""
     return (module, "model." + module, "model.language_model." + module, "backbone." + module,
             "language_model.model." + module)
+
+
+@functools.lru_cache(maxsize=256)
+def _matcher(patterns: tuple):
+    """``name -> bool``: does any of ``patterns`` match (as :func:`_match` does, one pattern at a time), built once
+    per pattern list — a checkpoint may exclude hundreds of modules, asked for every weight of every layer. Plain
+    names become a set of themselves and their prefixes' ``.``-children; wildcards one alternation; ``re:`` patterns
+    their own expressions."""
+    plain, globs, regexes = set(), [], []
+    for pat in patterns:
+        if pat.startswith("re:"):
+            try:
+                regexes.append(re.compile(pat[3:]))
+            except re.error:
+                raise GraphsimError("quantization_config.ignore", f"invalid regular expression {pat[3:]!r}") from None
+        elif any(ch in pat for ch in "*?["):
+            globs += [fnmatch.translate(pat), fnmatch.translate(pat.rstrip(".*") + ".*")]
+        else:
+            plain.add(pat)
+            stem = pat.rstrip(".*")
+            if stem != pat:  # "a.b.*" also matches "a.b.<anything>" (and "a.b" itself is not a match)
+                globs.append(fnmatch.translate(stem + ".*"))
+    glob = re.compile("|".join(f"(?:{g})" for g in globs)) if globs else None
+
+    def match(name: str) -> bool:
+        if name in plain:
+            return True
+        if plain:  # a plain pattern p matches "p.<anything>"
+            i = name.find(".")
+            while i >= 0:
+                if name[:i] in plain:
+                    return True
+                i = name.find(".", i + 1)
+        if glob is not None and glob.match(name):
+            return True
+        return any(r.match(name) for r in regexes)
+    return match
 
 
 def _match(name: str, pat: str) -> bool:
