@@ -94,10 +94,15 @@ def emitted(kinds: tuple, new: np.ndarray, policies=None) -> np.ndarray:
 
 
 def token_metrics(kinds: tuple, count: np.ndarray, new: np.ndarray, forward: np.ndarray, gpus: int,
-                  policies=None) -> dict:
-    """Tokens, TTFT/ITL and throughput per point (``count``/``new`` (P, G); ``forward`` (P,) seconds).
+                  policies=None, power_w: float = 0.0) -> dict:
+    """Tokens, TTFT/ITL, throughput and energy per point (``count``/``new`` (P, G); ``forward`` (P,) seconds).
     TTFT/ITL are NaN where the batch has no prefill/decode work (the report's ``None``); ITL is the mean
-    time between a decode request's tokens (the step time when it emits one per step)."""
+    time between a decode request's tokens (the step time when it emits one per step).
+
+    Energy is at board power: every GPU drawing its descriptor's ``power_w`` (its TDP, the power limit its
+    management holds sustained draw under) for the whole forward — an upper bound on the forward's energy, so
+    tokens per joule is a lower bound (an activity model below TDP needs measured idle and per-unit power, which no
+    descriptor carries); NaN without a power figure."""
     is_pf = np.array([k == "prefill" for k in kinds])
     work = count * emitted(kinds, new, policies)
     prefill_tokens = work[:, is_pf].sum(axis=1)
@@ -118,7 +123,20 @@ def token_metrics(kinds: tuple, count: np.ndarray, new: np.ndarray, forward: np.
         "tokens_per_s_per_gpu": rate / gpus,
         "output_tokens_per_s_per_gpu": out_rate / gpus,
         "tokens_per_s_per_user": per_user,
+        **energy_metrics(prefill_tokens + decode_tokens, decode_tokens, forward, gpus, power_w),
     }
+
+
+def energy_metrics(tokens, output_tokens, seconds, gpus: int, power_w) -> dict:
+    """Joules of ``seconds`` on ``gpus`` GPUs at board power ``power_w`` each (an upper bound), and tokens per
+    joule (a lower bound): see :func:`token_metrics`."""
+    seconds = np.asarray(seconds, dtype=np.float64)
+    p = np.asarray(power_w, dtype=np.float64)
+    energy = np.where(p > 0, seconds * gpus * p, np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_j = np.where(energy > 0, np.asarray(tokens, np.float64) / energy, np.nan)
+        out_j = np.where(energy > 0, np.asarray(output_tokens, np.float64) / energy, np.nan)
+    return {"energy_j": energy, "tokens_per_joule": per_j, "output_tokens_per_joule": out_j}
 
 
 def memory_metrics(weights: float | np.ndarray, kv: np.ndarray, workspace: np.ndarray,

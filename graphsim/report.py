@@ -118,6 +118,9 @@ class Report:
             lines.append(f"ITL (decode)     {_ms(t['itl_s'])}   {t['tokens_per_s_per_user']:.1f} tok/s per user")
         lines.append(f"throughput       {t['tokens_per_s_per_gpu']:,.0f} tok/s per GPU  "
                      f"({t['tokens_per_s']:,.0f} tok/s for the replica)")
+        if t.get("tokens_per_joule") is not None:
+            lines.append(f"energy           {t['tokens_per_joule']:,.2f} tok/J at board power "
+                         f"({t['energy_j']:,.2f} J per forward on {i['gpus']} GPUs at TDP: an upper bound on energy)")
         lines += ["", "stage            busy        share"]
         for s, v in self.stages.items():
             lines.append(f"  {s:<14} {_ms(v['busy_s'])}  {100 * v['busy_s'] / max(self.forward_s, 1e-30):5.1f} %")
@@ -316,11 +319,11 @@ def make_report(compiled, point: int = 0) -> Report:
 
     wl_new = np.array([[r.new_tokens for r in plan.requests]], dtype=np.float64)
     wl_count = np.array([[r.count for r in plan.requests]], dtype=np.float64)
-    tm = token_metrics(plan.kinds, wl_count, wl_new, np.array([forward]), m.gpus, plan.policies)
+    tm = token_metrics(plan.kinds, wl_count, wl_new, np.array([forward]), m.gpus, plan.policies, c.hw.power_w)
     tokens = {k: float(v[0]) for k, v in tm.items()}
     for k in ("prefill_tokens", "decode_tokens", "decode_requests"):
         tokens[k] = int(round(tokens[k])) if float(tokens[k]).is_integer() else tokens[k]
-    for k in ("ttft_s", "itl_s"):
+    for k in ("ttft_s", "itl_s", "energy_j", "tokens_per_joule", "output_tokens_per_joule"):
         tokens[k] = None if np.isnan(tokens[k]) else tokens[k]
     reqs = plan.requests
     # ---- memory per device

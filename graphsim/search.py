@@ -93,7 +93,8 @@ ROW_KEYS = ("mode", "mapping", "policies", "gpus", "prefill_mapping", "prefill_r
             "prefill_gpus", "decode_mapping", "decode_replicas", "decode_batch", "decode_gpus", "verify",
             "ttft_ms", "tpot_ms", "tokens_per_s_per_user", "tokens_per_s_per_gpu", "output_tokens_per_s",
             "memory_headroom_gib", "fits", "meets_sla", "pareto", "ttft_step", "tpot_p99_ms", "bound",
-            "sol_ttft_ms", "sol_tpot_ms", "sol_tokens_per_s_per_user", "sol_tokens_per_s_per_gpu")
+            "sol_ttft_ms", "sol_tpot_ms", "sol_tokens_per_s_per_user", "sol_tokens_per_s_per_gpu",
+            "requests_per_s", "concurrency", "output_tokens_per_joule")
 #: a row's SOL twin: the same deployment, batch and TTFT step priced at the speed of light (the bound beside a
 #: prediction; equal to the row's own figures in the SOL view)
 SOL_COLUMNS = {"ttft_ms": "sol_ttft_ms", "tpot_ms": "sol_tpot_ms", "tokens_per_s_per_user": "sol_tokens_per_s_per_user",
@@ -938,6 +939,13 @@ class _Search:
                 "tpot_p99_ms": float(tpot_p99_s) * 1e3,
                 "tokens_per_s_per_user": 1.0 / float(tpot_s), "tokens_per_s_per_gpu": float(out_tps) / gpus,
                 "output_tokens_per_s": float(out_tps), "memory_headroom_gib": float(headroom) / GiB,
+                # the request rate the deployment sustains (its output rate over the mean output length), the
+                # requests in flight at once (decode slots of every replica), and output tokens per joule at board
+                # power (every GPU at its TDP: a lower bound; graphsim.metrics.energy_metrics)
+                "requests_per_s": float(out_tps) / self.traffic.mean_osl,
+                "concurrency": int(dbatch) * int(drep),
+                "output_tokens_per_joule": float(out_tps) / (gpus * self.hw.power_w) if self.hw.power_w > 0
+                else float("nan"),
                 "fits": bool(headroom >= 0), "_policies": policies, "_prefill_policies": prefill_policies or policies,
                 "_pmap": pmap, "_dmap": dmap}
 

@@ -356,7 +356,8 @@ def _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress, w
             km = full(res.get("kinds"), len(kind_names))
             for j, k in enumerate(kind_names):
                 cols[f"kind_s.{k}"] = pa.array(km[:, j])
-        tok = token_metrics(kinds, wl["count"], wl["new"], forward, mapping.gpus, compiled.plan.policies)
+        tok = token_metrics(kinds, wl["count"], wl["new"], forward, mapping.gpus, compiled.plan.policies,
+                            compiled.hw.power_w)
         for k in TOKEN_COLUMNS:
             cols[k] = pa.array(tok[k], mask=~ok)
         kvb = np.where(ok, kv_bytes_per_device(kv, np.where(ok[:, None], wl["count"], 0.0),

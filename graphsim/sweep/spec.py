@@ -38,7 +38,8 @@ IDENTITY_HEAD = ("struct_id", "sweep", "graphsim_version", "model", "hw", "profi
 #: digest columns -> the input each is the content digest of (graphsim.identity.input_digest keys)
 DIGEST_COLUMNS = {"model_digest": "model", "hw_digest": "hw", "profile_digest": "profile", "view_digest": "view"}
 TOKEN_COLUMNS = ("prefill_tokens", "decode_tokens", "decode_requests", "ttft_s", "itl_s", "tokens_per_s",
-                 "tokens_per_s_per_gpu", "output_tokens_per_s_per_gpu", "tokens_per_s_per_user")
+                 "tokens_per_s_per_gpu", "output_tokens_per_s_per_gpu", "tokens_per_s_per_user", "energy_j",
+                 "tokens_per_joule", "output_tokens_per_joule")
 MEMORY_COLUMNS = ("weights_gib", "kv_gib", "workspace_gib", "total_gib", "capacity_gib", "headroom_gib", "fits")
 
 
