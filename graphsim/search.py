@@ -321,7 +321,8 @@ class Group:
                 **{k: np.asarray(getattr(self, k)).tolist() for k in self.ARRAYS}}
 
     @staticmethod
-    def from_json(d: dict, mapping, policies, kind: str | None = None, width: int | None = None) -> "Group | None":
+    def from_json(d: dict, mapping, policies, kind: str | None = None, width: int | None = None,
+                  unrun: bool = False) -> "Group | None":
         """The group a cache file holds, or None when it is not one this search could have evaluated (recompute
         it): of ``kind``, arrays of one row per batch (``forward_s`` (R,) for decode, (R, ``width``) otherwise),
         finite times > 0, whole batches >= 1 and verify lengths >= 0, 1 <= emitted <= 1 + verify,
@@ -332,17 +333,20 @@ class Group:
             arr = {k: np.asarray(d[k], dtype=np.float64) for k in Group.ARRAYS}
             ok = isinstance(d["kind"], str) and isinstance(d["error"], str) and (kind is None or d["kind"] == kind) \
                 and len({len(v) for k, v in arr.items() if k != "forward_s"} | {len(arr["forward_s"])}) == 1 and \
-                all(np.isfinite(v).all() for k, v in arr.items() if k != "forward_s") and _times(arr["forward_s"])
+                all(np.isfinite(v).all() for k, v in arr.items() if k != "forward_s") and \
+                _times(arr["forward_s"], d["kind"] != "decode" and unrun)
             ok = ok and (bool(d["error"]) or _sane_rows(arr, d["kind"], width))
         except (KeyError, TypeError, ValueError):
             return None
         return Group(d["kind"], mapping, policies, error=d["error"], **arr) if ok else None
 
 
-def _times(f: np.ndarray) -> bool:
-    """Forward times: > 0 and finite, or NaN where a prediction's engine does not run the step (a prompt over
-    its token budget)."""
-    return bool((np.isnan(f) | (np.isfinite(f) & (f > 0))).all())
+def _times(f: np.ndarray, unrun: bool = False) -> bool:
+    """Forward times: > 0 and finite, or — with ``unrun``: a prefill or mixed group of a search whose engine step
+    terms are in force — NaN where that engine does not run the step (a prompt over its token budget). A decode
+    row an engine does not run is not offered at all, and the SOL search runs every step."""
+    finite = np.isfinite(f) & (f > 0)
+    return bool((np.isnan(f) | finite).all() if unrun else finite.all())
 
 
 def _sane_rows(a: dict, kind: str, width: int | None) -> bool:
@@ -593,7 +597,8 @@ class _Search:
     def _cached(self, key) -> Group | None:
         d = self.cache.get(self._digest(key), self.identity)
         width = None if key[0] == "decode" else (len(MIXED_BLOCKS) if key[0] == "mixed" else 1) * len(self.traffic.isl)
-        return Group.from_json(d, key[1], key[2], key[0], width) if isinstance(d, dict) else None
+        return Group.from_json(d, key[1], key[2], key[0], width, unrun=self.serving is not None) \
+            if isinstance(d, dict) else None
 
     def _digest(self, key) -> str:
         kind, mapping, policies = key
@@ -641,7 +646,8 @@ class _Search:
             for fut in as_completed(tasks):
                 for key, d in fut.result():
                     if key not in self.groups:
-                        self._store(key, Group.from_json(d, key[1], key[2]), computed=True)
+                        self._store(key, Group.from_json(d, key[1], key[2], unrun=self.serving is not None),
+                                    computed=True)
 
     def _evaluate(self, kind, mapping, policies) -> Group:
         from .fit import MemoryModel
