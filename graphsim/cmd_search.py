@@ -306,22 +306,27 @@ def to_text(r, launch_all: bool = False, pareto_rows: int = 12, lost_rows: int =
     if not r.best:
         lines.append("no deployment meets the SLA (see why below; the Pareto front shows what is reachable)")
     else:
-        hdr = (f"{'#':>2}  {'mode':<6} {'deployment':<44} {'policies':<26} {'batch':>6} {'GPUs':>4} {'TTFT ms':>8} "
-               f"{'(step)':<8} {'TPOT ms':>8} {'p99':>7} {'tok/s/user':>10} {'tok/s/GPU':>10} {'free GiB':>8}"
-               + (f" {'SOL TTFT':>8} {'SOL TPOT':>8} {'SOL tok/s/GPU':>13}" if predicted else ""))
-        lines.append(hdr)
+        from .exports.tables import text_table
+
+        heads = ["#", "mode", "deployment", "policies", "batch", "GPUs", "TTFT ms", "(step)", "TPOT ms", "p99",
+                 "tok/s/user", "tok/s/GPU", "req/s", "tok/J", "free GiB"] + \
+            (["SOL TTFT", "SOL TPOT", "SOL tok/s/GPU"] if predicted else [])
+        right = [True, False, False, False, True, True, True, False] + [True] * (len(heads) - 8)
+        rows, extra = [], []
         for b in r.best:
             batch = b["decode_batch"] if b["verify"] == 0 else f"{b['decode_batch']}v{b['verify']}"
-            lines.append(f"{b['rank']:>2}  {b['mode']:<6} {b['mapping']:<44} {b['policies'][:26]:<26} {batch:>6} "
-                         f"{b['gpus']:>4} {b['ttft_ms']:>8.0f} {b['ttft_step']:<8} {b['tpot_ms']:>8.2f} "
-                         f"{b['tpot_p99_ms']:>7.2f} {b['tokens_per_s_per_user']:>10.1f} "
-                         f"{b['tokens_per_s_per_gpu']:>10.1f} {b['memory_headroom_gib']:>8.1f}"
-                         + (f" {_num(b.get('sol_ttft_ms'), 0):>8} {_num(b.get('sol_tpot_ms'), 2):>8} "
-                            f"{_num(b.get('sol_tokens_per_s_per_gpu'), 1):>13}" if predicted else ""))
+            rows.append([str(b["rank"]), b["mode"], b["mapping"], b["policies"], str(batch), str(b["gpus"]),
+                         f"{b['ttft_ms']:.0f}", b["ttft_step"], f"{b['tpot_ms']:.2f}", f"{b['tpot_p99_ms']:.2f}",
+                         f"{b['tokens_per_s_per_user']:.1f}", f"{b['tokens_per_s_per_gpu']:.1f}",
+                         _num(b.get("requests_per_s"), 2), _num(b.get("output_tokens_per_joule"), 2),
+                         f"{b['memory_headroom_gib']:.1f}"]
+                        + ([_num(b.get("sol_ttft_ms"), 0), _num(b.get("sol_tpot_ms"), 2),
+                            _num(b.get("sol_tokens_per_s_per_gpu"), 1)] if predicted else []))
             others = [p for p in b.get("jointly_achievable", []) if p["ttft_step"] != b["ttft_step"]]
             if others:
-                lines.append("      also achievable together: " + "; ".join(
+                extra.append(f"  #{b['rank']} also achieves together: " + "; ".join(
                     f"TTFT {p['ttft_ms']:.0f} ms ({p['ttft_step']}) with TPOT {p['tpot_ms']:.2f} ms" for p in others))
+        lines += text_table(heads, rows, right=right) + extra
     lines += ["", f"Pareto front (tok/s/GPU vs tok/s/user; fits and meets TTFT): {len(r.pareto)} points"]
     front = r.pareto
     if len(front) > pareto_rows:  # evenly spaced along the front, both ends kept

@@ -19,12 +19,14 @@ def load_model(name_or_path: str | Path | dict, *, weights: str | None = None, r
     ``redundant_experts`` adds expert copies for EP load balancing (MoE models)."""
     from .families import resolve
 
-    hf_id = SHIPPED_IDS.get(name_or_path.lower()) if isinstance(name_or_path, str) else None
-    if isinstance(name_or_path, str) and name_or_path.lower() not in SHIPPED:
+    hf_id = named_id = None
+    if isinstance(name_or_path, str) and name_or_path.lower() in SHIPPED:
+        hf_id = SHIPPED_IDS.get(name_or_path.lower())  # the public repository of a shipped config
+    elif isinstance(name_or_path, str):
         from ..hub import is_model_id, resolve as resolve_id
 
         if is_model_id(name_or_path):  # ORG/NAME: the Hugging Face cache, else the bundled snapshot
-            hf_id = name_or_path
+            hf_id = named_id = name_or_path
             name_or_path = resolve_id(hf_id)[0]
     cfg = load_config(name_or_path)
     name = str(name_or_path) if not isinstance(name_or_path, dict) else cfg.get("_name", "custom")
@@ -32,8 +34,8 @@ def load_model(name_or_path: str | Path | dict, *, weights: str | None = None, r
     if path is not None:
         name = path.name if path.is_dir() else path.stem.removesuffix("_config").removesuffix(".config")
         name = name if name != "config" else path.parent.name
-    if hf_id is not None:
-        name = hf_id
+    if named_id is not None:  # reports name the model as the user did
+        name = named_id
     sibling = sibling_quant_config(path) if path is not None else None
     if weights is not None:
         require(weights in SCHEMES, "weights", f"unknown weight format {weights!r}; allowed: {', '.join(SCHEMES)}")
