@@ -58,6 +58,7 @@ _DY = "docs.nvidia.com/dynamo (backends/sg-lang/reference-guide, backends/v-llm-
 
 #: SGLang ``python -m sglang.launch_server`` (and its router and benchmark)
 SGLANG = (
+    Flag("server", "python -m sglang.launch_server", "one server per replica (all its GPUs)", _SG_ARGS),
     Flag("checkpoint", "--model-path", "Hugging Face id or local path", _SG_ARGS),
     Flag("tp x dp ranks", "--tp-size", "SGLang's TP size spans the DP-attention ranks: tp_size = tp x dp", _SG_ARGS),
     Flag("attention dp", "--dp-size", "with --enable-dp-attention: attention TP = tp_size / dp_size", _SG_ARGS),
@@ -97,14 +98,14 @@ SGLANG = (
     Flag("router", "--prefill", "a prefill server URL (repeatable)", _SG_PD),
     Flag("router", "--decode", "a decode server URL (repeatable)", _SG_PD),
     Flag("router", "--worker-urls", "aggregated replicas' URLs", "docs.sglang.io/advanced_features/router.html"),
-    Flag("benchmark", "python -m sglang.bench_serving", "--backend sglang --dataset-name random --random-input-len "
+    Flag("benchmark", "python -m sglang.bench_serving", "--backend sglang --host --port --model --dataset-name random --random-input-len "
          "--random-output-len --random-range-ratio 1 (fixed lengths) --num-prompts --max-concurrency",
          "docs.sglang.io/developer_guide/bench_serving.html"),
 )
 
 #: vLLM ``vllm serve`` (and its proxy and benchmark)
 VLLM = (
-    Flag("checkpoint", "vllm serve MODEL", "Hugging Face id or local path", _VL_ARGS),
+    Flag("checkpoint", "vllm serve", "MODEL: Hugging Face id or local path; one server per replica", _VL_ARGS),
     Flag("tp", "--tensor-parallel-size", "attention and dense TP inside a DP rank", _VL_ARGS),
     Flag("attention dp", "--data-parallel-size", "one engine core per DP rank; MoE layers are sharded over "
          "tp x dp ranks", _VL_EP),
@@ -131,19 +132,20 @@ VLLM = (
     Flag("disaggregated pool", "--kv-transfer-config", "{\"kv_connector\": \"NixlConnector\", \"kv_role\": "
          "\"kv_both\"} on prefill and decode servers, plus a proxy", _VL_PD),
     Flag("endpoint", "--port", "", _VL_ARGS),
+    Flag("endpoint", "--host", "", _VL_ARGS),
     Flag("proxy", "python tests/v1/kv_connector/nixl_integration/toy_proxy_server.py", "run from a vLLM source "
          "checkout: --port --prefiller-hosts --prefiller-ports --decoder-hosts --decoder-ports", _VL_PD),
     Flag("proxy", "--prefiller-hosts", "", _VL_PD),
     Flag("proxy", "--prefiller-ports", "", _VL_PD),
     Flag("proxy", "--decoder-hosts", "", _VL_PD),
     Flag("proxy", "--decoder-ports", "", _VL_PD),
-    Flag("benchmark", "vllm bench serve", "--dataset-name random --random-input-len --random-output-len "
+    Flag("benchmark", "vllm bench serve", "--host --port --model --dataset-name random --random-input-len --random-output-len "
          "--num-prompts --max-concurrency --ignore-eos", "docs.vllm.ai/en/v0.11.2/cli/bench/serve/"),
 )
 
 #: TensorRT-LLM ``trtllm-serve MODEL --config FILE.yaml`` (LLM API keys in the YAML)
 TRTLLM = (
-    Flag("checkpoint", "trtllm-serve MODEL", "Hugging Face id or local path; --backend pytorch", _TR_ARGS),
+    Flag("checkpoint", "trtllm-serve", "MODEL: Hugging Face id or local path; --backend pytorch", _TR_ARGS),
     Flag("tp x dp ranks", "tensor_parallel_size", "with enable_attention_dp every rank is its own attention DP rank "
          "(attention TP 1): tp > 1 with dp > 1 has no key", _TR_PAR),
     Flag("attention dp", "enable_attention_dp", "attention_dp_size = tensor_parallel_size", _TR_PAR),
@@ -173,8 +175,8 @@ TRTLLM = (
     Flag("router", "trtllm-serve disaggregated", "-c disagg_config.yaml: hostname, port, backend, context_servers "
          "and generation_servers {num_instances, urls}", _TR_PD),
     Flag("router", "-c", "the disaggregated server's YAML", _TR_PD),
-    Flag("benchmark", "python -m tensorrt_llm.serve.scripts.benchmark_serving", "--backend openai --dataset-name "
-         "random --random-ids --random-input-len --random-output-len --num-prompts --max-concurrency --ignore-eos",
+    Flag("benchmark", "python -m tensorrt_llm.serve.scripts.benchmark_serving", "--backend openai --host --port --model "
+         "--dataset-name random --random-ids --random-input-len --random-output-len --num-prompts --max-concurrency --ignore-eos",
          "nvidia.github.io/TensorRT-LLM 'Run benchmarking with trtllm-serve'"),
 )
 
@@ -185,7 +187,7 @@ DYNAMO = (
     Flag("router", "--http-port", "", _DY),
     Flag("worker", "python -m dynamo.sglang", "takes SGLang's own server arguments; --disaggregation-mode "
          "prefill for a prefill worker", _DY),
-    Flag("worker", "python -m dynamo.vllm", "takes vLLM's EngineArgs; --disaggregation-mode prefill / decode", _DY),
+    Flag("worker", "python -m dynamo.vllm", "takes vLLM's EngineArgs (--model ...); --disaggregation-mode prefill / decode", _DY),
     Flag("worker", "python -m dynamo.trtllm", "--model-path, --extra-engine-args FILE.yaml (the LLM API YAML), "
          "--disaggregation-mode prefill / decode", _DY),
     Flag("worker", "--disaggregation-mode", "prefill or decode", _DY),
@@ -389,7 +391,7 @@ def _trtllm_config(pool: Pool, moe: bool, t, out: _Out) -> dict:
         out.cannot(f"{pool.role}: cp={m.cp} (context-parallel prefill) has no documented TensorRT-LLM key checked here")
     if pol.overlap == "two-batch" and moe:
         out.cannot(f"{pool.role}: TensorRT-LLM documents no two-batch overlap key (the YAML runs without it)")
-    d: dict = {"backend": "pytorch", "tensor_parallel_size": world, "pipeline_parallel_size": m.pp}
+    d: dict = {"tensor_parallel_size": world, "pipeline_parallel_size": m.pp}
     if m.dp > 1:
         d["enable_attention_dp"] = True
     if moe:
