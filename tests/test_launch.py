@@ -268,3 +268,12 @@ def test_cli_launch_dir_round_trip(tmp_path, capsys):
     text = "".join(p.read_text() for p in d.iterdir())
     assert "two-batch" not in text and "--enable-dbo" not in text and "a2a" not in text
     assert "--max-num-batched-tokens 8192" in text  # vLLM's default on a >= 70 GiB GPU
+
+
+def test_docs_print_the_tables():
+    from pathlib import Path
+
+    from graphsim.serving.launch import tables_markdown
+
+    doc = Path(__file__).resolve().parents[1].joinpath("docs", "search.md").read_text()
+    assert tables_markdown() in doc, "docs/search.md's launch tables differ from graphsim.serving.launch.TABLES"

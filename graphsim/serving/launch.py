@@ -222,6 +222,22 @@ class Pool:
     replicas: int
 
 
+def tables_markdown() -> str:
+    """The four tables as docs/search.md prints them (a test holds the doc to this text)."""
+    names = {"sglang": "SGLang (`python -m sglang.launch_server`)", "vllm": "vLLM (`vllm serve`)",
+             "trtllm": "TensorRT-LLM (`trtllm-serve MODEL --config FILE.yaml`; YAML keys)",
+             "dynamo": "Dynamo (`python -m dynamo.frontend` + a worker per pool)"}
+    out = []
+    for e, rows in TABLES.items():
+        out += [f"**{names[e]}** — checked against {VERSIONS[e]}", "",
+                "| graphsim | flag / key | constraint | source |", "|---|---|---|---|"]
+        for r in rows:
+            cell = r.constraint.replace("|", "\\|") or "–"
+            out.append(f"| {r.concept} | `{r.flag}` | {cell} | {r.source} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def is_moe(model) -> bool:
     """Whether the model routes experts (the engines' MoE flags apply only then)."""
     cfg = getattr(model, "cfg", None)
@@ -647,5 +663,5 @@ def write_launch_dir(folder, launches: list[dict]) -> list[str]:
 
 
 __all__ = ["DYNAMO", "ENGINES", "Flag", "Pool", "SGLANG", "SGLANG_POLICY_FLAGS", "TABLES", "TRTLLM", "VERSIONS",
-           "VLLM", "VLLM_POLICY_FLAGS", "checkpoint", "is_moe", "launch_files", "launch_flags", "pools_of", "to_yaml",
-           "write_launch_dir"]
+           "VLLM", "VLLM_POLICY_FLAGS", "checkpoint", "is_moe", "launch_files", "launch_flags", "pools_of",
+           "tables_markdown", "to_yaml", "write_launch_dir"]
