@@ -45,6 +45,7 @@ class Flag:
 _SG_ARGS = "python/sglang/srt/server_args.py (ServerArgs, check_server_args); docs.sglang.io 'Server Arguments'"
 _SG_EP = "docs.sglang.io/advanced_features/expert_parallelism.html; server_args.py"
 _SG_PD = "docs.sglang.io/advanced_features/pd_disaggregation.html"
+_SG_SPEC = "docs.sglang.io/advanced_features/speculative_decoding.html"
 _VL_ARGS = "vllm/engine/arg_utils.py (EngineArgs); docs.vllm.ai/en/v0.12.0/configuration/engine_args"
 _VL_EP = "docs.vllm.ai/en/v0.12.0/serving/expert_parallel_deployment/; vllm/config/parallel.py (ParallelConfig)"
 _VL_DBO = ("docs.vllm.ai/en/stable/design/dbo/ ('only targets DP+EP deployments'); vllm/config/vllm.py "
@@ -81,11 +82,11 @@ SGLANG = (
     Flag("CUDA graphs", "--cuda-graph-max-bs", "decode batches up to it replay a graph", _SG_ARGS),
     Flag("CUDA graphs", "--disable-cuda-graph", "graph_max_batch = 0", _SG_ARGS),
     Flag("MTP-K", "--speculative-algorithm", "EAGLE (DeepSeek MTP heads; NEXTN is an alias); models with MTP layers",
-         "docs.sglang.io/advanced_features/speculative_decoding.html"),
-    Flag("MTP-K", "--speculative-num-steps", "K", "docs.sglang.io/advanced_features/speculative_decoding.html"),
-    Flag("MTP-K", "--speculative-eagle-topk", "1 (a chain)", "docs.sglang.io/advanced_features/speculative_decoding.html"),
+         _SG_SPEC),
+    Flag("MTP-K", "--speculative-num-steps", "K", _SG_SPEC),
+    Flag("MTP-K", "--speculative-eagle-topk", "1 (a chain)", _SG_SPEC),
     Flag("MTP-K", "--speculative-num-draft-tokens", "K + 1 with topk 1",
-         "docs.sglang.io/advanced_features/speculative_decoding.html"),
+         _SG_SPEC),
     Flag("disaggregated pool", "--disaggregation-mode", "prefill or decode; needs a transfer backend and a router",
          _SG_PD),
     Flag("disaggregated pool", "--disaggregation-transfer-backend", "mooncake (default) or nixl", _SG_PD),
@@ -98,7 +99,8 @@ SGLANG = (
     Flag("router", "--prefill", "a prefill server URL (repeatable)", _SG_PD),
     Flag("router", "--decode", "a decode server URL (repeatable)", _SG_PD),
     Flag("router", "--worker-urls", "aggregated replicas' URLs", "docs.sglang.io/advanced_features/router.html"),
-    Flag("benchmark", "python -m sglang.bench_serving", "--backend sglang --host --port --model --dataset-name random --random-input-len "
+    Flag("benchmark", "python -m sglang.bench_serving", "--backend sglang --host --port --model --dataset-name random "
+         "--random-input-len "
          "--random-output-len --random-range-ratio 1 (fixed lengths) --num-prompts --max-concurrency",
          "docs.sglang.io/developer_guide/bench_serving.html"),
 )
@@ -139,7 +141,8 @@ VLLM = (
     Flag("proxy", "--prefiller-ports", "", _VL_PD),
     Flag("proxy", "--decoder-hosts", "", _VL_PD),
     Flag("proxy", "--decoder-ports", "", _VL_PD),
-    Flag("benchmark", "vllm bench serve", "--host --port --model --dataset-name random --random-input-len --random-output-len "
+    Flag("benchmark", "vllm bench serve", "--host --port --model --dataset-name random --random-input-len "
+         "--random-output-len "
          "--num-prompts --max-concurrency --ignore-eos", "docs.vllm.ai/en/v0.11.2/cli/bench/serve/"),
 )
 
@@ -175,8 +178,9 @@ TRTLLM = (
     Flag("router", "trtllm-serve disaggregated", "-c disagg_config.yaml: hostname, port, backend, context_servers "
          "and generation_servers {num_instances, urls}", _TR_PD),
     Flag("router", "-c", "the disaggregated server's YAML", _TR_PD),
-    Flag("benchmark", "python -m tensorrt_llm.serve.scripts.benchmark_serving", "--backend openai --host --port --model "
-         "--dataset-name random --random-ids --random-input-len --random-output-len --num-prompts --max-concurrency --ignore-eos",
+    Flag("benchmark", "python -m tensorrt_llm.serve.scripts.benchmark_serving",
+         "--backend openai --host --port --model --dataset-name random --random-ids --random-input-len --random-output-len --num-prompts --max-concurrency "
+         "--ignore-eos",
          "nvidia.github.io/TensorRT-LLM 'Run benchmarking with trtllm-serve'"),
 )
 
@@ -187,7 +191,8 @@ DYNAMO = (
     Flag("router", "--http-port", "", _DY),
     Flag("worker", "python -m dynamo.sglang", "takes SGLang's own server arguments; --disaggregation-mode "
          "prefill for a prefill worker", _DY),
-    Flag("worker", "python -m dynamo.vllm", "takes vLLM's EngineArgs (--model ...); --disaggregation-mode prefill / decode", _DY),
+    Flag("worker", "python -m dynamo.vllm", "takes vLLM's EngineArgs (--model ...); --disaggregation-mode prefill / "
+         "decode", _DY),
     Flag("worker", "python -m dynamo.trtllm", "--model-path, --extra-engine-args FILE.yaml (the LLM API YAML), "
          "--disaggregation-mode prefill / decode", _DY),
     Flag("worker", "--disaggregation-mode", "prefill or decode", _DY),
