@@ -179,8 +179,8 @@ TRTLLM = (
          "and generation_servers {num_instances, urls}", _TR_PD),
     Flag("router", "-c", "the disaggregated server's YAML", _TR_PD),
     Flag("benchmark", "python -m tensorrt_llm.serve.scripts.benchmark_serving",
-         "--backend openai --host --port --model --dataset-name random --random-ids --random-input-len --random-output-len --num-prompts --max-concurrency "
-         "--ignore-eos",
+         "--backend openai --host --port --model --dataset-name random --random-ids --random-input-len "
+         "--random-output-len --num-prompts --max-concurrency --ignore-eos",
          "nvidia.github.io/TensorRT-LLM 'Run benchmarking with trtllm-serve'"),
 )
 
