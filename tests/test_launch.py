@@ -277,3 +277,15 @@ def test_docs_print_the_tables():
 
     doc = Path(__file__).resolve().parents[1].joinpath("docs", "search.md").read_text()
     assert tables_markdown() in doc, "docs/search.md's launch tables differ from graphsim.serving.launch.TABLES"
+
+
+def test_dynamo_wraps_the_first_backend_that_runs_the_deployment(models):
+    f = launch_flags(models["moe"], _row("disagg", gs.ParallelMapping(tp=8, ep=8), gs.ParallelMapping(tp=4, cp=2)))
+    assert not f["launchable"]["sglang"] and f["launchable"]["vllm"]  # cp: only vLLM's PCP expresses it
+    assert f["launchable"]["dynamo"] and f["dynamo"][0].endswith("python -m dynamo.frontend --http-port 8000")
+    pre, dec = f["dynamo"][1], f["dynamo"][2]
+    assert "python -m dynamo.vllm --model deepseek-v3" in pre and "--prefill-context-parallel-size 2" in pre
+    assert pre.endswith("--disaggregation-mode prefill") and dec.endswith("--disaggregation-mode decode")
+    assert "NixlConnector" in dec
+    f = launch_flags(models["moe"], _row("agg", gs.ParallelMapping(tp=1, dp=8, ep=4), overlap="two-batch"))
+    assert not any(f["launchable"].values()) and "python -m dynamo.sglang" in f["dynamo"][1]

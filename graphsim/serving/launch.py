@@ -191,8 +191,8 @@ DYNAMO = (
     Flag("router", "--http-port", "", _DY),
     Flag("worker", "python -m dynamo.sglang", "takes SGLang's own server arguments; --disaggregation-mode "
          "prefill for a prefill worker", _DY),
-    Flag("worker", "python -m dynamo.vllm", "takes vLLM's EngineArgs (--model ...); --disaggregation-mode prefill / "
-         "decode", _DY),
+    Flag("worker", "python -m dynamo.vllm", "takes vLLM's EngineArgs (--model ..., --kv-transfer-config with the "
+         "NixlConnector on both pools); --disaggregation-mode prefill / decode", _DY),
     Flag("worker", "python -m dynamo.trtllm", "--model-path, --extra-engine-args FILE.yaml (the LLM API YAML), "
          "--disaggregation-mode prefill / decode", _DY),
     Flag("worker", "--disaggregation-mode", "prefill or decode", _DY),
@@ -531,7 +531,7 @@ def launch_flags(model, row: dict, *, traffic=None, terms=None, hbm_bytes: float
     base = base or "sglang"
     dyn = [f"# frontend: the router and OpenAI endpoint\npython -m dynamo.frontend --http-port {PORT_FRONT}"]
     for pool, args in zip(pools, workers[base]):
-        args = [a for a in args if not a.startswith(("--disaggregation-mode", "--kv-transfer-config"))]
+        args = [a for a in args if not a.startswith("--disaggregation-mode")]  # vLLM keeps its NIXL connector
         if pool.role in ("prefill", "decode"):
             args.append(f"--disaggregation-mode {pool.role}")
         dyn.append(_tag(pool, f"; the {base} backend") + "\n" + " ".join([f"python -m dynamo.{base}"] + args))
