@@ -1,6 +1,7 @@
 """``graphsim search``: the best deployment for a model, GPU count, traffic and SLA — aggregated or
 disaggregated, every parallel mapping, batch sizes and the model's policies — ranked, with the Pareto front,
-why the others lost and the equivalent SGLang / vLLM launch flags (graphsim.search; docs/search.md)."""
+why the others lost and the commands that launch it on SGLang, vLLM, TensorRT-LLM and Dynamo (graphsim.search,
+graphsim.serving.launch; docs/search.md)."""
 from __future__ import annotations
 
 import contextlib
@@ -42,8 +43,9 @@ def register(sub) -> None:
         description="Search aggregated and disaggregated deployments of a model on N GPUs: every parallel mapping "
                     "the model accepts,\nbatch sizes and the model's policies, priced by graphsim (the view and "
                     "profile chosen). Ranks the deployments\nthat meet the SLA by output tokens/s per GPU, gives the "
-                    "Pareto front (tokens/s/GPU vs tokens/s/user), why the\nothers lost, and SGLang / vLLM launch "
-                    "flags. The serving model and the flag mapping: docs/search.md.",
+                    "Pareto front (tokens/s/GPU vs tokens/s/user), why the\nothers lost, and the SGLang / vLLM / "
+                    "TensorRT-LLM / Dynamo commands (--launch-dir writes them). The serving model and the flag "
+                    "tables: docs/search.md.",
         examples=["graphsim search --model deepseek-v3 --hw gb200 --gpus 8 --isl 4000 --osl 1000 --ttft 2000 --tpot 30",
                   "graphsim search --model deepseek-v4.1-flash --hw gb300 --gpus 8 --isl 4000 --osl 1000 --ttft 2000 "
                   "--tpot 30 --json",

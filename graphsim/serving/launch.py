@@ -521,6 +521,10 @@ def launch_flags(model, row: dict, *, traffic=None, terms=None, hbm_bytes: float
             if getattr(pol, f) != getattr(Policies(), f):
                 notes.add(f"{what} ({f}={getattr(pol, f)}) is an engine implementation choice with no documented "
                           "flag")
+    if max(p.mapping.gpus for p in pools) > 4:  # GB200 / GB300 trays hold 4 GPUs, HGX boards 8
+        notes.add("each command runs one replica on all its GPUs: where a replica spans nodes, add the engine's "
+                  "multi-node arguments (SGLang --nnodes / --node-rank / --dist-init-addr, vLLM's multi-node data "
+                  "parallel or Ray, TensorRT-LLM under mpirun / srun with trtllm-llmapi-launch)")
     res.update({e: cmds[e] for e in ("sglang", "vllm", "trtllm")})
     router = _routers(pools, disagg, configs, notes)
     # Dynamo wraps the first backend that runs the priced deployment
