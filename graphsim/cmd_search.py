@@ -1,6 +1,7 @@
 """``graphsim search``: the best deployment for a model, GPU count, traffic and SLA — aggregated or
 disaggregated, every parallel mapping, batch sizes and the model's policies — ranked, with the Pareto front,
-why the others lost and the equivalent SGLang / vLLM launch flags (graphsim.search; docs/search.md)."""
+why the others lost and the commands that launch it on SGLang, vLLM, TensorRT-LLM and Dynamo (graphsim.search,
+graphsim.serving.launch; docs/search.md)."""
 from __future__ import annotations
 
 import contextlib
@@ -42,8 +43,9 @@ def register(sub) -> None:
         description="Search aggregated and disaggregated deployments of a model on N GPUs: every parallel mapping "
                     "the model accepts,\nbatch sizes and the model's policies, priced by graphsim (the view and "
                     "profile chosen). Ranks the deployments\nthat meet the SLA by output tokens/s per GPU, gives the "
-                    "Pareto front (tokens/s/GPU vs tokens/s/user), why the\nothers lost, and SGLang / vLLM launch "
-                    "flags. The serving model and the flag mapping: docs/search.md.",
+                    "Pareto front (tokens/s/GPU vs tokens/s/user), why the\nothers lost, and the SGLang / vLLM / "
+                    "TensorRT-LLM / Dynamo commands (--launch-dir writes them). The serving model and the flag "
+                    "tables: docs/search.md.",
         examples=["graphsim search --model deepseek-v3 --hw gb200 --gpus 8 --isl 4000 --osl 1000 --ttft 2000 --tpot 30",
                   "graphsim search --model deepseek-v4.1-flash --hw gb300 --gpus 8 --isl 4000 --osl 1000 --ttft 2000 "
                   "--tpot 30 --json",
@@ -122,6 +124,9 @@ def register(sub) -> None:
     o = p.add_argument_group("results")
     o.add_argument("--top", type=int, default=5, metavar="N", help="deployments to rank (default 5)")
     o.add_argument("--launch", action="store_true", help="print launch flags for every ranked deployment (default: #1)")
+    o.add_argument("--launch-dir", default=None, metavar="DIR",
+                   help="write the launch files of deployment #1 (with --launch: every rank, #K in DIR/rank-K): a "
+                        "script per engine and pool, router / proxy, benchmark, the TensorRT-LLM YAMLs and a README")
     o.add_argument("--plot", default=None, metavar="FILE",
                    help="Pareto picture (.png/.svg/.pdf); with -o results.parquet it defaults to results.pareto.png")
     o.add_argument("--no-plot", action="store_true", help="with -o TABLE: do not draw the Pareto picture")
@@ -177,6 +182,8 @@ def run(a) -> None:
     if table_out:
         output_path(table_out, suffixes=TABLE_SUFFIXES, regular=True)
     check_output(text_out)  # every output is checked before the work
+    if a.launch_dir:
+        output_path(a.launch_dir, field="launch_dir", folder=True)
     plot = a.plot or (None if a.no_plot or not table_out else str(Path(table_out).with_suffix("")) + ".pareto.png")
     if plot:
         from .exports.plots import IMAGE_SUFFIXES
@@ -221,6 +228,13 @@ def run(a) -> None:
             plot_pareto(t, plot, x="tokens_per_s_per_user", y="tokens_per_s_per_gpu", color=color, marker="mode",
                         title=title)
             notes.append(f"wrote {plot}")
+        if a.launch_dir and r.best:
+            from .serving.launch import write_launch_dir
+
+            wrote = write_launch_dir(a.launch_dir, [b["launch"] for b in (r.best if a.launch else r.best[:1])])
+            notes.append(f"wrote {len(wrote)} launch files to {a.launch_dir} (README.md lists them)")
+        elif a.launch_dir:
+            notes.append(f"no deployment meets the SLA: nothing written to {a.launch_dir}")
         text = json.dumps(r.to_json(), indent=2) + "\n" if a.json else to_text(r, launch_all=a.launch)
         emit(text_out, text, "JSON" if a.json else "text")
         for n in notes:
@@ -350,8 +364,20 @@ def to_text(r, launch_all: bool = False, pareto_rows: int = 12, lost_rows: int =
             lines.append(f"  {x['what']}: {x['error']}")
     for b in r.best if launch_all else r.best[:1]:
         lines += ["", f"launch #{b['rank']} ({b['mode']} {b['mapping']}):"]
-        for engine in ("sglang", "vllm"):
-            lines.append(f"  {engine}:")
-            lines += [f"    {ln}" for cmd in b["launch"][engine] for ln in cmd.split("\n")]
-        lines += [f"  note: {n}" for n in b["launch"]["notes"]]
+        ln_ = b["launch"]
+        for engine in ("sglang", "vllm", "trtllm", "dynamo"):
+            ok = ln_.get("launchable", {}).get(engine, True)
+            lines.append(f"  {engine}:" + ("" if ok else " NOT launchable as priced"))
+            lines += [f"    ! {w}" for w in ln_.get("reasons", {}).get(engine, [])]
+            lines += [f"    {ln}" for cmd in ln_[engine] for ln in cmd.split("\n")]
+            router = ln_.get("router", {}).get(engine)
+            if router and engine != "dynamo":
+                lines.append(f"    # router / proxy\n    {router}")
+            bench = ln_.get("benchmark", {}).get(engine)
+            if bench:
+                lines.append(f"    # benchmark\n    {bench}")
+        for name, text in ln_.get("configs", {}).items():
+            lines.append(f"  {name}:")
+            lines += [f"    {x}" for x in text.rstrip("\n").split("\n")]
+        lines += [f"  note: {n}" for n in ln_["notes"]]
     return "\n".join(lines) + "\n"

@@ -53,6 +53,7 @@ from .errors import GraphsimError, require
 from .limits import MAX_CONTEXT, MAX_RANKS, MAX_REQUESTS, check_int, check_number
 from .pipeline import Plan, Policies, compile_plan
 from .plan import ParallelMapping
+from .serving.launch import SGLANG_POLICY_FLAGS, VLLM_POLICY_FLAGS, launch_flags  # noqa: F401 (re-exported)
 from .workload import Workload
 
 GiB = 2.0**30
@@ -1251,7 +1252,7 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
         pol["acceptance"] = list(pol["acceptance"])
         d["policy_values"] = pol  # every policy field, as estimate's identity.policies (docs/json.md)
         d["speculative"] = _spec_text(r["_policies"])
-        d["launch"] = launch_flags(model, r)
+        d["launch"] = launch_flags(model, r, traffic=traffic, terms=terms, hbm_bytes=hw.hbm_capacity_bytes)
         best_rows.append(d)
     space_d = {"modes": list(space.modes), "decode_mappings": len(dec_maps), "prefill_mappings": len(pre_maps),
                "batches_per_dp_rank": list(space.batches), "prefill_batches_per_dp_rank": list(space.prefill_batches),
@@ -1583,76 +1584,6 @@ def _pairs(df) -> dict:
     for r in df[cols].itertuples(index=False):
         d = r._asdict()
         out.setdefault(_pair_key(d), []).append({k: d[k] for k in cols[len(PAIR_KEYS):]})
-    return out
-
-
-# ---- launch flags ---------------------------------------------------------------------------------------------------
-#: graphsim policy -> the serving flag that turns it on (None: no documented flag; see docs/search.md)
-SGLANG_POLICY_FLAGS = {("overlap", "two-batch"): "--enable-two-batch-overlap",
-                       ("attention_precision", "fp8"): "--kv-cache-dtype fp8_e4m3"}
-VLLM_POLICY_FLAGS = {("overlap", "two-batch"): "--enable-dbo", ("attention_precision", "fp8"): "--kv-cache-dtype fp8"}
-
-
-def launch_flags(model, row: dict) -> dict:
-    """Equivalent SGLang and vLLM launch commands for a deployment row (one per pool), with notes for what
-    neither engine exposes as a flag. The mapping follows docs/search.md; no flag is invented."""
-    pools = [("decode" if row["mode"] == "disagg" else "server", row["_dmap"], row["decode_batch"],
-              row["_policies"])]
-    if row["mode"] == "disagg":
-        pools.insert(0, ("prefill", row["_pmap"], row["prefill_batch"], row["_prefill_policies"]))
-    ckpt = model.name
-    out = {"sglang": [], "vllm": [], "notes": []}
-    notes = {f"{ckpt}: give the checkpoint's path or Hugging Face id"}
-    for role, m, batch, pol in pools:
-        sg = ["python -m sglang.launch_server", f"--model-path {ckpt}", f"--tp-size {m.tp * m.dp}"]
-        if m.dp > 1:
-            sg += [f"--dp-size {m.dp}", "--enable-dp-attention"]
-        if m.ep > 1:
-            sg.append(f"--ep-size {m.ep}")
-        if m.pp > 1:
-            sg.append(f"--pp-size {m.pp}")
-        sg.append(f"--max-running-requests {batch}")
-        vl = ["vllm serve", ckpt, f"--tensor-parallel-size {m.tp}"]
-        if m.dp > 1:
-            vl.append(f"--data-parallel-size {m.dp}")
-        if m.pp > 1:
-            vl.append(f"--pipeline-parallel-size {m.pp}")
-        if m.ep > 1:
-            if m.ep == m.tp * m.dp:
-                vl.append("--enable-expert-parallel")
-            else:
-                notes.add(f"vLLM sets EP = TP x DP with --enable-expert-parallel: ep={m.ep} of {m.tp * m.dp} ranks "
-                          "has no vLLM flag (the MoE side runs TP-within-EP)")
-        vl.append(f"--max-num-seqs {max(1, batch // m.dp)}")
-        if m.cp > 1:
-            notes.add(f"cp={m.cp} (context-parallel prefill) has no flag in either engine's documented CLI")
-        for (f, v), flag in SGLANG_POLICY_FLAGS.items():
-            if getattr(pol, f) == v:
-                sg.append(flag)
-        for (f, v), flag in VLLM_POLICY_FLAGS.items():
-            if getattr(pol, f) == v:
-                vl.append(flag)
-        if pol.mtp:
-            k = pol.mtp
-            sg += ["--speculative-algorithm EAGLE", f"--speculative-num-steps {k}", "--speculative-eagle-topk 1",
-                   f"--speculative-num-draft-tokens {k + 1}"]
-            vl.append(f"--speculative-config '{{\"method\": \"mtp\", \"num_speculative_tokens\": {k}}}'")
-        if pol.dspark == "on":
-            notes.add("DSpark drafting has no upstream SGLang/vLLM flag yet: the commands run without it")
-        for f, what in (("fusion", "mHC fusion"), ("decoder_replay", "decoder bounded replay"),
-                        ("engram", "Engram table residency"), ("engram_shard", "Engram row sharding"),
-                        ("engram_proj", "Engram projection split"), ("sp", "sequence parallelism")):
-            if getattr(pol, f) != getattr(Policies(), f):
-                notes.add(f"{what} ({f}={getattr(pol, f)}) is an engine implementation choice with no documented "
-                          "flag")
-        if role in ("prefill", "decode"):
-            sg.append(f"--disaggregation-mode {role}")
-            vl.append("--kv-transfer-config '{\"kv_connector\": \"NixlConnector\", \"kv_role\": \"kv_both\"}'")
-        reps = row["prefill_replicas"] if role == "prefill" else row["decode_replicas"]
-        tag = f"# {role}: {reps} replica(s) of {m.gpus} GPU(s)"
-        out["sglang"].append(tag + "\n" + " ".join(sg))
-        out["vllm"].append(tag + "\n" + " ".join(vl))
-    out["notes"] = sorted(notes)
     return out
 
 
