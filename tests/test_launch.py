@@ -220,8 +220,10 @@ def test_dense_llama_gets_no_moe_flags_and_a_benchmark(models):
 
 def test_hf_id_is_used_when_the_model_has_one(models):
     row = _row("agg", gs.ParallelMapping(tp=8, ep=8))
-    f = launch_flags(models["moe"], row)
-    assert f["model"] == "deepseek-v3" and any("Hugging Face id" in n for n in f["notes"])
+    bare = types.SimpleNamespace(name="my-config", cfg=models["moe"].cfg, hf_id=None)  # a config file: no id
+    f = launch_flags(bare, row)
+    assert f["model"] == "my-config" and any("Hugging Face id" in n for n in f["notes"])
+    assert models["moe"].hf_id == "deepseek-ai/DeepSeek-V3"  # a shipped config knows its repository (graphsim.config)
     named = types.SimpleNamespace(name="deepseek-v3", cfg=models["moe"].cfg, hf_id="deepseek-ai/DeepSeek-V3")
     f = launch_flags(named, row)
     assert f["model"] == "deepseek-ai/DeepSeek-V3" and not any("Hugging Face id" in n for n in f["notes"])
@@ -284,7 +286,7 @@ def test_dynamo_wraps_the_first_backend_that_runs_the_deployment(models):
     assert not f["launchable"]["sglang"] and f["launchable"]["vllm"]  # cp: only vLLM's PCP expresses it
     assert f["launchable"]["dynamo"] and f["dynamo"][0].endswith("python -m dynamo.frontend --http-port 8000")
     pre, dec = f["dynamo"][1], f["dynamo"][2]
-    assert "python -m dynamo.vllm --model deepseek-v3" in pre and "--prefill-context-parallel-size 2" in pre
+    assert "python -m dynamo.vllm --model deepseek-ai/DeepSeek-V3" in pre and "--prefill-context-parallel-size 2" in pre
     assert pre.endswith("--disaggregation-mode prefill") and dec.endswith("--disaggregation-mode decode")
     assert "NixlConnector" in dec
     f = launch_flags(models["moe"], _row("agg", gs.ParallelMapping(tp=1, dp=8, ep=4), overlap="two-batch"))
