@@ -554,6 +554,56 @@ def _add_commands(sub, extras: bool = True) -> None:
 _EXTRA_COMMANDS: list = []
 
 
+#: policy flags that only some model families honour: flag dest -> (what it belongs to, does ``model`` use it)
+_FAMILY_FLAGS = {
+    "decoder_replay": ("DeepSeek-V4.1 bounded replay", lambda m, s: len(s["decoder_replay"]) > 1),
+    "encoder_replay": ("DeepSeek-V4.1 bounded replay", lambda m, s: m.kv_breakdown(1024) is not None
+                       and "swa_bytes" in (m.kv_breakdown(1024) or {})),
+    "fusion": ("DeepSeek-V4.1 mHC fusion", lambda m, s: len(s["fusion"]) > 1),
+    "engram": ("DeepSeek-V4.1 Engram", lambda m, s: len(s["engram"]) > 1),
+    "engram_shard": ("DeepSeek-V4.1 Engram", lambda m, s: len(s["engram"]) > 1),
+    "engram_proj": ("DeepSeek-V4.1 Engram", lambda m, s: len(s["engram"]) > 1),
+    "prefetch_distance": ("DeepSeek-V4.1 Engram", lambda m, s: len(s["engram"]) > 1),
+    "dspark": ("DeepSeek-V4.1 DSpark drafting", lambda m, s: len(s["dspark"]) > 1),
+    "verify": ("DeepSeek-V4.1 DSpark drafting", lambda m, s: len(s["dspark"]) > 1),
+    "mtp": ("MTP drafting", lambda m, s: m.max_mtp() > 0),
+}
+
+
+def _focus_help(parser, command, args) -> None:
+    """``--help`` after ``--model M``: the flags M's family honours stay; the policies of other families (V4.1's
+    replay, fusion, Engram, DSpark; MTP without an MTP module) fold into one line naming them, so a Llama user reads
+    Llama's flags. Any failure to load the model leaves the help whole."""
+    if command is None or "--model" not in args:
+        return
+    i = args.index("--model")
+    if i + 1 >= len(args):
+        return
+    try:
+        from .models import load_model
+        from .pipeline import BASE_SUPPORT
+
+        model = load_model(args[i + 1])
+        support = {**BASE_SUPPORT, **model.POLICY_SUPPORT}
+        support = {k: tuple(v) for k, v in support.items()}
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        p = sub.choices.get(command)
+        if p is None:
+            return
+        folded: dict = {}
+        for act in p._actions:
+            rule = _FAMILY_FLAGS.get(act.dest)
+            if rule and not rule[1](model, support):
+                folded.setdefault(rule[0], []).extend(act.option_strings[:1])
+                act.help = argparse.SUPPRESS
+        if folded:
+            what = "; ".join(f"{k}: {', '.join(v)}" for k, v in folded.items())
+            p.epilog = ((p.epilog or "") + f"\n\nnot shown: flags {model.name} does not use ({what}); "
+                        "--help without --model lists every flag")
+    except Exception:  # noqa: BLE001 - help must always print; a bad --model is reported when the command runs
+        return
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (see the module docstring)."""
     import os
@@ -563,7 +613,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = [x for x in args if x != "--debug"]  # accepted before or after the command
     try:
         command = next((x for x in args if not x.startswith("-")), None)  # top-level flags take no values
-        a = build_parser(command).parse_args(args)
+        parser = build_parser(command)
+        if "-h" in args or "--help" in args:
+            _focus_help(parser, command, args)
+        a = parser.parse_args(args)
         rc = a.fn(a)
     except GraphsimError as e:
         print("graphsim: error: " + " ".join(str(e).split()), file=sys.stderr)  # always one line

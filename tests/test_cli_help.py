@@ -67,3 +67,21 @@ def test_model_is_a_flag_everywhere_a_model_is_taken():
         takes = {s for a in p._actions for s in a.option_strings}
         if any("model" in (a.dest or "") for a in p._actions):
             assert "--model" in takes, cmd
+
+
+def test_help_after_a_model_shows_its_familys_flags(capsys):
+    """Issue 29 item 5: `--model llama-3.1-70b --help` folds DeepSeek-V4.1's and MTP's policy flags into one line
+    naming them; V4.1 keeps its own; without --model every flag is listed."""
+    from graphsim.cli import main
+
+    def helptext(*argv):
+        with pytest.raises(SystemExit):
+            main(["estimate", *argv, "--help"])
+        return capsys.readouterr().out
+
+    full, llama, v41 = helptext(), helptext("--model", "llama-3.1-70b"), helptext("--model", "deepseek-v4.1-flash")
+    for flag in ("--decoder-replay", "--fusion", "--engram", "--dspark", "--mtp"):
+        assert f"  {flag} " in full and f"  {flag} " not in llama, flag
+    assert "not shown: flags llama-3.1-70b does not use" in llama and "--fusion" in llama.split("not shown")[1]
+    assert "  --fusion " in v41 and "  --dspark " in v41 and "  --mtp " not in v41  # V4.1 drafts with DSpark
+    assert len(llama.splitlines()) < len(full.splitlines()) - 25
