@@ -70,6 +70,11 @@ def register(sub) -> None:
     s.add_argument("--ttft", type=float, default=None, metavar="MS", help="time to first token bound, ms")
     s.add_argument("--tpot", type=float, default=None, metavar="MS",
                    help="time per output token (mean inter-token latency) bound, ms")
+    s.add_argument("--rate", type=float, default=None, metavar="REQ/S",
+                   help="capacity: the request rate to carry; prints the fewest GPUs (replicas of a deployment that "
+                        "meets the SLA) that carry it")
+    s.add_argument("--concurrency", type=int, default=None, metavar="N",
+                   help="capacity: requests in flight to hold at once (with or without --rate)")
     s.add_argument("--min-user-tps", type=float, default=None, metavar="TOK/S",
                    help="minimum output tokens/s per user")
     s.add_argument("--tpot-stat", default="mean", choices=("mean", "p99"),
@@ -235,10 +240,29 @@ def run(a) -> None:
             notes.append(f"wrote {len(wrote)} launch files to {a.launch_dir} (README.md lists them)")
         elif a.launch_dir:
             notes.append(f"no deployment meets the SLA: nothing written to {a.launch_dir}")
-        text = json.dumps(r.to_json(), indent=2) + "\n" if a.json else to_text(r, launch_all=a.launch)
+        cap = None
+        if a.rate is not None or a.concurrency is not None:
+            from .serving.capacity import fewest_gpus
+
+            cap = fewest_gpus(r, a.rate, a.concurrency)
+        if a.json:
+            doc = r.to_json()
+            doc["capacity"] = cap
+            text = json.dumps(doc, indent=2) + "\n"
+        else:
+            text = to_text(r, launch_all=a.launch) + (_capacity_text(cap) if cap is not None else "")
         emit(text_out, text, "JSON" if a.json else "text")
         for n in notes:
             print(n, file=sys.stderr if a.json and not text_out else sys.stdout)
+
+
+def _capacity_text(cap: dict) -> str:
+    load = " and ".join(x for x in (f"{cap['rate_per_s']:g} requests/s" if cap["rate_per_s"] else "",
+                                    f"{cap['concurrency']:,} requests in flight" if cap["concurrency"] else "") if x)
+    if cap["fewest_gpus"] is None:
+        return f"\ncapacity: no deployment meets the SLA, so none carries {load}\n"
+    return (f"\ncapacity: {load} need {cap['fewest_gpus']:,} GPUs at the fewest: {cap['replicas']}x "
+            f"{cap['deployment']} ({cap['tokens_per_s_per_gpu']:,.1f} tok/s/GPU; replicas scale the load linearly)\n")
 
 
 def _write_table(path: str, df) -> None:
