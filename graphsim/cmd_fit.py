@@ -7,6 +7,7 @@ GiB = 2.0**30
 
 def register(sub) -> None:
     from .cli import add_command, mapping_args, model_hw_args, output_args
+    from .limits import DEFAULT_RESERVE_GIB
 
     p = add_command(sub, "fit", help="memory per device: fits or not, largest batch and context",
                     description="Memory per device for one mapping: weights by group, KV cache, workspace and "
@@ -24,7 +25,8 @@ def register(sub) -> None:
     g.add_argument("--batch", type=int, default=1, metavar="N", help="decode requests in the replica (default 1)")
     g = p.add_argument_group("policies")
     g.add_argument("--reserve-gib", type=float, default=None, metavar="GIB",
-                   help="runtime reserve per GPU in GiB (default graphsim.fit.DEFAULT_RESERVE_GIB)")
+                   help=f"runtime reserve per GPU in GiB (default {DEFAULT_RESERVE_GIB:g} GiB: CUDA context, NCCL/DeepEP buffers, "
+                        "workspaces)")
     g.add_argument("--engram", default="both", choices=("both", "hbm", "host"),
                    help="Engram table residency to report: hbm, host, or both side by side (default; only when "
                         "the model has tables)")

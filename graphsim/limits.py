@@ -83,3 +83,10 @@ def check_number(field: str, value, lo: float = -math.inf, hi: float = math.inf,
     lo_s = f"{'(' if lo_open else '['}{lo:g}"
     require(ok, field, f"must lie in {lo_s}, {hi:g}], got {v:g}")
     return v
+
+
+#: Runtime reserve per GPU. CUDA context ≈ 0.5–1 GiB; NCCL + DeepEP normal/low-latency buffers ≈ 2–4 GiB;
+#: CUDA graphs, cuBLAS/DeepGEMM workspaces and allocator fragmentation ≈ 2–3 GiB. (SGLang's default
+#: mem_fraction_static keeps 10–15 % of HBM back for this *and* activations, which are counted separately.)
+#: Here (a light module) so the commands' help prints the value (graphsim.memory re-exports it).
+DEFAULT_RESERVE_GIB = 8.0

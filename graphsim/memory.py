@@ -23,10 +23,7 @@ from .ir import Graph
 from .plan import ParallelMapping
 
 GiB = 2.0**30
-#: Runtime reserve per GPU. CUDA context ≈ 0.5–1 GiB; NCCL + DeepEP normal/low-latency buffers ≈ 2–4 GiB;
-#: CUDA graphs, cuBLAS/DeepGEMM workspaces and allocator fragmentation ≈ 2–3 GiB. (SGLang's default
-#: mem_fraction_static keeps 10–15 % of HBM back for this *and* activations, which are counted separately.)
-DEFAULT_RESERVE_GIB = 8.0
+from .limits import DEFAULT_RESERVE_GIB  # noqa: E402,F401  (defined where the CLI's help can read it cheaply)
 
 
 def kv_request_bytes(model, context, policies=None) -> float:
