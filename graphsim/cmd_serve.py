@@ -396,7 +396,9 @@ def to_text(res, tr) -> str:
     where = f"{dep['replicas']}x {dep['mapping']}" if dep["mode"] == "agg" else \
         f"P {dep['prefill_replicas']}x {dep['prefill_mapping']} + D {dep['replicas']}x {dep['mapping']}"
     lines = [f"serve-sim: {dep['model']} on {where} ({dep['hw']}, {dep['gpus']} GPUs), "
-             f"view {dep['view']}, engine {dep['engine']}, token budget {dep['token_budget']:,}, router "
+             f"view {dep['view']}" + (f" ({dep['profile']} profile: a prediction)" if dep["profile"] != "none" else
+                                      " (the bound)" if dep["view"] == "sol" else "")
+             + f", engine {dep['engine']}, token budget {dep['token_budget']:,}, router "
              f"{dep['router']}",
              f"trace: {getattr(tr, 'source', '') or 'in memory'}: {rq['total']:,} requests over "
              f"{s['duration_s']:,.1f} s; served {rq['served']:,}, rejected {rq['rejected']:,} "
