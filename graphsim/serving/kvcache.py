@@ -49,7 +49,8 @@ class TierSpec:
                 f"must be > 0 seconds (inf: no expiry), got {self.ttl_s!r}")
         bad = [k for k in self.holds if k not in KINDS]
         require(not bad, f"tier.{self.name}.holds", f"unknown KV kind {bad[:1]}; allowed: {', '.join(KINDS)}")
-        require(self.price_gib_hour >= 0, f"tier.{self.name}.price", f"must be >= 0, got {self.price_gib_hour!r}")
+        require(math.isfinite(self.price_gib_hour) and self.price_gib_hour >= 0, f"tier.{self.name}.price",
+                f"must be a finite number >= 0, got {self.price_gib_hour!r}")
 
     @staticmethod
     def parse(text: str, host_bytes: float) -> "TierSpec":
