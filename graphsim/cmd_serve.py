@@ -144,20 +144,32 @@ def deployment_from_search(path: str, rank: int = 1) -> dict:
             raise GraphsimError("from", f"{path}: not a graphsim search JSON document ({e})") from None
         rows = doc.get("best") if isinstance(doc, dict) else None
         require(isinstance(rows, list) and rows, "from", f"{path}: has no ranked deployments ('best')")
+        require(all(isinstance(r, dict) for r in rows), "from", f"{path}: 'best' must be a list of deployment objects")
         hit = [r for r in rows if r.get("rank") == rank]
         require(bool(hit), "rank", f"{path} ranks {len(rows)} deployments; got --rank {rank}")
         row = hit[0]
     elif p.suffix.lower() in TABLE_SUFFIXES:
         import pandas as pd
 
-        df = pd.read_parquet(p) if p.suffix.lower() == ".parquet" else pd.read_csv(p)
+        try:
+            df = pd.read_parquet(p) if p.suffix.lower() == ".parquet" else pd.read_csv(p)
+        except (OSError, ValueError) as e:  # pandas' and pyarrow's parse errors are ValueErrors
+            raise GraphsimError("from", f"{path}: not a graphsim search table ({str(e).strip().splitlines()[0]})") \
+                from None
         require(0 <= rank < len(df), "rank", f"{path} has {len(df)} rows; give a 0-based row index")
         row = df.iloc[rank].to_dict()
     else:
         raise GraphsimError("from", f"{path}: graphsim search output is .json, .parquet or .csv")
     require(row.get("mode", "agg") == "agg", "from",
             "the row is a disaggregated deployment; serve-sim simulates aggregated replicas (give an agg row)")
-    return {"mapping": _mapping(str(row["decode_mapping"])), "replicas": int(row.get("decode_replicas", 1)),
+    require(row.get("decode_mapping") is not None, "from.decode_mapping", f"{path}: the row has no decode_mapping")
+    replicas = row.get("decode_replicas", 1)
+    try:
+        whole = float(replicas).is_integer() and not isinstance(replicas, bool)
+    except (TypeError, ValueError, OverflowError):
+        whole = False
+    require(whole, "from.decode_replicas", f"{path}: must be a whole number, got {replicas!r}")
+    return {"mapping": _mapping(str(row["decode_mapping"])), "replicas": int(float(replicas)),
             "policies": _policies(str(row.get("policies", "default")))}
 
 
@@ -188,10 +200,12 @@ def _policies(text: str):
         default = getattr(Policies(), k)
         if isinstance(default, bool):
             kw[k] = v == "True"
-        elif isinstance(default, int):
-            kw[k] = int(v)
-        elif isinstance(default, float):
-            kw[k] = float(v)
+        elif isinstance(default, (int, float)):
+            try:
+                kw[k] = type(default)(v)
+            except ValueError:
+                raise GraphsimError("from.policies", f"{item!r}: {v!r} is not a "
+                                    f"{'whole number' if isinstance(default, int) else 'number'}") from None
         elif isinstance(default, tuple):
             raise GraphsimError("from.policies", f"{k} cannot be taken from a table row; give it as a flag")
         else:
