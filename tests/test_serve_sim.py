@@ -231,3 +231,87 @@ def test_cli_runs_a_deployment_from_search_output(tmp_path, capsys):
     assert _cli("serve-sim", "--model", "deepseek-v3", "--hw", "gb200", "--from", f, "--rank", "3", "--trace",
                 EXCERPT) == 2
     assert "rank" in capsys.readouterr().err
+
+
+# ---- found by the fuzz campaign (tests/fuzz: the serve_sim family) ------------------------------------------------
+@pytest.mark.parametrize("content,name,what", [
+    (b"PAR1\x00\x00junk", "t.parquet", "not a Parquet file"), (b"\xff\xfe{", "t.jsonl", "not UTF-8"),
+    (b"\xff\xfe,\n", "t.csv", "not UTF-8")])
+def test_unreadable_trace_files_are_one_line(tmp_path, content, name, what):
+    # a junk Parquet file was an internal ArrowInvalid, a non-UTF-8 JSONL / CSV a UnicodeDecodeError
+    p = tmp_path / name
+    p.write_bytes(content)
+    with pytest.raises(GraphsimError, match=f"^trace: {name}: {what}") as e:
+        load_trace(p)
+    assert len(str(e.value).splitlines()) == 1
+    with pytest.raises(GraphsimError, match="^trace: .*cannot read it"):
+        load_trace(tmp_path / "missing.jsonl")
+
+
+def test_a_tier_price_must_be_finite():
+    # an infinite price made every cost inf: serve-sim --json printed Infinity (not JSON)
+    for text in ("disk:price=inf", "disk:price=nan"):
+        with pytest.raises(GraphsimError, match="tier.disk.price"):
+            TierSpec.parse(text, 1e12)
+    with pytest.raises(GraphsimError, match="tier.disk.price"):
+        simulate(load_trace(EXCERPT).head(2), V3, cache_design="swa-on-disk", prices={"disk": math.inf})
+
+
+def test_arrivals_beyond_the_clocks_resolution_are_refused(excerpt):
+    # --rate-scale 1e-300 put arrivals at 1e300 s, where a step no longer moves a float clock: the simulation
+    # stopped with "replica 0 is stuck (an internal error)"
+    with pytest.raises(GraphsimError, match="trace.arrival_s"):
+        excerpt.head(3).scale_rate(1e-300)
+    assert excerpt.head(3).scale_rate(1e-6).arrival_s[-1] < 2 ** 32  # the excerpt spans minutes: 1e6x slower fits
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"input": {"dist": "uniform", "low": 100, "high": 1e300}}, "synthetic.input.high"),  # was numpy's ValueError
+    ({"input": {"dist": "lognormal", "mean": 2.0 ** 53, "cv": 3}}, "synthetic.input"),  # int64 wrap, then blocks
+    ({"requests": 2 ** 70}, "synthetic.requests"),  # was a MemoryError
+    ({"requests": None, "duration_s": 1e9, "rate": 1e9}, "synthetic.duration_s"),
+    ({"seed": -1}, "synthetic.seed"),  # was numpy's ValueError
+    ({"block_tokens": 2 ** 70}, "synthetic.block_tokens"),  # was an OverflowError
+    ({"sessions": {"turns": {"dist": "lognormal", "mean": 2.0 ** 53, "cv": 1}}}, "synthetic.sessions.turns"),
+    ({"sessions": {"turns": 3, "system_tokens": 2 ** 70}}, "synthetic.sessions.system_tokens"),
+    ({"sessions": {"turns": 3, "tool_tokens": 2.0 ** 53}}, "synthetic.sessions.tool_tokens"),
+])
+def test_synthetic_sizes_beyond_the_limits_are_one_line(kwargs, field):
+    # found by the fuzz campaign: each was an internal error, a MemoryError or a hang before any request ran
+    with pytest.raises(GraphsimError, match=f"^{field}:"):
+        synthetic(**{"requests": 10, "rate": 1.0, **kwargs})
+
+
+def test_think_time_does_not_size_the_sessions():
+    # sessions were sized by rate x think time: think_s 2^53 s asked for 2.7e16 sessions (a MemoryError); sessions
+    # beyond the requests are never needed (each has a turn)
+    tr = synthetic(requests=5, rate=1.0, sessions={"turns": 3, "think_s": 2.0 ** 53}, seed=1)
+    assert len(tr) == 5 and np.all(tr.turn == 0)
+
+
+@pytest.mark.parametrize("doc,field", [
+    ({"best": [{"rank": 1, "mode": "agg", "decode_replicas": 1}]}, "from.decode_mapping"),  # was a KeyError
+    ({"best": [{"rank": 1, "decode_mapping": "tp8-dp1-ep8-pp1", "decode_replicas": "x"}]}, "from.decode_replicas"),
+    ({"best": [{"rank": 1, "decode_mapping": "tp8-dp1-ep8-pp1", "decode_replicas": None}]}, "from.decode_replicas"),
+    ({"best": [{"rank": 1, "decode_mapping": "tp8-dp1-ep8-pp1", "decode_replicas": 1.5}]}, "from.decode_replicas"),
+    ({"best": [{"rank": 1, "decode_mapping": "tp8-dp1-ep8-pp1", "policies": "prefetch_distance=x"}]}, "from.policies"),
+    ({"best": [1]}, "from"),  # was an AttributeError
+])
+def test_search_documents_with_broken_rows(tmp_path, doc, field):
+    from graphsim.cmd_serve import deployment_from_search
+
+    f = tmp_path / "search.json"
+    f.write_text(json.dumps(doc))
+    with pytest.raises(GraphsimError, match=f"^{field}:"):
+        deployment_from_search(str(f), 1)
+
+
+@pytest.mark.parametrize("text", ["", '"\n'])
+def test_search_tables_that_are_not_tables(tmp_path, text, capsys):
+    # an empty or malformed --from CSV was pandas' EmptyDataError / ParserError: an internal error (exit 3)
+    f = tmp_path / "search.csv"
+    f.write_text(text)
+    assert _cli("serve-sim", "--model", "deepseek-v3", "--hw", "gb200", "--from", f, "--rank", "0", "--trace", EXCERPT,
+                "--head", 5, "--validate", 0, "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("graphsim: error: from:") and len(err.strip().splitlines()) == 1, err
