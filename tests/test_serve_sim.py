@@ -315,3 +315,13 @@ def test_search_tables_that_are_not_tables(tmp_path, text, capsys):
                 "--head", 5, "--validate", 0, "--no-progress") == 2
     err = capsys.readouterr().err
     assert err.startswith("graphsim: error: from:") and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("flag,value", [("--ttft", "nan"), ("--tpot", "inf"), ("--ttft", "-1"), ("--tpot", "0")])
+def test_sla_bounds_are_finite_and_positive(flag, value, capsys):
+    # --ttft nan / --tpot inf printed NaN / Infinity in the --json goodput (not JSON); -1 made every request bad
+    assert _cli("serve-sim", "--model", "deepseek-v3", "--hw", "gb200", "--tp", 8, "--ep", 8, "--trace", EXCERPT,
+                "--head", 5, "--validate", 0, "--no-progress", "--json", flag, value) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"graphsim: error: {flag[2:]}_ms:"), err
+    assert SLA(ttft_ms=2000.0, tpot_ms=50).tpot_ms == 50

@@ -79,10 +79,15 @@ class Deployment:
             require(float(self.hbm_kv_gib) > 0, "hbm_kv_gib", f"must be > 0 (inf: unbounded), got {self.hbm_kv_gib!r}")
 
 
+def _sla_bound(inst, attr, v) -> None:
+    ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0)
+    require(ok, attr.name, f"must be a finite number of ms > 0 (none: no bound), got {v!r}")
+
+
 @attrs.frozen
 class SLA:
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
+    ttft_ms: float | None = attrs.field(default=None, validator=_sla_bound)
+    tpot_ms: float | None = attrs.field(default=None, validator=_sla_bound)
 
 
 @attrs.define
