@@ -83,9 +83,9 @@ class Trace:
         require(bool(np.all(counts >= 0)), "trace.offsets", "must be non-decreasing")
         require(bool(np.all(np.isfinite(self.arrival_s))) and bool(np.all(np.diff(self.arrival_s) >= 0)),
                 "trace.arrival_s", "must be finite and non-decreasing")
-        require(n == 0 or float(np.max(np.abs(self.arrival_s))) <= MAX_ARRIVAL_S, "trace.arrival_s",
-                f"must lie within {MAX_ARRIVAL_S:.4g} s (2^32, about 136 years) of the trace start, where a simulated "
-                f"step still moves the clock; got {float(np.max(np.abs(self.arrival_s))):.4g} s")
+        top = float(np.max(np.abs(self.arrival_s), initial=0.0))
+        require(top <= MAX_ARRIVAL_S, "trace.arrival_s", f"must lie within {MAX_ARRIVAL_S:.4g} s (2^32, about 136 "
+                f"years) of the trace start, where a simulated step still moves the clock; got {top:.4g} s")
         require(bool(np.all(self.input_len >= 1)), "trace.input_len", "must be >= 1")
         require(bool(np.all(self.output_len >= 1)), "trace.output_len", "must be >= 1")
         require(bool(np.all(counts <= -(-self.input_len // self.block_tokens))), "trace.block_ids",
@@ -551,9 +551,10 @@ def _sessions(rng, starts, spec, d_in, d_out, bt):
     # before the block streams: a prompt beyond graphsim's context limit is no request any model runs (each term
     # checked first, so their sums stay far inside int64)
     for field, x in (("input", user), ("output", out), ("sessions.tool_tokens", tool), ("input", prompt)):
-        require(int(x.max(initial=0)) <= MAX_CONTEXT, f"synthetic.{field}", f"draws {int(x.max()):,} tokens, over "
-                f"graphsim's limit of {MAX_CONTEXT:,} (a prompt: system + input + earlier turns' outputs and tools): "
-                "lower the mean or give a max")
+        top = int(x.max(initial=0))
+        require(top <= MAX_CONTEXT, f"synthetic.{field}", f"draws {top:,} tokens, over graphsim's limit of "
+                f"{MAX_CONTEXT:,} (a prompt: system + input + earlier turns' outputs and tools): lower the mean or "
+                "give a max")
     # each session's token stream: full blocks of its longest (last) prompt, chain-hashed position by position
     last = prompt[first[1:] - 1]
     full = last // bt
