@@ -325,3 +325,32 @@ def test_sla_bounds_are_finite_and_positive(flag, value, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"graphsim: error: {flag[2:]}_ms:"), err
     assert SLA(ttft_ms=2000.0, tpot_ms=50).tpot_ms == 50
+
+
+@pytest.mark.parametrize("flag,value,field", [("--classes", str(2 ** 70), "classes"), ("--classes", "-5", "classes"),
+                                              ("--seed", "-1", "seed")])
+def test_class_edges_and_seed_are_checked_before_the_run(flag, value, field, capsys):
+    # a class edge beyond int64 was an OverflowError and a negative seed numpy's ValueError, both after the whole run
+    assert _cli("serve-sim", "--model", "deepseek-v3", "--hw", "gb200", "--tp", 8, "--ep", 8, "--trace", EXCERPT,
+                "--head", 5, "--validate", 0, "--no-progress", flag, value) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"graphsim: error: {field}:") and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_empty_synthetic_stream_is_one_line(capsys):
+    # duration_s 0 draws no request: the new size checks' messages reduced an empty array (an internal error)
+    assert len(synthetic(duration_s=0, rate=5.0)) == 0
+    assert _cli("serve-sim", "--model", "deepseek-v3", "--hw", "gb200", "--tp", 8, "--ep", 8, "--synthetic",
+                '{"rate": 5, "duration_s": 0}', "--no-progress") == 2
+    assert capsys.readouterr().err.startswith("graphsim: error: trace: holds no requests")
+
+
+def test_a_readmitted_requests_own_blocks_are_not_prefix_hits():
+    # found by the fuzz campaign: with recompute preemption a readmitted request found its own prompt blocks in HBM
+    # and counted them as hits, so the hit ratio (3.6 %) beat the trace's own prefix reuse (0: unique prompts)
+    tr = synthetic(requests=36, rate=2.0, seed=0)
+    dep = Deployment("llama-3.1-70b", "h200", gs.ParallelMapping(tp=2), engine="sglang", hbm_kv_gib=1.0)
+    res = simulate(tr, dep, validate=0)
+    c = res.summary["cache"]
+    assert res.summary["requests"]["preemptions"] > 0 and c["trace_prefix_reuse"] == 0.0
+    assert c["hit_ratio"] == 0.0 and sum(c["hit_tokens"].values()) == 0.0

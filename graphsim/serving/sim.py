@@ -306,11 +306,15 @@ class _Sim:
                 self._tier_of(key, now, self.s_tiers) is not None or \
                 (sk is not None and self._tier_of(sk, now, self.s_tiers) is not None)
         replay = 0
+        # the hit statistics are the first admission's: a preempted request readmitted finds its own blocks, work
+        # recovered, not the trace's prefix reuse (counted again, the hit ratio exceeded the trace's own reuse)
+        first = self.preempted[i] == 0
         if hit and not swa_ok:
             if self.encoder_replay:
                 replay = min(hit, self.window)
             else:
-                self.recomputed[i] = hit
+                if first:
+                    self.recomputed[i] = hit
                 hit = 0
         gen = int(self.gen[i])
         target = inp + gen  # a preempted request recomputes the tokens it emitted
@@ -334,7 +338,8 @@ class _Sim:
             tok = min(self.bt, hit - j * self.bt)
             t = where[j]
             name = "hbm" if t is None else t.spec.name
-            self.hit[name][i] += tok
+            if first:
+                self.hit[name][i] += tok
             if t is not None:
                 t.touch(("g", int(ids[j])), now)
                 if name == "host":
@@ -342,7 +347,7 @@ class _Sim:
                 else:
                     disk_b += tok * self.g
         if self.swa_model and hit and swa_ok:
-            self.swa_hit[i] = True
+            self.swa_hit[i] |= first
             key = ("s", int(ids[run - 1]))
             if not pool.has(key):
                 sk = ("S", int(self.session[i])) if self.session[i] >= 0 else None
@@ -352,7 +357,8 @@ class _Sim:
                         host_b += self.s
                     else:
                         disk_b += self.s
-        self.hit_tokens[i] = hit
+        if first:
+            self.hit_tokens[i] = hit
         self.replay[i] = replay
         self.pending_replay[i] = replay > 0
         dr = float(restore_seconds(host_b * self.per_device, disk_b * self.per_device, self.hw)) \
@@ -630,6 +636,17 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
 
     require(router in ROUTERS, "router", f"unknown {router!r}; allowed: {', '.join(ROUTERS)}")
     require(len(trace) > 0, "trace", "holds no requests")
+    import numbers
+
+    from ..limits import MAX_CONTEXT
+
+    def whole(x, lo, hi):
+        return isinstance(x, numbers.Integral) and not isinstance(x, bool) and lo <= x <= hi
+
+    bad = [x for x in classes if not whole(x, 1, MAX_CONTEXT)]  # before the run: edges are int64 input lengths
+    require(not bad, "classes", f"input-length edges are whole numbers in [1, {MAX_CONTEXT:,}], got {bad[0]!r}"
+            if bad else "")
+    require(whole(seed, 0, 2 ** 63 - 1), "seed", f"must be a whole number >= 0, got {seed!r}")
     dep = deployment
     model = load_model(dep.model) if isinstance(dep.model, str) else dep.model
     hw = load_hw(dep.hw) if isinstance(dep.hw, str) else dep.hw
