@@ -840,17 +840,18 @@ def mangled_rows(draw) -> list:
         key = draw(st.sampled_from(["timestamp", "input_length", "output_length", "hash_ids", "session_id", "turn"]))
         if not isinstance(r, dict):  # an earlier step made it a non-record
             continue
+        ids = r.get("hash_ids") if isinstance(r.get("hash_ids"), list) else []  # (an earlier step may have broken it)
         if op == 0:
             r.pop(key, None)
         elif op <= 2:
             r[key] = draw(st.sampled_from(TRACE_VALUES))
         elif op == 3:  # beyond the context, with a hash list that fits it
             r["input_length"] = draw(st.sampled_from([131_072, 163_840, 200_000, 10**6]))
-            r["hash_ids"] = r["hash_ids"][:4]
+            r["hash_ids"] = ids[:4]
         elif op == 4:  # too many blocks
-            r["hash_ids"] = list(r["hash_ids"]) + [7] * draw(st.integers(1, 5))
+            r["hash_ids"] = ids + [7] * draw(st.integers(1, 5))
         elif op == 5:  # too few (fresh ids for the rest)
-            r["hash_ids"] = r["hash_ids"][: draw(st.integers(0, len(r["hash_ids"])))]
+            r["hash_ids"] = ids[: draw(st.integers(0, len(ids)))]
         elif op == 6:
             r["hash_ids"] = draw(st.sampled_from([[-1], [1.5], ["a"], [2**63], "1 2 3", 5, [None], [[1]], {}]))
         elif op == 7:
