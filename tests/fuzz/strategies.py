@@ -998,7 +998,10 @@ def serve_sim_case(draw) -> dict:
     """``graphsim serve-sim`` argv with its files: a small trace (Mooncake JSONL / CSV / Parquet, good or mangled,
     or junk) or a --synthetic stream, a deployment (valid mostly, sometimes a mapping that is not), the engine
     and cache flags, SLA and report flags and outputs in the temp dir; about one case in two breaks one flag.
-    Parquet traces are given as ``("parquet", rows)``: the target writes them (tests/fuzz/targets.py)."""
+    One case in five calls graphsim.serving from Python instead (serve_api_case). Parquet traces are given as
+    ``("parquet", rows)``: the target writes them (tests/fuzz/targets.py)."""
+    if rare(draw, 4):  # the Python API instead of the command
+        return draw(serve_api_case())
     files: dict = {}
     model = draw(st.sampled_from(SERVE_MODELS)) if draw(st.integers(0, 20)) else draw(name)
     hw, mapping = draw(st.sampled_from(SERVE_DEPLOYMENTS.get(model, SERVE_DEPLOYMENTS["llama-3.1-70b"])))
@@ -1055,3 +1058,76 @@ def serve_sim_case(draw) -> dict:
     if draw(st.integers(0, 3)):
         argv.append("--json")
     return {"argv": argv + ["--no-progress"], "files": files}
+
+
+API_WEIRD = (0, -1, 1.5, 2**70, float("nan"), float("inf"), True, None, "x", "4", [], {})
+
+
+@st.composite
+def serve_api_case(draw) -> dict:
+    """graphsim.serving through Python, as a script calls it: ``load_trace`` (format, block_tokens, time_unit) or
+    ``synthetic(**kw)``, ``Trace.head`` / ``scale_rate``, tiers from ``TierSpec.parse`` (with the pooled host
+    bytes) or ``TierSpec(...)``, a ``Deployment`` and ``simulate``'s keywords; valid mostly, one time in two one
+    argument replaced by a value of the wrong kind or range."""
+    files: dict = {}
+    model = draw(st.sampled_from(SERVE_MODELS))
+    hw, flags = draw(st.sampled_from(SERVE_DEPLOYMENTS[model]))
+    mapping = {flags[i][2:]: int(flags[i + 1]) for i in range(0, len(flags), 2)}
+    if draw(st.booleans()):
+        files["t.jsonl"] = _jsonl(draw(trace_rows()), draw)
+        traffic = {"load_trace": {}}
+    else:
+        try:
+            kw = json.loads(draw(synthetic_spec()))  # (NaN / Infinity read back as Python floats)
+        except ValueError:
+            kw = None
+        keep = ("requests", "duration_s", "rate", "arrival", "cv", "input", "output", "sessions", "seed", "block_tokens")
+        traffic = {"synthetic": {k: v for k, v in kw.items() if k in keep} if isinstance(kw, dict) else
+                   {"rate": 1, "requests": 5}}  # (an unknown keyword is Python's TypeError, not graphsim's to name)
+    case = {"files": files, "traffic": traffic, "head": None, "scale": None, "tiers": None,
+            "deployment": {"model": model, "hw": hw, "mapping": mapping},
+            "simulate": {"validate": draw(st.sampled_from([0, 4])), "samples": draw(st.sampled_from([200, 20, 0]))}}
+    if rare(draw, 3):
+        case["deployment"].update({k: draw(st.sampled_from(v)) for k, v in (
+            ("replicas", [1, 2]), ("max_running", [None, 4]), ("token_budget", [None, 512]),
+            ("hbm_kv_gib", [None, 1.0, float("inf")]), ("engine", ["auto", "none", "vllm"]), ("reserve_gib", [None, 2.0]))})
+    if rare(draw, 3):
+        case["simulate"].update({"cache_design": draw(st.sampled_from(["auto", "hbm", "host-disk"])),
+                                 "router": draw(st.sampled_from(["prefix", "round-robin"])),
+                                 "sla": (draw(st.sampled_from([None, 500.0])), draw(st.sampled_from([None, 30]))),
+                                 "classes": draw(st.sampled_from([(), (1000,), (512, 4096)])),
+                                 "seed": draw(st.sampled_from([0, 3]))})
+    if rare(draw, 3):
+        texts = draw(st.lists(st.sampled_from(SERVE_TIERS_GOOD), min_size=1, max_size=2,
+                              unique_by=lambda t: t.split(":")[0]))
+        case["tiers"] = {"parse": texts, "host_bytes": 1e12}
+    if rare(draw, 4):
+        case["head"] = draw(st.sampled_from([1, 5, 100]))
+    if draw(st.booleans()):  # one argument broken
+        where = draw(st.sampled_from(["load_trace", "synthetic", "head", "scale", "tier", "tier_bytes", "tier_kw",
+                                      "deployment", "mapping", "simulate"]))
+        v = draw(st.sampled_from(API_WEIRD))
+        if where == "load_trace" and "load_trace" in traffic:
+            traffic["load_trace"][draw(st.sampled_from(["format", "block_tokens", "time_unit"]))] = v
+        elif where == "synthetic" and "synthetic" in traffic:
+            traffic["synthetic"][draw(st.sampled_from(["rate", "requests", "input", "cv", "seed", "sessions"]))] = v
+        elif where in ("head", "scale"):
+            case[where] = v
+        elif where == "tier":
+            case["tiers"] = {"parse": [v], "host_bytes": 1e12}
+        elif where == "tier_bytes":
+            case["tiers"] = {"parse": ["host:fraction=0.1"], "host_bytes": v}
+        elif where == "tier_kw":
+            case["tiers"] = {"kw": {"name": "disk", draw(st.sampled_from(["name", "capacity_bytes", "ttl_s", "holds",
+                                                                        "price_gib_hour"])): v}}
+        elif where == "deployment":  # numbers of any kind; names as strings (objects are the caller's types)
+            k = draw(st.sampled_from(["model", "hw", "engine", "replicas", "max_running", "token_budget", "hbm_kv_gib",
+                                      "reserve_gib"]))
+            case["deployment"][k] = draw(st.sampled_from(["x", "", "../x", "gb200", "llama-3.1-70b"])) \
+                if k in ("model", "hw", "engine") else v
+        elif where == "mapping":
+            case["deployment"]["mapping"] = {draw(st.sampled_from(["tp", "dp", "ep", "cp"])): v}
+        else:
+            case["simulate"][draw(st.sampled_from(["cache_design", "router", "classes", "seed", "validate", "samples",
+                                                   "prices", "sla"]))] = v
+    return {"api": case, "argv": [], "files": files}

@@ -565,9 +565,11 @@ def _serve_doc(doc: dict) -> str | None:
 def run_serve_sim(case: dict) -> tuple[str, str]:
     """``graphsim serve-sim`` with its files (run_cli's rules: exit 0 sane, exit 2 one line naming a field,
     anything else a crash); on exit 0, the --json document's invariants (_serve_doc) and every file named by
-    -o / --requests-out / --plot written."""
+    -o / --requests-out / --plot written. A case with ``api`` goes through Python instead (run_serve_api)."""
     from pathlib import Path
 
+    if "api" in case:
+        return run_serve_api(case["api"], case["files"])
     with tempfile.TemporaryDirectory() as tmp:
         for fname, content in case["files"].items():
             if not _write_case_file(os.path.join(tmp, fname), content):
@@ -598,4 +600,45 @@ def run_serve_sim(case: dict) -> tuple[str, str]:
         bad = _serve_doc(doc)
     except (KeyError, TypeError) as e:
         bad = f"document lacks {type(e).__name__}: {e}"
+    return ("nonsense", bad) if bad else ("ok", "")
+
+
+def run_serve_api(api: dict, files: dict) -> tuple[str, str]:
+    """graphsim.serving from Python (a serve_api_case): a GraphsimError naming a field, or a SimResult whose
+    --json body holds _serve_doc's invariants."""
+    import graphsim as gs
+    from graphsim.serving import SLA, Deployment, TierSpec, load_trace, simulate, synthetic
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for fname, content in files.items():
+            _write_case_file(os.path.join(tmp, fname), content)
+        try:
+            t = api["traffic"]
+            tr = load_trace(os.path.join(tmp, "t.jsonl"), **t["load_trace"]) if "load_trace" in t \
+                else synthetic(**t["synthetic"])
+            if api["head"] is not None:
+                tr = tr.head(api["head"])
+            if api["scale"] is not None:
+                tr = tr.scale_rate(api["scale"])
+            tiers = api["tiers"]
+            if tiers is not None:
+                tiers = [TierSpec(**tiers["kw"])] if "kw" in tiers else \
+                    [TierSpec.parse(x, tiers["host_bytes"]) for x in tiers["parse"]]
+            d = dict(api["deployment"])
+            m = d.pop("mapping")
+            dep = Deployment(mapping=gs.ParallelMapping(**m) if isinstance(m, dict) else m, **d)
+            kw = dict(api["simulate"])
+            if isinstance(kw.get("sla"), tuple):
+                kw["sla"] = SLA(*kw["sla"])
+            res = simulate(tr, dep, tiers=tiers, **kw)
+            text = json.dumps({"schema_version": 1, "command": "serve-sim", **res.to_json()}, default=float)
+        except gs.GraphsimError as e:
+            return outcome_of_message(str(e)), str(e)
+        except Exception as e:  # noqa: BLE001 - classify, never raise
+            return "crash", f"{type(e).__name__}: {e}"
+    try:
+        doc = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    except ValueError as e:
+        return "nonsense", f"invalid JSON ({e})"
+    bad = _finite_tree(doc) or _serve_doc(doc)
     return ("nonsense", bad) if bad else ("ok", "")
