@@ -354,3 +354,21 @@ def test_a_readmitted_requests_own_blocks_are_not_prefix_hits():
     c = res.summary["cache"]
     assert res.summary["requests"]["preemptions"] > 0 and c["trace_prefix_reuse"] == 0.0
     assert c["hit_ratio"] == 0.0 and sum(c["hit_tokens"].values()) == 0.0
+
+
+def test_python_arguments_of_the_wrong_kind_are_one_line(excerpt):
+    # found by the serve_sim family's Python cases: each was a ValueError / TypeError / AttributeError, and
+    # samples=10**9 never ended (a pass over the replicas per sample)
+    tr = excerpt.head(3)
+    for call, field in ((lambda: Deployment("deepseek-v3", hbm_kv_gib="x"), "hbm_kv_gib"),
+                        (lambda: TierSpec("nvme"), "tier"), (lambda: TierSpec("disk", ttl_s="x"), "tier.ttl_s"),
+                        (lambda: TierSpec("disk", capacity_bytes="x"), "tier.capacity_gib"),
+                        (lambda: TierSpec.parse("host:fraction=0.1", "4"), "tier.host_bytes"),
+                        (lambda: simulate(tr, V3, validate=0, samples=10 ** 9), "samples"),
+                        (lambda: simulate(tr, V3, validate=-1), "validate"),
+                        (lambda: simulate(tr, V3, validate=0, prices={"disk": "x"}), "price"),
+                        (lambda: simulate(tr, V3, validate=0, prices=1.5), "price"),
+                        (lambda: simulate(tr, V3, validate=0, classes=None), "classes")):
+        with pytest.raises(GraphsimError, match=f"^{field}:"):
+            call()
+    assert TierSpec("disk", holds="global").holds == ("global",)  # one kind by name, not its letters

@@ -27,10 +27,22 @@ KINDS = ("global", "swa")
 GiB = float(1 << 30)
 
 
+def _number(field: str):
+    """A converter: a real number (a string or a bool is refused with one line naming ``field``)."""
+    def conv(v) -> float:
+        require(isinstance(v, (int, float)) and not isinstance(v, bool), field, f"must be a number, got {v!r}")
+        return float(v)
+    return conv
+
+
 def _cap(v) -> float:
-    v = float(v)
+    v = _number("tier.capacity_gib")(v)
     require(v >= 0 and not math.isnan(v), "tier.capacity_gib", f"must be >= 0 (inf: unbounded), got {v!r}")
     return v
+
+
+def _kinds(v) -> tuple:
+    return (v,) if isinstance(v, str) else tuple(v) if isinstance(v, (tuple, list)) else (v,)
 
 
 @attrs.frozen
@@ -38,13 +50,14 @@ class TierSpec:
     """One pooled tier below HBM. ``capacity_bytes``/``ttl_s`` inf: unbounded; ``holds``: the KV kinds it keeps;
     ``price_gib_hour``: what a GiB held for an hour costs (the cost column)."""
 
-    name: str = attrs.field(validator=attrs.validators.in_(("host", "disk")))
+    name: str
     capacity_bytes: float = attrs.field(default=math.inf, converter=_cap)
-    ttl_s: float = attrs.field(default=math.inf, converter=float)
-    holds: tuple = attrs.field(default=KINDS, converter=tuple)
-    price_gib_hour: float = attrs.field(default=0.0, converter=float)
+    ttl_s: float = attrs.field(default=math.inf, converter=_number("tier.ttl_s"))
+    holds: tuple = attrs.field(default=KINDS, converter=_kinds)
+    price_gib_hour: float = attrs.field(default=0.0, converter=_number("tier.price"))
 
     def __attrs_post_init__(self):
+        require(self.name in ("host", "disk"), "tier", f"a tier is host or disk, got {self.name!r}")
         require(self.ttl_s > 0 and not math.isnan(self.ttl_s), f"tier.{self.name}.ttl_s",
                 f"must be > 0 seconds (inf: no expiry), got {self.ttl_s!r}")
         bad = [k for k in self.holds if k not in KINDS]
@@ -56,6 +69,8 @@ class TierSpec:
     def parse(text: str, host_bytes: float) -> "TierSpec":
         """``NAME[:key=value,...]`` with keys ``capacity_gib`` (or ``fraction`` of the pooled host memory,
         host only), ``ttl_s``, ``holds`` (``global+swa``), ``price`` (per GiB-hour)."""
+        require(isinstance(host_bytes, (int, float)) and not isinstance(host_bytes, bool), "tier.host_bytes",
+                f"must be a number of bytes, got {host_bytes!r}")
         name, _, rest = str(text).partition(":")
         name = name.strip()
         require(name in ("host", "disk"), "tier", f"{text!r}: a tier is host or disk, e.g. host:fraction=0.1,ttl_s=300")

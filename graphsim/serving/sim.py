@@ -76,7 +76,9 @@ class Deployment:
         if self.token_budget is not None:
             check_int("token_budget", self.token_budget, 1, 1 << 24)
         if self.hbm_kv_gib is not None:
-            require(float(self.hbm_kv_gib) > 0, "hbm_kv_gib", f"must be > 0 (inf: unbounded), got {self.hbm_kv_gib!r}")
+            v = self.hbm_kv_gib
+            require(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, "hbm_kv_gib",
+                    f"must be a number > 0 (inf: unbounded), got {v!r}")
 
 
 def _sla_bound(inst, attr, v) -> None:
@@ -643,10 +645,18 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
     def whole(x, lo, hi):
         return isinstance(x, numbers.Integral) and not isinstance(x, bool) and lo <= x <= hi
 
+    require(isinstance(classes, (tuple, list, np.ndarray)), "classes", f"must be a tuple of input-length edges, got {classes!r}")
     bad = [x for x in classes if not whole(x, 1, MAX_CONTEXT)]  # before the run: edges are int64 input lengths
     require(not bad, "classes", f"input-length edges are whole numbers in [1, {MAX_CONTEXT:,}], got {bad[0]!r}"
             if bad else "")
     require(whole(seed, 0, 2 ** 63 - 1), "seed", f"must be a whole number >= 0, got {seed!r}")
+    require(whole(validate, 0, 1 << 20), "validate", f"must be a whole number of steps >= 0, got {validate!r}")
+    require(whole(samples, 0, 1 << 20), "samples", f"must be a whole number of timeline samples in [0, 2^20], got "
+            f"{samples!r}")  # (each is a pass over the replicas: 10^9 never ended)
+    require(isinstance(sla, SLA), "sla", f"give an SLA record, got {sla!r}")
+    require(prices is None or (isinstance(prices, dict) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in prices.values())), "price",
+        f"give {{tier: price per GiB-hour}}, got {prices!r}")
     dep = deployment
     model = load_model(dep.model) if isinstance(dep.model, str) else dep.model
     hw = load_hw(dep.hw) if isinstance(dep.hw, str) else dep.hw
