@@ -645,7 +645,8 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
     def whole(x, lo, hi):
         return isinstance(x, numbers.Integral) and not isinstance(x, bool) and lo <= x <= hi
 
-    require(isinstance(classes, (tuple, list, np.ndarray)), "classes", f"must be a tuple of input-length edges, got {classes!r}")
+    require(isinstance(classes, (tuple, list, np.ndarray)), "classes",
+            f"must be a tuple of input-length edges, got {classes!r}")
     bad = [x for x in classes if not whole(x, 1, MAX_CONTEXT)]  # before the run: edges are int64 input lengths
     require(not bad, "classes", f"input-length edges are whole numbers in [1, {MAX_CONTEXT:,}], got {bad[0]!r}"
             if bad else "")
