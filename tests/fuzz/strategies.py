@@ -1081,7 +1081,8 @@ def serve_api_case(draw) -> dict:
             kw = json.loads(draw(synthetic_spec()))  # (NaN / Infinity read back as Python floats)
         except ValueError:
             kw = None
-        keep = ("requests", "duration_s", "rate", "arrival", "cv", "input", "output", "sessions", "seed", "block_tokens")
+        keep = ("requests", "duration_s", "rate", "arrival", "cv", "input", "output", "sessions", "seed",
+                "block_tokens")
         traffic = {"synthetic": {k: v for k, v in kw.items() if k in keep} if isinstance(kw, dict) else
                    {"rate": 1, "requests": 5}}  # (an unknown keyword is Python's TypeError, not graphsim's to name)
     case = {"files": files, "traffic": traffic, "head": None, "scale": None, "tiers": None,
@@ -1090,7 +1091,8 @@ def serve_api_case(draw) -> dict:
     if rare(draw, 3):
         case["deployment"].update({k: draw(st.sampled_from(v)) for k, v in (
             ("replicas", [1, 2]), ("max_running", [None, 4]), ("token_budget", [None, 512]),
-            ("hbm_kv_gib", [None, 1.0, float("inf")]), ("engine", ["auto", "none", "vllm"]), ("reserve_gib", [None, 2.0]))})
+            ("hbm_kv_gib", [None, 1.0, float("inf")]), ("engine", ["auto", "none", "vllm"]),
+            ("reserve_gib", [None, 2.0]))})
     if rare(draw, 3):
         case["simulate"].update({"cache_design": draw(st.sampled_from(["auto", "hbm", "host-disk"])),
                                  "router": draw(st.sampled_from(["prefix", "round-robin"])),
