@@ -17,6 +17,7 @@ last-use order, so TTL expiry pops from the same end as capacity eviction. Bytes
 from __future__ import annotations
 
 import math
+import numbers
 from collections import OrderedDict
 
 import attrs
@@ -30,7 +31,7 @@ GiB = float(1 << 30)
 def _number(field: str):
     """A converter: a real number (a string or a bool is refused with one line naming ``field``)."""
     def conv(v) -> float:
-        require(isinstance(v, (int, float)) and not isinstance(v, bool), field, f"must be a number, got {v!r}")
+        require(isinstance(v, numbers.Real) and not isinstance(v, bool), field, f"must be a number, got {v!r}")
         return float(v)
     return conv
 
@@ -69,7 +70,7 @@ class TierSpec:
     def parse(text: str, host_bytes: float) -> "TierSpec":
         """``NAME[:key=value,...]`` with keys ``capacity_gib`` (or ``fraction`` of the pooled host memory,
         host only), ``ttl_s``, ``holds`` (``global+swa``), ``price`` (per GiB-hour)."""
-        require(isinstance(host_bytes, (int, float)) and not isinstance(host_bytes, bool), "tier.host_bytes",
+        require(isinstance(host_bytes, numbers.Real) and not isinstance(host_bytes, bool), "tier.host_bytes",
                 f"must be a number of bytes, got {host_bytes!r}")
         name, _, rest = str(text).partition(":")
         name = name.strip()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import numbers
 from collections import deque
 
 import attrs
@@ -77,12 +78,12 @@ class Deployment:
             check_int("token_budget", self.token_budget, 1, 1 << 24)
         if self.hbm_kv_gib is not None:
             v = self.hbm_kv_gib
-            require(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, "hbm_kv_gib",
+            require(isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0, "hbm_kv_gib",
                     f"must be a number > 0 (inf: unbounded), got {v!r}")
 
 
 def _sla_bound(inst, attr, v) -> None:
-    ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0)
+    ok = v is None or (isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v > 0)
     require(ok, attr.name, f"must be a finite number of ms > 0 (none: no bound), got {v!r}")
 
 
@@ -638,8 +639,6 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
 
     require(router in ROUTERS, "router", f"unknown {router!r}; allowed: {', '.join(ROUTERS)}")
     require(len(trace) > 0, "trace", "holds no requests")
-    import numbers
-
     from ..limits import MAX_CONTEXT
 
     def whole(x, lo, hi):
@@ -656,7 +655,7 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
             f"{samples!r}")  # (each is a pass over the replicas: 10^9 never ended)
     require(isinstance(sla, SLA), "sla", f"give an SLA record, got {sla!r}")
     require(prices is None or (isinstance(prices, dict) and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in prices.values())), "price",
+        isinstance(v, numbers.Real) and not isinstance(v, bool) for v in prices.values())), "price",
         f"give {{tier: price per GiB-hour}}, got {prices!r}")
     dep = deployment
     model = load_model(dep.model) if isinstance(dep.model, str) else dep.model
