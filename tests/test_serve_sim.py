@@ -372,3 +372,16 @@ def test_python_arguments_of_the_wrong_kind_are_one_line(excerpt):
         with pytest.raises(GraphsimError, match=f"^{field}:"):
             call()
     assert TierSpec("disk", holds="global").holds == ("global",)  # one kind by name, not its letters
+
+
+def test_many_replicas_end_in_linear_time():
+    # found probing the family's --replicas bound: the run's last loop took the latest replica clock once per
+    # replica (quadratic: 65,536 replicas ran for minutes with 20 requests; 10 s after)
+    import time
+
+    tr = synthetic(requests=3, rate=1.0, input=500, output=2, seed=0)
+    dep = Deployment("deepseek-v3", "gb200", gs.ParallelMapping(tp=8, ep=8), replicas=20000, hbm_kv_gib=math.inf)
+    t0 = time.perf_counter()
+    res = simulate(tr, dep, steps=FixedSteps(0.01), validate=0, samples=0)
+    assert res.summary["requests"]["served"] == 3
+    assert time.perf_counter() - t0 < 15.0  # ~1 s; the quadratic loop alone was ~4e8 steps

@@ -597,8 +597,9 @@ class _Sim:
                     raise GraphsimError("serve_sim", f"replica {r.idx} is stuck with {r.load()} requests "
                                                      "(an internal error: please report it)")
             self.sample(min(x.t for x in reps))
+        end = max(x.t for x in reps)  # (once: recomputed per replica it was quadratic in replicas)
         for r in reps:
-            r.advance(max(x.t for x in reps))
+            r.advance(end)
 
 
 def _percentiles(v: np.ndarray) -> dict:
