@@ -176,13 +176,18 @@ def deployment_from_search(path: str, rank: int = 1, row: int | None = None) -> 
             raise GraphsimError("from", f"{path}: not a graphsim search JSON document ({e})") from None
         rows = doc.get("best") if isinstance(doc, dict) else None
         require(isinstance(rows, list) and rows, "from", f"{path}: has no ranked deployments ('best')")
+        require(all(isinstance(r, dict) for r in rows), "from", f"{path}: 'best' must be a list of deployment objects")
         hit = [r for r in rows if r.get("rank") == rank]
         require(bool(hit), "rank", f"{path} ranks {len(rows)} deployments; got --rank {rank}")
         row = hit[0]
     elif p.suffix.lower() in TABLE_SUFFIXES:
         import pandas as pd
 
-        df = pd.read_parquet(p) if p.suffix.lower() == ".parquet" else pd.read_csv(p)
+        try:
+            df = pd.read_parquet(p) if p.suffix.lower() == ".parquet" else pd.read_csv(p)
+        except (OSError, ValueError) as e:  # pandas' and pyarrow's parse errors are ValueErrors
+            raise GraphsimError("from", f"{path}: not a graphsim search table ({str(e).strip().splitlines()[0]})") \
+                from None
         require(row is not None, "row", f"{path} is a table of every searched row: name one with --row I (0-based)")
         require(0 <= row < len(df), "row", f"{path} has {len(df)} rows; got --row {row}")
         row = df.iloc[row].to_dict()
@@ -192,12 +197,28 @@ def deployment_from_search(path: str, rank: int = 1, row: int | None = None) -> 
     pre_pol, dec_pol = text, text
     if text.startswith("prefill:") and " decode:" in text:  # a disaggregated row whose pools' policies differ
         pre_pol, _, dec_pol = text[len("prefill:"):].partition(" decode:")
-    out = {"mapping": _mapping(str(row["decode_mapping"])), "replicas": int(row.get("decode_replicas", 1)),
+    disagg = row.get("mode", "agg") == "disagg"
+    out = {"mapping": _mapping(_field(row, "decode_mapping", path)), "replicas": _whole(row, "decode_replicas", path),
            "policies": _policies(dec_pol), "prefill_mapping": None, "prefill_replicas": 0, "prefill_policies": None}
-    if row.get("mode", "agg") == "disagg":
-        out.update(prefill_mapping=_mapping(str(row["prefill_mapping"])),
-                   prefill_replicas=int(row.get("prefill_replicas", 1)), prefill_policies=_policies(pre_pol))
+    if disagg:
+        out.update(prefill_mapping=_mapping(_field(row, "prefill_mapping", path)),
+                   prefill_replicas=_whole(row, "prefill_replicas", path), prefill_policies=_policies(pre_pol))
     return out
+
+
+def _field(row: dict, key: str, path) -> str:
+    require(row.get(key) is not None, f"from.{key}", f"{path}: the row has no {key}")
+    return str(row[key])
+
+
+def _whole(row: dict, key: str, path) -> int:
+    v = row.get(key, 1)
+    try:
+        whole = float(v).is_integer() and not isinstance(v, bool) and float(v) >= 1
+    except (TypeError, ValueError, OverflowError):
+        whole = False
+    require(whole, f"from.{key}", f"{path}: must be a whole number >= 1, got {v!r}")
+    return int(float(v))
 
 
 def _mapping(text: str):
@@ -222,10 +243,12 @@ def _policies(text: str):
         default = getattr(Policies(), k)
         if isinstance(default, bool):
             kw[k] = v == "True"
-        elif isinstance(default, int):
-            kw[k] = int(v)
-        elif isinstance(default, float):
-            kw[k] = float(v)
+        elif isinstance(default, (int, float)):
+            try:
+                kw[k] = type(default)(v)
+            except ValueError:
+                raise GraphsimError("from.policies", f"{item!r}: {v!r} is not a "
+                                    f"{'whole number' if isinstance(default, int) else 'number'}") from None
         elif isinstance(default, tuple):
             raise GraphsimError("from.policies", f"{k} cannot be taken from a table row; give it as a flag")
         else:

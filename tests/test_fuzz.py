@@ -63,6 +63,34 @@ def test_fuzz_sweep(case):
     assert outcome in GOOD, (case, detail)
 
 
+@settings(FUZZ, max_examples=max(2, EXAMPLES // 2))
+@given(S.serve_sim_case())
+def test_fuzz_serve_sim(case):
+    outcome, detail = T.run_serve_sim(case)
+    assert outcome in GOOD, (case, detail)
+
+
+def test_serve_sim_target_catches_what_it_should(monkeypatch):
+    """The serve_sim target is not blind: a document whose cache beats the trace's own reuse, whose counts do not
+    add up or whose percentile is negative is nonsense, and a one-line "internal error" is a crash."""
+    doc = {"schema_version": 1, "command": "serve-sim", "requests": {"total": 3, "served": 2, "rejected": 1},
+           "latency": {"ttft_ms": {"p50": 1.0, "p90": None, "p99": 2.0, "mean": 1.5}}, "classes": [],
+           "checks": {"littles_law": {"relative_error": 0.0}}, "cache": {"hit_ratio": 0.2, "trace_prefix_reuse": 0.3}}
+    assert T._serve_doc(doc) is None
+    for path, value, says in ((("cache", "hit_ratio"), 0.31, "hit_ratio"), (("requests", "rejected"), 0, "total"),
+                              (("latency", "ttft_ms", "p50"), -1.0, "p50"),
+                              (("checks", "littles_law", "relative_error"), 0.5, "littles_law")):
+        bad = json.loads(json.dumps(doc))
+        d = bad
+        for k in path[:-1]:
+            d = d[k]
+        d[path[-1]] = value
+        assert says in (T._serve_doc(bad) or ""), (path, value)
+    stuck = "serve_sim: replica 0 is stuck (an internal error: please report it)"
+    monkeypatch.setattr(T, "_cli_capture", lambda argv: ("error", stuck, ""))
+    assert T.run_serve_sim({"argv": ["serve-sim"], "files": {}})[0] == "crash"
+
+
 # ---- properties any result satisfies ----------------------------------------------------------------
 
 PROPERTY = settings(max_examples=max(EXAMPLES // 2, 4), deadline=None, database=None,

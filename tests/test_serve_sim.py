@@ -318,3 +318,154 @@ def test_acceptance_command_on_the_whole_mooncake_trace(capsys):
     assert d["cache"]["hit_ratio"] == pytest.approx(d["cache"]["trace_prefix_reuse"], rel=1e-12)
     tiers = {t["name"]: t for t in d["cache"]["tiers"]}
     assert tiers["disk"]["peak_gib"] > 0 and tiers["host"]["peak_gib"] > 0 and d["surface_error"]["max_abs_rel"] < 0.1
+
+
+# ---- found by the fuzz campaign (tests/fuzz: the serve_sim family) ------------------------------------------------
+@pytest.mark.parametrize("content,name,what", [
+    (b"PAR1\x00\x00junk", "t.parquet", "not a Parquet file"), (b"\xff\xfe{", "t.jsonl", "not UTF-8"),
+    (b"\xff\xfe,\n", "t.csv", "not UTF-8")])
+def test_unreadable_trace_files_are_one_line(tmp_path, content, name, what):
+    # a junk Parquet file was an internal ArrowInvalid, a non-UTF-8 JSONL / CSV a UnicodeDecodeError
+    p = tmp_path / name
+    p.write_bytes(content)
+    with pytest.raises(GraphsimError, match=f"^trace: {name}: {what}") as e:
+        load_trace(p)
+    assert len(str(e.value).splitlines()) == 1
+    with pytest.raises(GraphsimError, match="^trace: .*cannot read it"):
+        load_trace(tmp_path / "missing.jsonl")
+
+
+def test_a_tier_price_must_be_finite():
+    # an infinite price made every cost inf: serve-sim --json printed Infinity (not JSON)
+    for text in ("disk:price=inf", "disk:price=nan"):
+        with pytest.raises(GraphsimError, match="tier.disk.price"):
+            TierSpec.parse(text, 1e12)
+    with pytest.raises(GraphsimError, match="tier.disk.price"):
+        simulate(load_trace(EXCERPT).head(2), V3, cache_design="swa-on-disk", prices={"disk": math.inf})
+
+
+def test_arrivals_beyond_the_clocks_resolution_are_refused(excerpt):
+    # --rate-scale 1e-300 put arrivals at 1e300 s, where a step no longer moves a float clock: the simulation
+    # stopped with "replica 0 is stuck (an internal error)"
+    with pytest.raises(GraphsimError, match="trace.arrival_s"):
+        excerpt.head(3).scale_rate(1e-300)
+    assert excerpt.head(3).scale_rate(1e-6).arrival_s[-1] < 2 ** 32  # the excerpt spans minutes: 1e6x slower fits
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"input": {"dist": "uniform", "low": 100, "high": 1e300}}, "synthetic.input.high"),  # was numpy's ValueError
+    ({"input": {"dist": "lognormal", "mean": 2.0 ** 53, "cv": 3}}, "synthetic.input"),  # int64 wrap, then blocks
+    ({"requests": 2 ** 70}, "synthetic.requests"),  # was a MemoryError
+    ({"requests": None, "duration_s": 1e9, "rate": 1e9}, "synthetic.duration_s"),
+    ({"seed": -1}, "synthetic.seed"),  # was numpy's ValueError
+    ({"block_tokens": 2 ** 70}, "synthetic.block_tokens"),  # was an OverflowError
+    ({"sessions": {"turns": {"dist": "lognormal", "mean": 2.0 ** 53, "cv": 1}}}, "synthetic.sessions.turns"),
+    ({"sessions": {"turns": 3, "system_tokens": 2 ** 70}}, "synthetic.sessions.system_tokens"),
+    ({"sessions": {"turns": 3, "tool_tokens": 2.0 ** 53}}, "synthetic.sessions.tool_tokens"),
+])
+def test_synthetic_sizes_beyond_the_limits_are_one_line(kwargs, field):
+    # found by the fuzz campaign: each was an internal error, a MemoryError or a hang before any request ran
+    with pytest.raises(GraphsimError, match=f"^{field}:"):
+        synthetic(**{"requests": 10, "rate": 1.0, **kwargs})
+
+
+def test_think_time_does_not_size_the_sessions():
+    # sessions were sized by rate x think time: think_s 2^53 s asked for 2.7e16 sessions (a MemoryError); sessions
+    # beyond the requests are never needed (each has a turn)
+    tr = synthetic(requests=5, rate=1.0, sessions={"turns": 3, "think_s": 2.0 ** 53}, seed=1)
+    assert len(tr) == 5 and np.all(tr.turn == 0)
+
+
+@pytest.mark.parametrize("doc,field", [
+    ({"best": [{"rank": 1, "mode": "agg", "decode_replicas": 1}]}, "from.decode_mapping"),  # was a KeyError
+    ({"best": [{"rank": 1, "decode_mapping": "tp8-dp1-ep8-pp1", "decode_replicas": "x"}]}, "from.decode_replicas"),
+    ({"best": [{"rank": 1, "decode_mapping": "tp8-dp1-ep8-pp1", "decode_replicas": None}]}, "from.decode_replicas"),
+    ({"best": [{"rank": 1, "decode_mapping": "tp8-dp1-ep8-pp1", "decode_replicas": 1.5}]}, "from.decode_replicas"),
+    ({"best": [{"rank": 1, "decode_mapping": "tp8-dp1-ep8-pp1", "policies": "prefetch_distance=x"}]}, "from.policies"),
+    ({"best": [1]}, "from"),  # was an AttributeError
+])
+def test_search_documents_with_broken_rows(tmp_path, doc, field):
+    from graphsim.cmd_serve import deployment_from_search
+
+    f = tmp_path / "search.json"
+    f.write_text(json.dumps(doc))
+    with pytest.raises(GraphsimError, match=f"^{field}:"):
+        deployment_from_search(str(f), 1)
+
+
+@pytest.mark.parametrize("text", ["", '"\n'])
+def test_search_tables_that_are_not_tables(tmp_path, text, capsys):
+    # an empty or malformed --from CSV was pandas' EmptyDataError / ParserError: an internal error (exit 3)
+    f = tmp_path / "search.csv"
+    f.write_text(text)
+    assert _cli("serve-sim", "--model", "deepseek-v3", "--hw", "gb200", "--from", f, "--rank", "0", "--trace", EXCERPT,
+                "--head", 5, "--validate", 0, "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("graphsim: error: from:") and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("flag,value", [("--ttft", "nan"), ("--tpot", "inf"), ("--ttft", "-1"), ("--tpot", "0")])
+def test_sla_bounds_are_finite_and_positive(flag, value, capsys):
+    # --ttft nan / --tpot inf printed NaN / Infinity in the --json goodput (not JSON); -1 made every request bad
+    assert _cli("serve-sim", "--model", "deepseek-v3", "--hw", "gb200", "--tp", 8, "--ep", 8, "--trace", EXCERPT,
+                "--head", 5, "--validate", 0, "--no-progress", "--json", flag, value) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"graphsim: error: {flag[2:]}_ms:"), err
+    assert SLA(ttft_ms=2000.0, tpot_ms=50).tpot_ms == 50
+
+
+@pytest.mark.parametrize("flag,value,field", [("--classes", str(2 ** 70), "classes"), ("--classes", "-5", "classes"),
+                                              ("--seed", "-1", "seed")])
+def test_class_edges_and_seed_are_checked_before_the_run(flag, value, field, capsys):
+    # a class edge beyond int64 was an OverflowError and a negative seed numpy's ValueError, both after the whole run
+    assert _cli("serve-sim", "--model", "deepseek-v3", "--hw", "gb200", "--tp", 8, "--ep", 8, "--trace", EXCERPT,
+                "--head", 5, "--validate", 0, "--no-progress", flag, value) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"graphsim: error: {field}:") and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_empty_synthetic_stream_is_one_line(capsys):
+    # duration_s 0 draws no request: the new size checks' messages reduced an empty array (an internal error)
+    assert len(synthetic(duration_s=0, rate=5.0)) == 0
+    assert _cli("serve-sim", "--model", "deepseek-v3", "--hw", "gb200", "--tp", 8, "--ep", 8, "--synthetic",
+                '{"rate": 5, "duration_s": 0}', "--no-progress") == 2
+    assert capsys.readouterr().err.startswith("graphsim: error: trace: holds no requests")
+
+
+def test_a_readmitted_requests_own_blocks_are_not_prefix_hits():
+    # found by the fuzz campaign: with recompute preemption a readmitted request found its own prompt blocks in HBM
+    # and counted them as hits, so the hit ratio (3.6 %) beat the trace's own prefix reuse (0: unique prompts)
+    tr = synthetic(requests=36, rate=2.0, seed=0)
+    dep = Deployment("llama-3.1-70b", "h200", gs.ParallelMapping(tp=2), engine="sglang", hbm_kv_gib=1.0)
+    res = simulate(tr, dep, validate=0)
+    c = res.summary["cache"]
+    assert res.summary["requests"]["preemptions"] > 0 and c["trace_prefix_reuse"] == 0.0
+    assert c["hit_ratio"] == 0.0 and sum(c["hit_tokens"].values()) == 0.0
+
+
+def test_python_arguments_of_the_wrong_kind_are_one_line(excerpt):
+    # found by the serve_sim family's Python cases: each was a ValueError / TypeError / AttributeError, and
+    # samples=10**9 never ended (a pass over the replicas per sample)
+    tr = excerpt.head(3)
+    for call, field in ((lambda: Deployment("deepseek-v3", hbm_kv_gib="x"), "hbm_kv_gib"),
+                        (lambda: TierSpec("nvme"), "tier"), (lambda: TierSpec("disk", ttl_s="x"), "tier.ttl_s"),
+                        (lambda: TierSpec("disk", capacity_bytes="x"), "tier.capacity_gib"),
+                        (lambda: TierSpec.parse("host:fraction=0.1", "4"), "tier.host_bytes"),
+                        (lambda: simulate(tr, V3, validate=0, samples=10 ** 9), "samples"),
+                        (lambda: simulate(tr, V3, validate=-1), "validate"),
+                        (lambda: simulate(tr, V3, validate=0, prices={"disk": "x"}), "price"),
+                        (lambda: simulate(tr, V3, validate=0, prices=1.5), "price"),
+                        (lambda: simulate(tr, V3, validate=0, classes=None), "classes")):
+        with pytest.raises(GraphsimError, match=f"^{field}:"):
+            call()
+    assert TierSpec("disk", holds="global").holds == ("global",)  # one kind by name, not its letters
+
+
+def test_many_replicas_end_in_linear_time():
+    # found probing the family's --replicas bound: the run's last loop took the latest replica clock once per
+    # replica (quadratic: 65,536 replicas ran for minutes with 20 requests; 10 s after). No wall-clock assert (the
+    # machine is shared): the run completing in the suite's budget is the check, bench_serve_sim.py the speed.
+    tr = synthetic(requests=3, rate=1.0, input=500, output=2, seed=0)
+    dep = Deployment("deepseek-v3", "gb200", gs.ParallelMapping(tp=8, ep=8), replicas=20000, hbm_kv_gib=math.inf)
+    res = simulate(tr, dep, steps=FixedSteps(0.01), validate=0, samples=0)  # ~1 s; the quadratic loop was ~4e8 steps
+    assert res.summary["requests"]["served"] == 3

@@ -17,6 +17,7 @@ last-use order, so TTL expiry pops from the same end as capacity eviction. Bytes
 from __future__ import annotations
 
 import math
+import numbers
 from collections import OrderedDict
 
 import attrs
@@ -27,10 +28,22 @@ KINDS = ("global", "swa")
 GiB = float(1 << 30)
 
 
+def _number(field: str):
+    """A converter: a real number (a string or a bool is refused with one line naming ``field``)."""
+    def conv(v) -> float:
+        require(isinstance(v, numbers.Real) and not isinstance(v, bool), field, f"must be a number, got {v!r}")
+        return float(v)
+    return conv
+
+
 def _cap(v) -> float:
-    v = float(v)
+    v = _number("tier.capacity_gib")(v)
     require(v >= 0 and not math.isnan(v), "tier.capacity_gib", f"must be >= 0 (inf: unbounded), got {v!r}")
     return v
+
+
+def _kinds(v) -> tuple:
+    return (v,) if isinstance(v, str) else tuple(v) if isinstance(v, (tuple, list)) else (v,)
 
 
 @attrs.frozen
@@ -38,23 +51,27 @@ class TierSpec:
     """One pooled tier below HBM. ``capacity_bytes``/``ttl_s`` inf: unbounded; ``holds``: the KV kinds it keeps;
     ``price_gib_hour``: what a GiB held for an hour costs (the cost column)."""
 
-    name: str = attrs.field(validator=attrs.validators.in_(("host", "disk")))
+    name: str
     capacity_bytes: float = attrs.field(default=math.inf, converter=_cap)
-    ttl_s: float = attrs.field(default=math.inf, converter=float)
-    holds: tuple = attrs.field(default=KINDS, converter=tuple)
-    price_gib_hour: float = attrs.field(default=0.0, converter=float)
+    ttl_s: float = attrs.field(default=math.inf, converter=_number("tier.ttl_s"))
+    holds: tuple = attrs.field(default=KINDS, converter=_kinds)
+    price_gib_hour: float = attrs.field(default=0.0, converter=_number("tier.price"))
 
     def __attrs_post_init__(self):
+        require(self.name in ("host", "disk"), "tier", f"a tier is host or disk, got {self.name!r}")
         require(self.ttl_s > 0 and not math.isnan(self.ttl_s), f"tier.{self.name}.ttl_s",
                 f"must be > 0 seconds (inf: no expiry), got {self.ttl_s!r}")
         bad = [k for k in self.holds if k not in KINDS]
         require(not bad, f"tier.{self.name}.holds", f"unknown KV kind {bad[:1]}; allowed: {', '.join(KINDS)}")
-        require(self.price_gib_hour >= 0, f"tier.{self.name}.price", f"must be >= 0, got {self.price_gib_hour!r}")
+        require(math.isfinite(self.price_gib_hour) and self.price_gib_hour >= 0, f"tier.{self.name}.price",
+                f"must be a finite number >= 0, got {self.price_gib_hour!r}")
 
     @staticmethod
     def parse(text: str, host_bytes: float) -> "TierSpec":
         """``NAME[:key=value,...]`` with keys ``capacity_gib`` (or ``fraction`` of the pooled host memory,
         host only), ``ttl_s``, ``holds`` (``global+swa``), ``price`` (per GiB-hour)."""
+        require(isinstance(host_bytes, numbers.Real) and not isinstance(host_bytes, bool), "tier.host_bytes",
+                f"must be a number of bytes, got {host_bytes!r}")
         name, _, rest = str(text).partition(":")
         name = name.strip()
         require(name in ("host", "disk"), "tier", f"{text!r}: a tier is host or disk, e.g. host:fraction=0.1,ttl_s=300")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+import numbers
 from collections import deque
 
 import attrs
@@ -85,13 +86,20 @@ class Deployment:
         if self.token_budget is not None:
             check_int("token_budget", self.token_budget, 1, 1 << 24)
         if self.hbm_kv_gib is not None:
-            require(float(self.hbm_kv_gib) > 0, "hbm_kv_gib", f"must be > 0 (inf: unbounded), got {self.hbm_kv_gib!r}")
+            v = self.hbm_kv_gib
+            require(isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0, "hbm_kv_gib",
+                    f"must be a number > 0 (inf: unbounded), got {v!r}")
+
+
+def _sla_bound(inst, attr, v) -> None:
+    ok = v is None or (isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v > 0)
+    require(ok, attr.name, f"must be a finite number of ms > 0 (none: no bound), got {v!r}")
 
 
 @attrs.frozen
 class SLA:
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
+    ttft_ms: float | None = attrs.field(default=None, validator=_sla_bound)
+    tpot_ms: float | None = attrs.field(default=None, validator=_sla_bound)
 
 
 @attrs.define
@@ -333,11 +341,15 @@ class _Sim:
                 self._tier_of(key, now, self.s_tiers) is not None or \
                 (sk is not None and self._tier_of(sk, now, self.s_tiers) is not None)
         replay = 0
+        # the hit statistics are the first admission's: a preempted request readmitted finds its own blocks, work
+        # recovered, not the trace's prefix reuse (counted again, the hit ratio exceeded the trace's own reuse)
+        first = self.preempted[i] == 0
         if hit and not swa_ok:
             if self.encoder_replay:
                 replay = min(hit, self.window)
             else:
-                self.recomputed[i] = hit
+                if first:
+                    self.recomputed[i] = hit
                 hit = 0
         gen = int(self.gen[i])
         target = inp + gen  # a preempted request recomputes the tokens it emitted
@@ -361,7 +373,8 @@ class _Sim:
             tok = min(self.bt, hit - j * self.bt)
             t = where[j]
             name = "hbm" if t is None else t.spec.name
-            self.hit[name][i] += tok
+            if first:
+                self.hit[name][i] += tok
             if t is not None:
                 t.touch(("g", int(ids[j])), now)
                 if name == "host":
@@ -369,7 +382,7 @@ class _Sim:
                 else:
                     disk_b += tok * self.g
         if self.swa_model and hit and swa_ok:
-            self.swa_hit[i] = True
+            self.swa_hit[i] |= first
             key = ("s", int(ids[run - 1]))
             if not pool.has(key):
                 sk = ("S", int(self.session[i])) if self.session[i] >= 0 else None
@@ -379,7 +392,8 @@ class _Sim:
                         host_b += self.s
                     else:
                         disk_b += self.s
-        self.hit_tokens[i] = hit
+        if first:
+            self.hit_tokens[i] = hit
         self.replay[i] = replay
         self.pending_replay[i] = replay > 0
         dr = float(restore_seconds(host_b * r.cfg.per_device, disk_b * r.cfg.per_device, self.hw)) \
@@ -770,6 +784,24 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
 
     require(router in ROUTERS, "router", f"unknown {router!r}; allowed: {', '.join(ROUTERS)}")
     require(len(trace) > 0, "trace", "holds no requests")
+    from ..limits import MAX_CONTEXT
+
+    def whole(x, lo, hi):
+        return isinstance(x, numbers.Integral) and not isinstance(x, bool) and lo <= x <= hi
+
+    require(isinstance(classes, (tuple, list, np.ndarray)), "classes",
+            f"must be a tuple of input-length edges, got {classes!r}")
+    bad = [x for x in classes if not whole(x, 1, MAX_CONTEXT)]  # before the run: edges are int64 input lengths
+    require(not bad, "classes", f"input-length edges are whole numbers in [1, {MAX_CONTEXT:,}], got {bad[0]!r}"
+            if bad else "")
+    require(whole(seed, 0, 2 ** 63 - 1), "seed", f"must be a whole number >= 0, got {seed!r}")
+    require(whole(validate, 0, 1 << 20), "validate", f"must be a whole number of steps >= 0, got {validate!r}")
+    require(whole(samples, 0, 1 << 20), "samples", f"must be a whole number of timeline samples in [0, 2^20], got "
+            f"{samples!r}")  # (each is a pass over the replicas: 10^9 never ended)
+    require(isinstance(sla, SLA), "sla", f"give an SLA record, got {sla!r}")
+    require(prices is None or (isinstance(prices, dict) and all(
+        isinstance(v, numbers.Real) and not isinstance(v, bool) for v in prices.values())), "price",
+        f"give {{tier: price per GiB-hour}}, got {prices!r}")
     dep = deployment
     model = load_model(dep.model) if isinstance(dep.model, str) else dep.model
     hw = load_hw(dep.hw) if isinstance(dep.hw, str) else dep.hw

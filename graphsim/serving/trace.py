@@ -20,6 +20,7 @@ import attrs
 import numpy as np
 
 from ..errors import GraphsimError, require
+from ..limits import MAX_CONTEXT, MAX_REQUESTS
 
 #: file formats :func:`load_trace` reads, by suffix
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
@@ -27,6 +28,9 @@ FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parq
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 ARRIVALS = ("poisson", "gamma")
 _I64_MAX = 2 ** 63 - 1
+#: the latest arrival a trace may hold, in seconds from its start (about 136 years): a simulator's float clock
+#: resolves a microsecond step below it (one ulp of 2^32 s is 2^-20 s); beyond it a step no longer moves the clock
+MAX_ARRIVAL_S = float(2 ** 32)
 
 
 def _i64(a):
@@ -79,6 +83,9 @@ class Trace:
         require(bool(np.all(counts >= 0)), "trace.offsets", "must be non-decreasing")
         require(bool(np.all(np.isfinite(self.arrival_s))) and bool(np.all(np.diff(self.arrival_s) >= 0)),
                 "trace.arrival_s", "must be finite and non-decreasing")
+        top = float(np.max(np.abs(self.arrival_s), initial=0.0))
+        require(top <= MAX_ARRIVAL_S, "trace.arrival_s", f"must lie within {MAX_ARRIVAL_S:.4g} s (2^32, about 136 "
+                f"years) of the trace start, where a simulated step still moves the clock; got {top:.4g} s")
         require(bool(np.all(self.input_len >= 1)), "trace.input_len", "must be >= 1")
         require(bool(np.all(self.output_len >= 1)), "trace.output_len", "must be >= 1")
         require(bool(np.all(counts <= -(-self.input_len // self.block_tokens))), "trace.block_ids",
@@ -289,9 +296,25 @@ def _csv_rows(path):
 
 
 def _parquet_rows(path):
-    _, pq = _pyarrow()
-    for no, r in enumerate(pq.read_table(path).to_pylist(), 1):
+    pa, pq = _pyarrow()
+    try:
+        table = pq.read_table(path)
+    except pa.ArrowException as e:
+        raise GraphsimError("trace", f"{path.name}: not a Parquet file ({str(e).strip().splitlines()[0]})") from None
+    for no, r in enumerate(table.to_pylist(), 1):
         yield f"row {no}", r
+
+
+def _rows(fmt, path):
+    """The file's ``(where, record)`` pairs; a file that cannot be read (missing, a folder, not UTF-8) is one line."""
+    try:
+        yield from {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}[fmt](path)
+    except OSError as e:
+        raise GraphsimError("trace", f"{path}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise GraphsimError("trace", f"{path.name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except csv.Error as e:
+        raise GraphsimError("trace", f"{path.name}: not CSV ({e})") from None
 
 
 def load_trace(path, *, format=None, block_tokens=512, time_unit="ms") -> Trace:
@@ -306,15 +329,16 @@ def load_trace(path, *, format=None, block_tokens=512, time_unit="ms") -> Trace:
             f"must be one of jsonl, csv, parquet (or a path ending {', '.join(FORMATS)}), got "
             f"{format if format is not None else path.suffix!r}")
     require(time_unit in TIME_UNITS, "trace.time_unit", f"must be one of {', '.join(TIME_UNITS)}, got {time_unit!r}")
-    require(isinstance(block_tokens, int) and not isinstance(block_tokens, bool) and block_tokens >= 1,
-            "trace.block_tokens", f"must be a whole number >= 1, got {block_tokens!r}")
-    rows = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}[fmt](path)
-    return _from_records(rows, block_tokens=block_tokens, time_unit=time_unit, source=path.name)
+    require(isinstance(block_tokens, int) and not isinstance(block_tokens, bool) and 1 <= block_tokens <= MAX_CONTEXT,
+            "trace.block_tokens", f"must be a whole number >= 1 (at most {MAX_CONTEXT:,}), got {block_tokens!r}")
+    return _from_records(_rows(fmt, path), block_tokens=block_tokens, time_unit=time_unit, source=path.name)
 
 
 # -- synthetic traces -----------------------------------------------------------------------------------------------
 #: the fields each distribution takes (``max``: an optional upper clip)
 DISTS = {"const": ("value",), "uniform": ("low", "high"), "lognormal": ("mean", "cv")}
+#: the largest parameter a distribution takes (whole numbers stay exact in a float; draws stay in int64)
+DIST_MAX = float(2 ** 53)
 
 
 @attrs.frozen
@@ -344,8 +368,8 @@ class Dist:
         params = []
         for name in DISTS[kind]:
             v = spec.get(name)
-            require(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
-                    f"{field}.{name}", f"must be a finite number >= 0, got {v!r}")
+            require(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= DIST_MAX,
+                    f"{field}.{name}", f"must be a finite number in [0, 2^53], got {v!r}")
             params.append((name, v))
         p = dict(params)
         if kind == "uniform":
@@ -379,7 +403,7 @@ class Dist:
             s2 = math.log1p(p["cv"] ** 2)
             x = rng.lognormal(math.log(p["mean"]) - s2 / 2, math.sqrt(s2), n)
         if whole:
-            x = np.round(x)
+            x = np.minimum(np.round(x), DIST_MAX)  # a lognormal's tail beyond int64 (callers bound what they take)
         x = np.clip(x, lo, np.inf if self.max is None else self.max)
         return x.astype(np.int64) if whole else x
 
@@ -434,18 +458,23 @@ def synthetic(*, requests=None, duration_s=None, rate, arrival="poisson", cv=1.0
     """
     require((requests is None) != (duration_s is None), "synthetic", "give exactly one of requests, duration_s")
     if requests is not None:
-        require(isinstance(requests, int) and not isinstance(requests, bool) and requests >= 0, "synthetic.requests",
-                f"must be a whole number >= 0, got {requests!r}")
+        require(isinstance(requests, int) and not isinstance(requests, bool) and 0 <= requests <= MAX_REQUESTS,
+                "synthetic.requests", f"must be a whole number >= 0 (at most {MAX_REQUESTS:,}), got {requests!r}")
     else:
         require(isinstance(duration_s, (int, float)) and math.isfinite(duration_s) and duration_s >= 0,
                 "synthetic.duration_s", f"must be a finite number >= 0, got {duration_s!r}")
     require(isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0, "synthetic.rate",
             f"must be a finite number > 0 (per second), got {rate!r}")
+    if duration_s is not None:
+        require(rate * duration_s <= MAX_REQUESTS, "synthetic.duration_s", f"{duration_s} s at {rate}/s is over "
+                f"{MAX_REQUESTS:,} arrivals")
+    require(isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed <= _I64_MAX, "synthetic.seed",
+            f"must be a whole number >= 0, got {seed!r}")
     require(arrival in ARRIVALS, "synthetic.arrival", f"must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
     require(isinstance(cv, (int, float)) and math.isfinite(cv) and cv > 0, "synthetic.cv",
             f"must be a finite number > 0, got {cv!r}")
-    require(isinstance(block_tokens, int) and block_tokens >= 1, "synthetic.block_tokens",
-            f"must be a whole number >= 1, got {block_tokens!r}")
+    require(isinstance(block_tokens, int) and not isinstance(block_tokens, bool) and 1 <= block_tokens <= MAX_CONTEXT,
+            "synthetic.block_tokens", f"must be a whole number >= 1 (at most {MAX_CONTEXT:,}), got {block_tokens!r}")
     d_in, d_out = Dist.of(input, "synthetic.input"), Dist.of(output, "synthetic.output")
     if sessions is None:
         spec = {"turns": Dist("const", (("value", 1),)), "think_s": Dist("const", (("value", 0),)),
@@ -460,14 +489,16 @@ def synthetic(*, requests=None, duration_s=None, rate, arrival="poisson", cv=1.0
         for name in ("turns", "think_s", "tool_tokens"):
             spec[name] = Dist.of(spec[name], f"synthetic.sessions.{name}")
         s = spec["system_tokens"]
-        require(isinstance(s, int) and not isinstance(s, bool) and s >= 0, "synthetic.sessions.system_tokens",
-                f"must be a whole number >= 0, got {s!r}")
+        require(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_CONTEXT,
+                "synthetic.sessions.system_tokens", f"must be a whole number >= 0 (at most {MAX_CONTEXT:,}), got {s!r}")
     rng = np.random.default_rng(seed)
 
     # session starts: enough that no later session could reach the kept requests (checked below, doubled if not)
     turns = max(1.0, spec["turns"].mean())
     want = requests / turns if requests is not None else rate * duration_s
-    n_s = int(1.05 * want + rate * spec["think_s"].mean() * turns + 6 * math.sqrt(want) + 16)
+    n_s = 1.05 * want + rate * spec["think_s"].mean() * turns + 6 * math.sqrt(want) + 16
+    # never more sessions than requests (each has a turn) or than start within duration_s (the loop extends)
+    n_s = int(min(n_s, requests + 16 if requests is not None else 1.05 * want + 6 * math.sqrt(want) + 16))
     starts = np.cumsum(_gaps(rng, n_s, rate, arrival, cv))
     while True:
         req = _sessions(rng, starts, spec, d_in, d_out, block_tokens)
@@ -498,7 +529,10 @@ def _sessions(rng, starts, spec, d_in, d_out, bt):
     rng = np.random.default_rng(rng.integers(2 ** 63))
     n_s = len(starts)
     turns = spec["turns"].sample(rng, n_s, whole=True, lo=1)
-    n = int(turns.sum())
+    n = float(turns.sum(dtype=np.float64))  # (a float: int64 sums of 2^53 draws wrap)
+    require(n <= 4 * MAX_REQUESTS, "synthetic.sessions.turns", f"{n_s:,} sessions draw {n:,.0f} turns; at most "
+            f"{4 * MAX_REQUESTS:,}")
+    n = int(n)
     sess = np.repeat(np.arange(n_s, dtype=np.int64), turns)
     first = np.zeros(n_s + 1, dtype=np.int64)
     np.cumsum(turns, out=first[1:])
@@ -514,6 +548,13 @@ def _sessions(rng, starts, spec, d_in, d_out, bt):
     grow = np.zeros(n, dtype=np.int64)
     grow[~head] = (out + tool)[np.flatnonzero(~head) - 1]
     prompt = np.repeat(spec["system_tokens"] + user, turns) + _segsum(grow, first)
+    # before the block streams: a prompt beyond graphsim's context limit is no request any model runs (each term
+    # checked first, so their sums stay far inside int64)
+    for field, x in (("input", user), ("output", out), ("sessions.tool_tokens", tool), ("input", prompt)):
+        top = int(x.max(initial=0))
+        require(top <= MAX_CONTEXT, f"synthetic.{field}", f"draws {top:,} tokens, over graphsim's limit of "
+                f"{MAX_CONTEXT:,} (a prompt: system + input + earlier turns' outputs and tools): lower the mean or "
+                "give a max")
     # each session's token stream: full blocks of its longest (last) prompt, chain-hashed position by position
     last = prompt[first[1:] - 1]
     full = last // bt

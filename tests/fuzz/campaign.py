@@ -36,7 +36,8 @@ def _preload() -> None:
     import importlib
 
     for mod in ("graphsim", "graphsim.cli", "graphsim.commands", "graphsim.sweep", "graphsim.exports.plots",
-                "graphsim.exports.dot", "graphsim.exports.trace", "pandas", "pyarrow.parquet", "matplotlib.pyplot"):
+                "graphsim.exports.dot", "graphsim.exports.trace", "graphsim.cmd_serve", "graphsim.serving.sim",
+                "pandas", "pyarrow.parquet", "matplotlib.pyplot"):
         try:
             importlib.import_module(mod)
         except Exception:  # noqa: BLE001 - an older tree may lack a module; the targets report what fails
@@ -62,7 +63,7 @@ FAMILIES = {
     "collect": (S.collect_case(), lambda c: T.run_collect(c)),
     "plot": (S.plot_case(), lambda c: T.run_plot(c)),
     "search": (S.search_case(), lambda c: T.run_search(c)),
-    # TODO(issue 26, serve-sim): a "serve_sim" family (argv + traces).
+    "serve_sim": (S.serve_sim_case(), lambda c: T.run_serve_sim(c)),
 }
 BAD = ("unnamed", "nonsense", "crash", "hang", "memory")
 

@@ -751,3 +751,385 @@ def search_case(draw) -> dict:
     if rare(draw, 6):
         argv.append("--fresh")
     return {"argv": argv + ["--no-progress"], "files": files}
+
+
+# --------------------------------------------------------------------------------------------------
+# serve-sim: argv, request traces and synthetic streams (issue 27)
+# --------------------------------------------------------------------------------------------------
+
+SERVE_MODELS = ("deepseek-v3", "deepseek-v4.1-flash", "llama-3.1-70b")
+#: per model, mappings that fit (the hw first) and mappings a user gets wrong
+SERVE_DEPLOYMENTS = {
+    "deepseek-v3": (("gb200", ["--tp", "8", "--ep", "8"]), ("gb200", ["--tp", "4", "--ep", "4"]),
+                    ("h200", ["--tp", "8", "--ep", "8"]), ("gb200", ["--dp", "8", "--ep", "8"])),
+    "deepseek-v4.1-flash": (("gb200", ["--tp", "4"]), ("gb200", ["--tp", "8"]), ("h200", ["--tp", "4", "--ep", "4"]),
+                            ("gb200", ["--tp", "4", "--ep", "4"])),
+    "llama-3.1-70b": (("h200", ["--tp", "4"]), ("h200", ["--tp", "2"]), ("gb200", ["--tp", "2", "--dp", "2"]),
+                      ("h200", ["--tp", "8"])),
+}
+BAD_SERVE_MAPPINGS = (["--pp", "2"], ["--tp", "3"], ["--tp", "0"], ["--tp", "1"], ["--ep", "16"], ["--cp", "2"],
+                      ["--tp", "x"], ["--dp", "-1"])
+SERVE_TIERS_GOOD = ("host:fraction=0.1,ttl_s=300,holds=swa", "disk", "disk:capacity_gib=1", "host",
+                    "host:capacity_gib=0.001,ttl_s=1", "disk:ttl_s=60,holds=global,price=0.0001",
+                    "host:fraction=0,holds=global+swa", "disk:capacity_gib=inf,ttl_s=inf", "host:holds=global")
+SERVE_TIERS_BAD = ("host:fraction=2", "host:fraction=nan", "host:fraction=-0.1", "host:capacity_gib=-1",
+                   "disk:capacity_gib=nan", "disk:ttl_s=0", "disk:ttl_s=-5", "host:ttl_s=nan", "disk:price=-1",
+                   "disk:price=nan", "disk:price=inf", "host:capacity_gib=1e400", "disk:holds=foo", "disk:holds=",
+                   "nvme:capacity_gib=1", "host:bogus=1", "host:ttl_s", "host:", "", ":", "disk:fraction=0.1",
+                   "host:capacity_gib=x", "disk:ttl_s=1e-300", "host:capacity_gib=1e-300", "HOST")
+SERVE_PRICES = ("disk=0.0001", "host=1", "disk=x", "nvme=1", "disk=-1", "disk=inf", "disk=nan", "x", "=1", "disk=")
+SERVE_FLAGS = {  # flag: (good values, bad values)
+    "--replicas": (["1", "2", "3"], ["0", "-1", "x", "70000", "1.5", ""]),
+    "--router": (["prefix", "least-loaded", "round-robin"], ["random", ""]),
+    "--cache-design": (["auto", "three-tier", "swa-on-disk", "host-disk", "hbm"], ["x", "disk"]),
+    "--ttft": (["100", "2000", "1e9"], ["0", "-1", "nan", "inf", "x"]),
+    "--tpot": (["5", "50"], ["0", "-1", "nan", "inf", "x"]),
+    "--classes": (["1000", "512,4096", "4096,512", "1,1"], ["0", "-5", "x", "", ",", str(2**70)]),
+    "--token-budget": (["64", "512", "8192", "100000"], ["0", "-1", "x", str(2**30)]),
+    "--max-running": (["1", "4", "64"], ["0", "-1", "x", str(2**40)]),
+    "--hbm-kv-gib": (["0.001", "0.5", "1", "100", "inf"], ["0", "nan", "-1", "x", "-inf", "1e400"]),
+    "--reserve-gib": (["0", "5"], ["-1", "inf", "nan", "1e6"]),
+    "--head": (["1", "5", "1000"], ["0", "-1", "x"]),
+    "--rate-scale": (["1", "10", "0.1", "1e-3"], ["0", "-1", "nan", "inf", "1e300", "1e-300", "x"]),
+    "--validate": (["0", "4", "16"], ["-1", "x"]),
+    "--engine": (["auto", "none", "sglang", "vllm", "trtllm"], ["tgi"]),
+    "--seed": (["0", "7"], ["-1", "x", str(2**70)]),
+}
+SERVE_OUTPUTS = {"-o": (["{tmp}/out.json", "{tmp}/out.txt"], ["{tmp}", "/dev/full", "{tmp}/missing/dir/x.json"]),
+                 "--requests-out": (["{tmp}/r.parquet", "{tmp}/r.csv", "{tmp}/new/r.csv"],
+                                    ["{tmp}/r.txt", "{tmp}", "/dev/full", "{tmp}/r.json"]),
+                 "--plot": (["{tmp}/p.png", "{tmp}/p.svg"], ["{tmp}/p.jpg", "{tmp}", "/dev/null"])}
+TRACE_VALUES = (0, -1, -512, 1.5, 10**6, 2**63, 10**30, 1e300, float("nan"), float("inf"), True, None, "", "x",
+                "12", "1e3", [1], {"a": 1})
+TRACE_JUNK = ("", "\n\n", "not json\n", "[]\n", "{}\n", "null\n", '{"timestamp": 0, "input_length": 5\n',
+              b"\x00\xff\xfe junk \x89PNG", b"PAR1\x00\x00junk", "timestamp,input_length\n", "\ufeff")
+
+
+@st.composite
+def trace_rows(draw) -> list:
+    """Mooncake-like records: a few prefix chains shared between requests (so caches hit), short prompts and
+    outputs, at most 60 requests."""
+    n = draw(st.integers(1, 60))
+    rows, t = [], 0
+    for i in range(n):
+        t += draw(st.sampled_from([0, 0, 1, 10, 100, 1000, 5000]))
+        inp = draw(st.sampled_from([1, 2, 100, 511, 512, 513, 1500, 2048, 4000, 8000]))
+        nb = -(-inp // 512)
+        chain, share = draw(st.integers(0, 3)), draw(st.integers(0, nb))
+        ids = [chain * 1000 + j for j in range(share)] + [100_000 + i * 20 + j for j in range(nb - share)]
+        rows.append({"timestamp": t, "input_length": inp, "output_length": draw(st.sampled_from([1, 1, 2, 8, 32, 64])),
+                     "hash_ids": ids})
+    if rare(draw, 5):  # multi-turn columns
+        for r in rows:
+            r["session_id"], r["turn"] = draw(st.sampled_from([0, 1, 2])), draw(st.sampled_from([0, 1, 2]))
+    return rows
+
+
+@st.composite
+def mangled_rows(draw) -> list:
+    """trace_rows with, one time in three, a few records broken: a field missing or of a wrong value (negative,
+    huge beyond any model's context, a string, NaN, a bool, a container), hash_ids too long / short / not
+    whole numbers, the records shuffled (unsorted timestamps), unknown fields."""
+    rows = draw(trace_rows())
+    if draw(st.integers(0, 2)):
+        return rows
+    for _ in range(draw(st.integers(1, 3))):
+        i = draw(st.integers(0, len(rows) - 1))
+        r = rows[i]
+        op = draw(st.integers(0, 9))
+        key = draw(st.sampled_from(["timestamp", "input_length", "output_length", "hash_ids", "session_id", "turn"]))
+        if not isinstance(r, dict):  # an earlier step made it a non-record
+            continue
+        ids = r.get("hash_ids") if isinstance(r.get("hash_ids"), list) else []  # (an earlier step may have broken it)
+        if op == 0:
+            r.pop(key, None)
+        elif op <= 2:
+            r[key] = draw(st.sampled_from(TRACE_VALUES))
+        elif op == 3:  # beyond the context, with a hash list that fits it
+            r["input_length"] = draw(st.sampled_from([131_072, 163_840, 200_000, 10**6]))
+            r["hash_ids"] = ids[:4]
+        elif op == 4:  # too many blocks
+            r["hash_ids"] = ids + [7] * draw(st.integers(1, 5))
+        elif op == 5:  # too few (fresh ids for the rest)
+            r["hash_ids"] = ids[: draw(st.integers(0, len(ids)))]
+        elif op == 6:
+            r["hash_ids"] = draw(st.sampled_from([[-1], [1.5], ["a"], [2**63], "1 2 3", 5, [None], [[1]], {}]))
+        elif op == 7:
+            rows = draw(st.permutations(rows))
+        elif op == 8:
+            r["extra"] = draw(st.sampled_from(TRACE_VALUES))
+        else:
+            rows[i] = draw(st.sampled_from([[], "x", 3, None]))
+    return rows
+
+
+def _jsonl(rows, draw) -> str | bytes:
+    lines = [json.dumps(r) for r in rows]
+    if rare(draw, 8):
+        lines.insert(draw(st.integers(0, len(lines))), draw(st.sampled_from(["", "   ", "x", "[1]", "{", "NaN"])))
+    text = "\n".join(lines) + "\n"
+    if rare(draw, 12):
+        text = text[: draw(st.integers(0, len(text)))]
+    return text
+
+
+def _csv(rows, draw) -> str:
+    cols = []
+    for r in rows:
+        for k in (r if isinstance(r, dict) else {}):
+            if k not in cols:
+                cols.append(k)
+    if rare(draw, 10):
+        cols = draw(st.permutations(cols))
+    out = [",".join(cols)]
+    for r in rows:
+        if not isinstance(r, dict):
+            out.append(str(r))
+            continue
+        cells = []
+        for k in cols:
+            v = r.get(k, "")
+            if isinstance(v, list):
+                v = " ".join(map(str, v)) if draw(st.integers(0, 4)) else json.dumps(v)
+            cells.append('"' + str(v).replace('"', '""') + '"' if "," in str(v) or '"' in str(v) else str(v))
+        out.append(",".join(cells))
+    return "\n".join(out) + "\n"
+
+
+@st.composite
+def synthetic_spec(draw) -> str:
+    """--synthetic JSON: synthetic()'s arguments, small (<= 60 requests), sometimes with agent sessions; one time
+    in two one field broken (unknown fields, bad distributions, zero or non-finite rates, both or neither of
+    requests / duration_s), sometimes not a JSON object at all."""
+    length = lambda mean: st.one_of(  # noqa: E731
+        st.sampled_from([mean, mean // 2 + 1]),
+        st.sampled_from([{"dist": "const", "value": mean}, {"dist": "uniform", "low": 1, "high": mean},
+                         {"dist": "lognormal", "mean": mean, "cv": 1.0}, {"dist": "lognormal", "mean": mean, "cv": 0.5,
+                                                                          "max": 2 * mean}]))
+    spec: dict = {"rate": draw(st.sampled_from([0.5, 2, 10, 100])), "requests": draw(st.integers(1, 60))}
+    if rare(draw, 4):
+        spec = {"rate": 5, "duration_s": draw(st.sampled_from([0, 1, 5, 10]))}
+    if draw(st.booleans()):
+        spec["input"] = draw(length(draw(st.sampled_from([100, 1000, 3000]))))
+    if draw(st.booleans()):
+        spec["output"] = draw(length(draw(st.sampled_from([1, 8, 32]))))
+    if rare(draw, 3):
+        spec["arrival"] = "gamma"
+        spec["cv"] = draw(st.sampled_from([0.5, 1, 3]))
+    if rare(draw, 2):
+        spec["sessions"] = {"turns": draw(st.sampled_from([1, 3, {"dist": "uniform", "low": 1, "high": 4}])),
+                            "think_s": draw(st.sampled_from([0, 2, {"dist": "lognormal", "mean": 5, "cv": 1}])),
+                            "tool_tokens": draw(st.sampled_from([0, 100, {"dist": "const", "value": 300}])),
+                            "system_tokens": draw(st.sampled_from([0, 512, 1000]))}
+        spec["requests"] = min(spec.get("requests", 60), 60)
+    if rare(draw, 4):
+        spec["seed"] = draw(st.sampled_from([0, 1, 12345]))
+    if draw(st.booleans()):
+        where = draw(st.sampled_from(["rate", "requests", "duration_s", "input", "output", "arrival", "cv", "seed",
+                                      "block_tokens", "sessions", "bogus", "dist", "max", "sessions.turns",
+                                      "sessions.system_tokens", "sessions.bogus", "uniform"]))
+        v = draw(st.sampled_from((0, -1, 1.5, float("nan"), float("inf"), True, None, "x", [], {}, 2**70, -(2**63))))
+        if where == "dist":
+            spec["input"] = {"dist": draw(st.sampled_from(["normal", "", "const"])), "mean": 10}
+        elif where == "max":
+            spec["output"] = {"dist": "const", "value": 8, "max": v}
+        elif where == "uniform":
+            spec["input"] = {"dist": "uniform", "low": 100, "high": draw(st.sampled_from([10, -1, 1e300]))}
+        elif where.startswith("sessions."):
+            s = spec.setdefault("sessions", {"turns": 2})
+            k = where.split(".", 1)[1]
+            if k == "turns" and draw(st.booleans()):
+                s.pop("turns", None)
+            else:
+                s[k] = v
+        elif where == "duration_s":
+            spec["duration_s"] = v  # with requests: both given
+        else:
+            spec[where] = v
+    text = json.dumps(spec)  # NaN / Infinity as Python's json writes them (and reads them back)
+    if rare(draw, 12):
+        text = draw(st.sampled_from(["[]", "3", '"x"', "{", "", "null", "{'rate': 1}"]))
+    return text
+
+
+SEARCH_DOC_ROWS = ({"rank": 1, "mode": "agg", "decode_mapping": "tp8-dp1-ep8-pp1", "decode_replicas": 1,
+                    "policies": "overlap=serial"},
+                   {"rank": 2, "mode": "agg", "decode_mapping": "tp4-dp1-ep4-pp1", "decode_replicas": 2,
+                    "policies": "default"})
+SEARCH_ROW_BREAKS = {"decode_mapping": ["tp8", "tp8-dp1-ep8-pp2", "x", "", "tp0-dp1-ep1-pp1", "tp8-dp1-ep8-pp1-tp2",
+                                        None, 8],
+                     "decode_replicas": [0, -1, "x", 1.5, None, 2**70, float("nan")],
+                     "policies": ["overlap=x", "x", "fusion=", "acceptance=1", "prefetch_distance=x",
+                                  "ep_imbalance=nan", None, 3],
+                     "mode": ["disagg", "", None], "rank": ["1", None, 1.5]}
+
+
+@st.composite
+def search_output(draw) -> tuple:
+    """(file name, content, rank) of a graphsim search output for --from: a JSON document or a CSV table of
+    ranked deployments, sometimes with a row broken or the file not a document at all."""
+    rows = [dict(r) for r in SEARCH_DOC_ROWS]
+    if draw(st.booleans()):
+        r = rows[draw(st.integers(0, 1))]
+        k = draw(st.sampled_from(sorted(SEARCH_ROW_BREAKS)))
+        if draw(st.integers(0, 4)):
+            r[k] = draw(st.sampled_from(SEARCH_ROW_BREAKS[k]))
+        else:
+            r.pop(k)
+    if draw(st.booleans()):
+        text = json.dumps({"best": rows} if draw(st.integers(0, 6)) else draw(st.sampled_from([{"best": []}, [], {}])))
+        if rare(draw, 8):
+            text = draw(st.sampled_from(["", "{", "null", '{"best": [1, 2]}', '{"best": "x"}']))
+        name = "search.json"
+        rank = draw(st.sampled_from(["1", "1", "2", "3", "0", "-1", "x"]))
+    else:
+        cols = sorted({k for r in rows for k in r})
+        text = ",".join(cols) + "\n" + "".join(",".join("" if r.get(k) is None else str(r[k]) for k in cols) + "\n"
+                                               for r in rows)
+        if rare(draw, 8):
+            text = draw(st.sampled_from(["", "a,b\n", '"\n', "decode_mapping\n"]))
+        name = draw(st.sampled_from(["search.csv", "search.csv", "search.txt"]))
+        rank = draw(st.sampled_from(["0", "0", "1", "2", "-1"]))
+    return name, text, rank
+
+
+@st.composite
+def serve_sim_case(draw) -> dict:
+    """``graphsim serve-sim`` argv with its files: a small trace (Mooncake JSONL / CSV / Parquet, good or mangled,
+    or junk) or a --synthetic stream, a deployment (valid mostly, sometimes a mapping that is not), the engine
+    and cache flags, SLA and report flags and outputs in the temp dir; about one case in two breaks one flag.
+    One case in five calls graphsim.serving from Python instead (serve_api_case). Parquet traces are given as
+    ``("parquet", rows)``: the target writes them (tests/fuzz/targets.py)."""
+    if rare(draw, 4):  # the Python API instead of the command
+        return draw(serve_api_case())
+    files: dict = {}
+    model = draw(st.sampled_from(SERVE_MODELS)) if draw(st.integers(0, 20)) else draw(name)
+    hw, mapping = draw(st.sampled_from(SERVE_DEPLOYMENTS.get(model, SERVE_DEPLOYMENTS["llama-3.1-70b"])))
+    if rare(draw, 8):
+        mapping = list(draw(st.sampled_from(BAD_SERVE_MAPPINGS)))
+    argv = ["serve-sim", "--model", model, "--hw", hw, *mapping]
+    # traffic
+    src = draw(st.sampled_from(["jsonl", "jsonl", "csv", "parquet", "synthetic", "synthetic"]))
+    if rare(draw, 12):
+        src = draw(st.sampled_from(["junk", "none", "both"]))
+    if src in ("jsonl", "csv", "parquet", "both"):
+        rows = draw(mangled_rows())
+        ext = {"jsonl": draw(st.sampled_from([".jsonl", ".jsonl", ".json"])), "csv": ".csv",
+               "parquet": draw(st.sampled_from([".parquet", ".pq"])), "both": ".jsonl"}[src]
+        files["trace" + ext] = (_jsonl(rows, draw) if ext in (".jsonl", ".json") else _csv(rows, draw) if ext == ".csv"
+                                else ("parquet", rows))
+        argv += ["--trace", "{tmp}/trace" + ext]
+    elif src == "junk":
+        ext = draw(st.sampled_from([".jsonl", ".csv", ".parquet", ".txt", ""]))
+        files["trace" + ext] = draw(st.sampled_from(TRACE_JUNK))
+        argv += ["--trace", draw(st.sampled_from(["{tmp}/trace" + ext, "{tmp}/trace" + ext, "{tmp}/none.jsonl",
+                                                  "{tmp}"]))]
+    if src in ("synthetic", "both"):
+        spec = draw(synthetic_spec())
+        if rare(draw, 3):
+            files["syn.json"] = spec
+            spec = draw(st.sampled_from(["{tmp}/syn.json", "{tmp}/syn.json", "{tmp}/nope.json", "{tmp}"]))
+        argv += ["--synthetic", spec]
+    # deployment from a search output
+    if rare(draw, 8):
+        fname, text, rank = draw(search_output())
+        files[fname] = text
+        argv += ["--from", "{tmp}/" + fname, "--rank", rank]
+    brk = draw(st.sampled_from(sorted(SERVE_FLAGS) + ["tier", "price", "output"])) if draw(st.booleans()) else None
+    for flag, (good, bad) in SERVE_FLAGS.items():
+        if brk == flag or rare(draw, 3):
+            argv += [flag, draw(st.sampled_from(bad if brk == flag else good))]
+    if brk == "tier" or rare(draw, 4):
+        twice = rare(draw, 5)  # the same tier named twice
+        tiers = draw(st.lists(st.sampled_from(SERVE_TIERS_BAD if brk == "tier" else SERVE_TIERS_GOOD), min_size=1,
+                              max_size=2, unique_by=(lambda t: t) if twice else (lambda t: t.split(":")[0])))
+        argv += [x for t in tiers for x in ("--tier", t)]
+    if brk == "price" or rare(draw, 5):
+        argv += ["--price", draw(st.sampled_from(SERVE_PRICES if brk == "price" else SERVE_PRICES[:2]))]
+    for flag, (good, bad) in SERVE_OUTPUTS.items():
+        if rare(draw, 3):
+            argv += [flag, draw(st.sampled_from(bad if brk == "output" and draw(st.booleans()) else good))]
+    if rare(draw, 6):
+        argv.append("--beyond-context")
+    if rare(draw, 8) and model == "deepseek-v3" and hw == "gb200":  # a prediction from the shipped tables
+        argv += ["--view", "hybrid", "--measured", MEASURED, "--backend", "trtllm@1.3.0rc20"]
+    if "--validate" not in argv:
+        argv += ["--validate", draw(st.sampled_from(["0", "8", "8", "256"]))]
+    if draw(st.integers(0, 3)):
+        argv.append("--json")
+    return {"argv": argv + ["--no-progress"], "files": files}
+
+
+API_WEIRD = (0, -1, 1.5, 2**70, float("nan"), float("inf"), True, None, "x", "4", [], {})
+
+
+@st.composite
+def serve_api_case(draw) -> dict:
+    """graphsim.serving through Python, as a script calls it: ``load_trace`` (format, block_tokens, time_unit) or
+    ``synthetic(**kw)``, ``Trace.head`` / ``scale_rate``, tiers from ``TierSpec.parse`` (with the pooled host
+    bytes) or ``TierSpec(...)``, a ``Deployment`` and ``simulate``'s keywords; valid mostly, one time in two one
+    argument replaced by a value of the wrong kind or range."""
+    files: dict = {}
+    model = draw(st.sampled_from(SERVE_MODELS))
+    hw, flags = draw(st.sampled_from(SERVE_DEPLOYMENTS[model]))
+    mapping = {flags[i][2:]: int(flags[i + 1]) for i in range(0, len(flags), 2)}
+    if draw(st.booleans()):
+        files["t.jsonl"] = _jsonl(draw(trace_rows()), draw)
+        traffic = {"load_trace": {}}
+    else:
+        try:
+            kw = json.loads(draw(synthetic_spec()))  # (NaN / Infinity read back as Python floats)
+        except ValueError:
+            kw = None
+        keep = ("requests", "duration_s", "rate", "arrival", "cv", "input", "output", "sessions", "seed",
+                "block_tokens")
+        traffic = {"synthetic": {k: v for k, v in kw.items() if k in keep} if isinstance(kw, dict) else
+                   {"rate": 1, "requests": 5}}  # (an unknown keyword is Python's TypeError, not graphsim's to name)
+    case = {"files": files, "traffic": traffic, "head": None, "scale": None, "tiers": None,
+            "deployment": {"model": model, "hw": hw, "mapping": mapping},
+            "simulate": {"validate": draw(st.sampled_from([0, 4])), "samples": draw(st.sampled_from([200, 20, 0]))}}
+    if rare(draw, 3):
+        case["deployment"].update({k: draw(st.sampled_from(v)) for k, v in (
+            ("replicas", [1, 2]), ("max_running", [None, 4]), ("token_budget", [None, 512]),
+            ("hbm_kv_gib", [None, 1.0, float("inf")]), ("engine", ["auto", "none", "vllm"]),
+            ("reserve_gib", [None, 2.0]))})
+    if rare(draw, 3):
+        case["simulate"].update({"cache_design": draw(st.sampled_from(["auto", "hbm", "host-disk"])),
+                                 "router": draw(st.sampled_from(["prefix", "round-robin"])),
+                                 "sla": (draw(st.sampled_from([None, 500.0])), draw(st.sampled_from([None, 30]))),
+                                 "classes": draw(st.sampled_from([(), (1000,), (512, 4096)])),
+                                 "seed": draw(st.sampled_from([0, 3]))})
+    if rare(draw, 3):
+        texts = draw(st.lists(st.sampled_from(SERVE_TIERS_GOOD), min_size=1, max_size=2,
+                              unique_by=lambda t: t.split(":")[0]))
+        case["tiers"] = {"parse": texts, "host_bytes": 1e12}
+    if rare(draw, 4):
+        case["head"] = draw(st.sampled_from([1, 5, 100]))
+    if draw(st.booleans()):  # one argument broken
+        where = draw(st.sampled_from(["load_trace", "synthetic", "head", "scale", "tier", "tier_bytes", "tier_kw",
+                                      "deployment", "mapping", "simulate"]))
+        v = draw(st.sampled_from(API_WEIRD))
+        if where == "load_trace" and "load_trace" in traffic:
+            traffic["load_trace"][draw(st.sampled_from(["format", "block_tokens", "time_unit"]))] = v
+        elif where == "synthetic" and "synthetic" in traffic:
+            traffic["synthetic"][draw(st.sampled_from(["rate", "requests", "input", "cv", "seed", "sessions"]))] = v
+        elif where in ("head", "scale"):
+            case[where] = v
+        elif where == "tier":
+            case["tiers"] = {"parse": [v], "host_bytes": 1e12}
+        elif where == "tier_bytes":
+            case["tiers"] = {"parse": ["host:fraction=0.1"], "host_bytes": v}
+        elif where == "tier_kw":
+            case["tiers"] = {"kw": {"name": "disk", draw(st.sampled_from(["name", "capacity_bytes", "ttl_s", "holds",
+                                                                        "price_gib_hour"])): v}}
+        elif where == "deployment":  # numbers of any kind; names as strings (objects are the caller's types)
+            k = draw(st.sampled_from(["model", "hw", "engine", "replicas", "max_running", "token_budget", "hbm_kv_gib",
+                                      "reserve_gib"]))
+            case["deployment"][k] = draw(st.sampled_from(["x", "", "../x", "gb200", "llama-3.1-70b"])) \
+                if k in ("model", "hw", "engine") else v
+        elif where == "mapping":
+            case["deployment"]["mapping"] = {draw(st.sampled_from(["tp", "dp", "ep", "cp"])): v}
+        else:
+            case["simulate"][draw(st.sampled_from(["cache_design", "router", "classes", "seed", "validate", "samples",
+                                                   "prices", "sla"]))] = v
+    return {"api": case, "argv": [], "files": files}

@@ -513,3 +513,132 @@ def _search_outputs(files: dict, tmp: str, args: list[str]) -> str | None:
 def run_search(case: dict) -> tuple[str, str]:
     """``graphsim search`` (a small space, run_cli's rules) and, on exit 0, what it wrote (_search_outputs)."""
     return run_cli(case["argv"], case["files"], check=lambda tmp, args: _search_outputs(case["files"], tmp, args))
+
+
+# ---- serve-sim (issue 27) ------------------------------------------------------------------------------------------
+
+def _write_case_file(path: str, content) -> bool:
+    """A case's file: text, bytes, or ``("parquet", rows)`` written as a Mooncake Parquet trace (False when
+    pyarrow cannot store the rows: no file a user could have)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if isinstance(content, tuple) and content[0] == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            pq.write_table(pa.Table.from_pylist([r if isinstance(r, dict) else {"x": r} for r in content[1]]), path)
+        except Exception:  # noqa: BLE001 - mixed-type columns pyarrow refuses
+            return False
+        return True
+    with open(path, "wb" if isinstance(content, bytes) else "w") as f:
+        f.write(content)
+    return True
+
+
+def _serve_doc(doc: dict) -> str | None:
+    """The invariants of a serve-sim --json document beyond strict, finite JSON: its schema, served + rejected =
+    total, every percentile null or finite >= 0, Little's law when anything was served, and a hit ratio in
+    [0, the trace's own prefix reuse] (a cache never beats the trace's reuse)."""
+    if doc.get("schema_version") != 1 or doc.get("command") != "serve-sim":
+        return f"schema_version {doc.get('schema_version')!r}, command {doc.get('command')!r}"
+    rq = doc["requests"]
+    if rq["served"] + rq["rejected"] != rq["total"]:
+        return f"requests: served {rq['served']} + rejected {rq['rejected']} != total {rq['total']}"
+    blocks = [(f"latency.{k}", v) for k, v in doc["latency"].items()]
+    blocks += [(f"classes[{i}].{k}", c[k]) for i, c in enumerate(doc["classes"])
+               for k in ("ttft_ms", "tpot_ms", "e2e_ms")]
+    for where, d in blocks:
+        for q in ("p50", "p90", "p99", "mean"):
+            v = d.get(q)
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                return f"{where}.{q} = {v!r}"
+    lit = doc["checks"]["littles_law"]["relative_error"]
+    if rq["served"] > 0 and not lit < 0.02:
+        return f"checks.littles_law.relative_error {lit}"
+    c = doc["cache"]
+    reuse = c["trace_prefix_reuse"]
+    if not 0 <= c["hit_ratio"] <= (1.0 if reuse is None else reuse) + 1e-9:
+        return f"cache.hit_ratio {c['hit_ratio']} outside [0, the trace's prefix reuse {reuse}]"
+    return None
+
+
+def run_serve_sim(case: dict) -> tuple[str, str]:
+    """``graphsim serve-sim`` with its files (run_cli's rules: exit 0 sane, exit 2 one line naming a field,
+    anything else a crash); on exit 0, the --json document's invariants (_serve_doc) and every file named by
+    -o / --requests-out / --plot written. A case with ``api`` goes through Python instead (run_serve_api)."""
+    from pathlib import Path
+
+    if "api" in case:
+        return run_serve_api(case["api"], case["files"])
+    with tempfile.TemporaryDirectory() as tmp:
+        for fname, content in case["files"].items():
+            if not _write_case_file(os.path.join(tmp, fname), content):
+                return "ok", "not storable"
+        args = [a.replace("{tmp}", tmp) for a in case["argv"]]
+        outcome, detail, out = _cli_capture(args)
+        if "internal error" in detail:  # one line naming a field, but the command's own fault
+            return "crash", detail
+        if outcome != "ok":
+            return outcome, detail
+        named = {f: args[args.index(f) + 1] for f in ("-o", "--requests-out", "--plot") if f in args}
+        for flag, path in named.items():
+            if not Path(path).is_file() or Path(path).stat().st_size == 0:
+                return "nonsense", f"exit 0 but {flag} {path} was not written"
+        text = Path(named["-o"]).read_text() if "-o" in named else out
+        if not text.strip():
+            return "nonsense", "exit 0 with no output"
+        if "--json" not in args:
+            return "ok", ""
+        try:
+            doc = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+        except ValueError as e:
+            return "nonsense", f"invalid JSON ({e})"
+    bad = _finite_tree(doc)
+    if bad:
+        return "nonsense", f"non-finite {bad}"
+    try:
+        bad = _serve_doc(doc)
+    except (KeyError, TypeError) as e:
+        bad = f"document lacks {type(e).__name__}: {e}"
+    return ("nonsense", bad) if bad else ("ok", "")
+
+
+def run_serve_api(api: dict, files: dict) -> tuple[str, str]:
+    """graphsim.serving from Python (a serve_api_case): a GraphsimError naming a field, or a SimResult whose
+    --json body holds _serve_doc's invariants."""
+    import graphsim as gs
+    from graphsim.serving import SLA, Deployment, TierSpec, load_trace, simulate, synthetic
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for fname, content in files.items():
+            _write_case_file(os.path.join(tmp, fname), content)
+        try:
+            t = api["traffic"]
+            tr = load_trace(os.path.join(tmp, "t.jsonl"), **t["load_trace"]) if "load_trace" in t \
+                else synthetic(**t["synthetic"])
+            if api["head"] is not None:
+                tr = tr.head(api["head"])
+            if api["scale"] is not None:
+                tr = tr.scale_rate(api["scale"])
+            tiers = api["tiers"]
+            if tiers is not None:
+                tiers = [TierSpec(**tiers["kw"])] if "kw" in tiers else \
+                    [TierSpec.parse(x, tiers["host_bytes"]) for x in tiers["parse"]]
+            d = dict(api["deployment"])
+            m = d.pop("mapping")
+            dep = Deployment(mapping=gs.ParallelMapping(**m) if isinstance(m, dict) else m, **d)
+            kw = dict(api["simulate"])
+            if isinstance(kw.get("sla"), tuple):
+                kw["sla"] = SLA(*kw["sla"])
+            res = simulate(tr, dep, tiers=tiers, **kw)
+            text = json.dumps({"schema_version": 1, "command": "serve-sim", **res.to_json()}, default=float)
+        except gs.GraphsimError as e:
+            return outcome_of_message(str(e)), str(e)
+        except Exception as e:  # noqa: BLE001 - classify, never raise
+            return "crash", f"{type(e).__name__}: {e}"
+    try:
+        doc = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    except ValueError as e:
+        return "nonsense", f"invalid JSON ({e})"
+    bad = _finite_tree(doc) or _serve_doc(doc)
+    return ("nonsense", bad) if bad else ("ok", "")
