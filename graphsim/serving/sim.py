@@ -526,8 +526,9 @@ class _Sim:
             if self.ready[i] > now:
                 t_ready = min(t_ready, self.ready[i])
                 continue
-            if r.cfg.role == "decode":  # swapped back in: it decodes from the next step
+            if r.cfg.role == "decode":  # swapped back in: it decodes from the next step (no long run without it)
                 self.phase[i] = DECODE
+                pending = True
                 continue
             if budget <= 0:
                 pending = True
