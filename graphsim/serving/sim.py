@@ -511,6 +511,9 @@ class _Sim:
         spent = len(decodes) if self.decode_in_budget else 0  # SGLang's budget bounds prompt tokens only
         blocked = self.admit(r, now, r.cfg.budget - spent - queued)
         if r.cfg.role == "decode":  # a decode replica admits requests that decode in this very step
+            for i in r.running:  # and a request swapped back in decodes once its copy is done
+                if self.phase[i] == PREFILL and self.ready[i] <= now:
+                    self.phase[i] = DECODE
             decodes = [i for i in r.running if self.phase[i] == DECODE]
             spent = len(decodes) if self.decode_in_budget else 0
         budget = r.cfg.budget - spent
@@ -525,10 +528,6 @@ class _Sim:
                 continue
             if self.ready[i] > now:
                 t_ready = min(t_ready, self.ready[i])
-                continue
-            if r.cfg.role == "decode":  # swapped back in: it decodes from the next step (no long run without it)
-                self.phase[i] = DECODE
-                pending = True
                 continue
             if budget <= 0:
                 pending = True
