@@ -6,21 +6,11 @@ import re
 
 from .errors import GraphsimError
 
-_AX = re.compile(r"(tp|dp|ep|pp|cp)=?(\d+)")
-
-
 def parse_mapping(text: str):
-    """``tp=4,dp=8,ep=32`` or ``tp4-dp8-ep32`` -> ParallelMapping."""
+    """``tp=4,dp=8,ep=32`` or ``tp4-dp8-ep32`` -> ParallelMapping (:meth:`graphsim.plan.ParallelMapping.parse`)."""
     from .plan import ParallelMapping
 
-    parts = [p for p in re.split(r"[,\-\s]+", text.strip()) if p]
-    axes = {}
-    for p in parts:
-        m = _AX.fullmatch(p)
-        if not m:
-            raise GraphsimError("mapping", f"{p!r} in {text!r} is not AXIS=N with AXIS in tp, dp, ep, pp, cp")
-        axes[m.group(1)] = int(m.group(2))
-    return ParallelMapping(**axes)
+    return ParallelMapping.parse(text)
 
 
 def register(sub) -> None:

@@ -222,38 +222,17 @@ def _whole(row: dict, key: str, path) -> int:
 
 
 def _mapping(text: str):
-    """``tp4-dp1-ep4-pp1`` or ``tp=4,ep=4`` (graphsim disagg's parser) -> ParallelMapping."""
-    from .cmd_disagg import parse_mapping
+    """``tp4-dp1-ep4-pp1`` or ``tp=4,ep=4`` -> ParallelMapping (one parser: ParallelMapping.parse)."""
+    from .plan import ParallelMapping
 
-    return parse_mapping(text)
+    return ParallelMapping.parse(text, "from.mapping")
 
 
 def _policies(text: str):
-    import attrs
+    """A search row's policies text -> Policies (graphsim.pipeline.parse_policy_text)."""
+    from .pipeline import parse_policy_text
 
-    from .pipeline import Policies
-
-    if text in ("", "default", "nan"):
-        return Policies()
-    kw = {}
-    fields = {f.name: f for f in attrs.fields(Policies)}
-    for item in text.split(","):
-        k, sep, v = item.partition("=")
-        require(bool(sep) and k in fields, "from.policies", f"{item!r} in {text!r} is not FIELD=VALUE of Policies")
-        default = getattr(Policies(), k)
-        if isinstance(default, bool):
-            kw[k] = v == "True"
-        elif isinstance(default, (int, float)):
-            try:
-                kw[k] = type(default)(v)
-            except ValueError:
-                raise GraphsimError("from.policies", f"{item!r}: {v!r} is not a "
-                                    f"{'whole number' if isinstance(default, int) else 'number'}") from None
-        elif isinstance(default, tuple):
-            raise GraphsimError("from.policies", f"{k} cannot be taken from a table row; give it as a flag")
-        else:
-            kw[k] = v
-    return Policies(**kw)
+    return parse_policy_text(text, "from.policies")
 
 
 def run(a) -> None:

@@ -107,6 +107,45 @@ class Policies:
         return attrs.asdict(self)
 
 
+@functools.lru_cache(maxsize=4096)
+def policy_text(p: Policies) -> str:
+    """The policies that differ from the defaults, e.g. ``fusion=single-pass,overlap=two-batch`` (``default``: none;
+    ``acceptance`` is left out: it is a probability vector, not a choice)."""
+    base = Policies()
+    out = []
+    for f in attrs.fields(Policies):
+        v = getattr(p, f.name)
+        if v != getattr(base, f.name) and f.name != "acceptance":
+            out.append(f"{f.name}={v}")
+    return ",".join(out) or "default"
+
+
+def parse_policy_text(text: str, field: str = "policies") -> Policies:
+    """:func:`policy_text`'s inverse for scalar fields (``default`` -> the defaults); a one-line error naming
+    ``field`` for an unknown field, a value of the wrong type, or a tuple field (give those as flags)."""
+    if text in ("", "default", "nan"):
+        return Policies()
+    kw = {}
+    fields = {f.name for f in attrs.fields(Policies)}
+    for item in str(text).split(","):
+        k, sep, v = item.partition("=")
+        require(bool(sep) and k in fields, field, f"{item!r} in {text!r} is not FIELD=VALUE of Policies")
+        default = getattr(Policies(), k)
+        if isinstance(default, bool):
+            kw[k] = v == "True"
+        elif isinstance(default, (int, float)):
+            try:
+                kw[k] = type(default)(v)
+            except ValueError:
+                raise GraphsimError(field, f"{item!r}: {v!r} is not a "
+                                    f"{'whole number' if isinstance(default, int) else 'number'}") from None
+        elif isinstance(default, tuple):
+            raise GraphsimError(field, f"{k} cannot be read from text; give it as a flag")
+        else:
+            kw[k] = v
+    return Policies(**kw)
+
+
 def _requests(rs) -> tuple:
     """Request strings or Requests (one alone, or a sequence of them) -> a tuple of Requests."""
     if isinstance(rs, (str, Request)):

@@ -196,3 +196,17 @@ class ParallelMapping:
 
     def __str__(self) -> str:
         return f"tp{self.tp}-dp{self.dp}-ep{self.ep}-pp{self.pp}" + (f"-cp{self.cp}" if self.cp > 1 else "")
+
+    @staticmethod
+    def parse(text: str, field: str = "mapping") -> "ParallelMapping":
+        """``tp=4,dp=8,ep=32`` or ``tp4-dp8-ep32`` (what ``str`` writes) -> a mapping; a one-line error naming
+        ``field`` otherwise."""
+        import re
+
+        require(isinstance(text, str), field, f"must be a mapping like tp4-dp1-ep4-pp1, got {text!r}")
+        axes = {}
+        for part in (x for x in re.split(r"[,\-\s]+", text.strip()) if x):
+            m = re.fullmatch(r"(tp|dp|ep|pp|cp)=?(\d+)", part)
+            require(m is not None, field, f"{part!r} in {text!r} is not AXIS=N with AXIS in tp, dp, ep, pp, cp")
+            axes[m.group(1)] = int(m.group(2))
+        return ParallelMapping(**axes)

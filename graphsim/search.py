@@ -51,7 +51,8 @@ import numpy as np
 
 from .errors import GraphsimError, require
 from .limits import MAX_CONTEXT, MAX_RANKS, MAX_REQUESTS, check_int, check_number
-from .pipeline import Plan, Policies, compile_plan
+from .pipeline import Plan, Policies, compile_plan, policy_text  # noqa: F401  (policy_text: re-exported)
+from .serving.engines import kernels  # noqa: F401  (re-exported: a step's kernels, the engines' host terms)
 from .plan import ParallelMapping
 from .serving.launch import SGLANG_POLICY_FLAGS, VLLM_POLICY_FLAGS, launch_flags  # noqa: F401 (re-exported)
 from .workload import Workload
@@ -458,18 +459,6 @@ def _saver(model, field: str, values: tuple):
 
         return min(values, key=lambda v: fmt(model.kv_cache_format(Policies(attention_precision=v))).bytes_per_elem)
     return MEMORY_SAVERS[field] if MEMORY_SAVERS.get(field) in values else values[0]
-
-
-@functools.lru_cache(maxsize=4096)
-def policy_text(p: Policies) -> str:
-    """The policies that differ from the defaults, e.g. ``fusion=single-pass,overlap=two-batch``."""
-    base = Policies()
-    out = []
-    for f in attrs.fields(Policies):
-        v = getattr(p, f.name)
-        if v != getattr(base, f.name) and f.name != "acceptance":
-            out.append(f"{f.name}={v}")
-    return ",".join(out) or "default"
 
 
 # ---- the search --------------------------------------------------------------------------------------------------
@@ -998,12 +987,6 @@ def agg_schedules(mix: Group, t_dec: np.ndarray, w: np.ndarray, dp: int):
             mean, p99 = np.where(same, np.nan, mean), np.where(same, np.nan, p99)
         out.append((step, pb, ttft, mean, p99))
     return out
-
-
-def kernels(c) -> int:
-    """Kernels one step of compiled program ``c`` launches per device: its compute and communication ops on the
-    representative device (after fusion; a pipeline stage's device launches its own)."""
-    return sum(1 for op in c.graph.ops if op.device == 0 and op.stream in ("compute", "comm"))
 
 
 def _sum_steps(out: np.ndarray, plan: dict, c, kinds: tuple, scale: float, sv, k: int) -> np.ndarray:

@@ -261,6 +261,12 @@ def prefill_steps(prompts: int, length: int, budget: float, chunked: bool) -> li
     return out
 
 
+def kernels(c) -> int:
+    """Kernels one step of compiled program ``c`` launches per device: its compute and communication ops on the
+    representative device (after fusion; a pipeline stage's device launches its own)."""
+    return sum(1 for op in c.graph.ops if op.device == 0 and op.stream in ("compute", "comm"))
+
+
 def engine_terms(name: str | None) -> EngineTerms | None:
     """The documented terms of engine ``name`` (None / "none": no engine, the SOL memory model)."""
     if name is None or name == "none":
@@ -269,4 +275,4 @@ def engine_terms(name: str | None) -> EngineTerms | None:
     return ENGINES[name]
 
 
-__all__ = ["EngineTerms", "ENGINES", "MEMORY_MODES", "SETTABLE", "engine_terms", "prefill_steps"]
+__all__ = ["EngineTerms", "ENGINES", "MEMORY_MODES", "SETTABLE", "engine_terms", "prefill_steps", "kernels"]

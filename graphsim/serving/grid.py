@@ -63,7 +63,7 @@ def _axis_value(axis: str, v):
     if axis == "mapping" and not isinstance(v, str):
         v = str(v)  # a ParallelMapping
     if axis == "policies" and not isinstance(v, str):
-        from ..search import policy_text
+        from ..pipeline import policy_text
 
         v = policy_text(v)  # a Policies
     try:
@@ -86,10 +86,11 @@ def _axis_value(axis: str, v):
 
 def _parse(axis: str, text: str):
     """A mapping (``tp4-dp1-ep4-pp1``) or policies (``fusion=single-pass``) text as the value serve-sim takes."""
-    from ..cmd_serve import _mapping, _policies
+    from ..pipeline import parse_policy_text
+    from ..plan import ParallelMapping
 
     try:
-        return (_mapping if axis == "mapping" else _policies)(text)
+        return (ParallelMapping.parse if axis == "mapping" else parse_policy_text)(text)
     except GraphsimError as e:
         raise GraphsimError(f"grid.{axis}", str(e).partition(": ")[2]) from None
 

@@ -931,7 +931,7 @@ def _finite(v):
 
 def _result(sim: _Sim, trace, dep, model, hw, pools, policies, eng, tiers, sla, classes, router,
             design) -> SimResult:
-    from ..search import policy_text
+    from ..pipeline import policy_text
 
     main = pools[-1][0]  # the aggregated replicas, or the decode pool
     mapping, budget, max_running, capacity = main.mapping, main.budget, main.max_running, main.capacity

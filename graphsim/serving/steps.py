@@ -116,7 +116,7 @@ class StepTimes:
         #: the step times are a prediction; None: the GPU's time alone (the SOL view)
         self.serving, self.dp = serving, compiled.plan.mapping.dp
         if serving is not None:
-            from ..search import kernels
+            from .engines import kernels
 
             self.kernels = kernels(compiled)
         self.max_batch, self.max_context, self.budget = int(max_batch), int(max_context), int(budget)
