@@ -6,6 +6,8 @@
 """
 from __future__ import annotations
 
+import sys
+
 from .errors import GraphsimError
 
 KINDS = ("latency", "pareto", "kinds", "memory", "roofline")
@@ -42,13 +44,16 @@ def cmd_plot(a) -> None:
         df = read_results(a.results)
         if a.where is not None:
             df = apply_filter(df, a.where)  # an empty selection is an error naming the filter
-        kw = {"where": None, "title": a.title}
+        notes: list = []
+        kw = {"where": None, "title": a.title, "notes": notes}
         if a.kind in ("latency", "memory") and a.x:
             kw["x"] = a.x
         if a.kind == "pareto":
             kw.update({k: v for k, v in (("x", a.x), ("y", a.y), ("color", a.color), ("marker", a.marker)) if v})
             kw.update({k: None for k in ("color", "marker") if kw.get(k) == "none"})
         path = plots.PLOTS[a.kind](df, a.output, **kw)
+        for n in notes:  # what the picture leaves out, never silently
+            print(f"graphsim: note: {n}", file=sys.stderr)
     print(f"wrote {path}")
 
 
