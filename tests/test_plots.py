@@ -372,3 +372,57 @@ def test_plot_command_prints_its_notes(sweep, tmp_path, capsys):
     assert main(["plot", str(res), "--kind", "latency", "-o", str(tmp_path / "l.png")]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["graphsim: note: fixed at the first value: decode.count=8 (6 of 9 rows not drawn)"]
+
+
+# ---- a results row's roofline: its plan rebuilt from its identity columns ----------------------------
+
+@pytest.fixture(scope="module")
+def mixed():
+    """Two profiles x two collective algorithms, prefill+decode, with a prefix hit and an HBM bandwidth axis:
+    every kind of column a row's plan is rebuilt from."""
+    from graphsim.sweep import run
+
+    spec = {"structure": {"model": "llama-3.1-70b", "hw": "gb200", "profile": ["sol", "practitioner"],
+                          "mapping": [{"tp": 4}], "requests": ["prefill+decode"],
+                          "policies": {"algorithms": [{}, {"all_reduce": "tree"}]}},
+            "axes": {"decode.count": [8, 64], "decode.context": [1024, 8192], "prefill.prompt": [2048],
+                     "prefill.cached": [0, 1024], "hw.hbm_bw": [6e12, 8e12]}}
+    return run(spec).to_pandas()
+
+
+def test_a_rows_rebuilt_plan_gives_the_rows_forward_time(mixed):
+    from graphsim.sweep.rows import row_point, row_schedule
+
+    assert mixed["error"].isna().all()
+    for i in range(0, len(mixed), 5):  # every profile, algorithm, bandwidth, prefix and batch combination
+        row = mixed.iloc[i].to_dict()
+        c, s = row_schedule(row)
+        assert s.forward[0] == pytest.approx(row["forward_s"], rel=1e-12), i
+        assert [str(r) for r in c.plan.requests][1].startswith(f"decode:{int(row['decode.context'])}x"
+                                                               f"{int(row['decode.count'])}")
+    tree = mixed[mixed["algorithms"] != "[]"].iloc[0].to_dict()
+    assert dict(row_point(tree).policies)["algorithms"] == (("all_reduce", "tree"),)
+    plain = {**tree, "algorithms": "[]"}  # the same point under the default algorithm is another plan
+    assert row_schedule(plain)[1].forward[0] != pytest.approx(tree["forward_s"], rel=1e-9)
+
+
+def test_plot_roofline_of_a_results_row(mixed, tmp_path, capsys):
+    from graphsim.cli import main
+
+    res = tmp_path / "r.parquet"
+    mixed.to_parquet(res)
+    png = tmp_path / "roof.png"
+    assert main(["plot", str(res), "--kind", "roofline", "--row", "3", "--where", "profile == 'practitioner'",
+                 "-o", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+    for args, field in ((["--kind", "roofline"], "row: a roofline is one plan's: give --row I"),
+                        (["--kind", "roofline", "--row", "64"], "row: the table has 64 row(s); --row is 0..63, got 64"),
+                        (["--kind", "latency", "--row", "1"], "row: --row picks the results row")):
+        assert main(["plot", str(res), *args, "-o", str(png)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"graphsim: error: {field}"), err
+    bad = mixed.head(2).assign(error="mapping.tp: boom")
+    bad.to_parquet(res)
+    assert main(["plot", str(res), "--kind", "roofline", "--row", "0", "-o", str(png)]) == 2
+    assert "row: an error row has no schedule: mapping.tp: boom" in capsys.readouterr().err
