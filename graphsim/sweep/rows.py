@@ -4,7 +4,7 @@ The identity columns name the structural point (model with its load options, hw,
 every policy, request structure): the same :class:`StructuralPoint` the sweep compiled. The input columns give
 the row's requests (``decode.context``, ``g1.count``…; a group field no column sets takes its default), and its
 ``hw.*`` / ``profile.*`` columns the rates, through the sweep's own workload and rate code — so the schedule's
-forward time is the row's ``forward_s``.
+forward time is the row's ``forward_s`` (the FPM view excepted: its schedule is the SOL one its curve scales).
 """
 from __future__ import annotations
 
@@ -36,10 +36,8 @@ def _policy(default, value):
     """A policy column back to its value: structured policies are JSON text (sweep.spec._typed)."""
     if not _present(value):
         return default
-    if isinstance(default, (tuple, list)):
-        v = json.loads(value) if isinstance(value, str) else value
-        return dict(v) if v and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in v) and \
-            not all(isinstance(p, (int, float)) for p in v) else tuple(v)
+    if isinstance(default, (tuple, list)):  # algorithms' pairs, acceptance's numbers: tuples as the spec keeps them
+        return _hashable(json.loads(value) if isinstance(value, str) else value)
     if isinstance(default, bool):
         return bool(value)
     if isinstance(default, int):
@@ -58,7 +56,7 @@ def row_point(row: Mapping) -> StructuralPoint:
                             "graphsim sweep can be rebuilt into a plan")
     mapping = tuple((f, int(row[f])) for f in _mapping_fields() if f in row and _present(row[f]))
     pol = {k: _policy(d, row.get(k)) for k, d in _policy_fields().items()}
-    policies = tuple((k, _hashable(v)) for k, v in pol.items() if _hashable(v) != _hashable(_policy_fields()[k]))
+    policies = tuple((k, v) for k, v in pol.items() if v != _hashable(_policy_fields()[k]))
     view = tuple(str(row[c]) if _present(row.get(c)) else d for c, d in (("view", "sol"), ("measured", ""),
                                                                          ("backend", "")))
     return StructuralPoint(_model(row["model"]), str(row["hw"]), mapping, policies,
