@@ -15,7 +15,7 @@ The same graph from measured kernel tables (docs/measured.md)::
 """
 __version__ = "0.1.0"
 
-# Public names resolve lazily (PEP 562): ``import graphsim`` loads nothing heavy (no JAX, networkx, pyarrow,
+# Public names resolve lazily (PEP 562): ``import graphsim`` loads nothing heavy (no JAX, pyarrow,
 # not even NumPy), so a command that only lists hardware answers in a blink. ``graphsim.X`` and
 # ``from graphsim import X`` work as before; each name's module is imported on first use
 # (tests/test_light_imports.py).

@@ -3,8 +3,11 @@
     graphsim plot results.parquet --kind pareto --marker profile -o pareto.png
     graphsim plot results.parquet --kind latency --where "mapping == 'tp4-dp1-ep4-pp1'" -o lat.png
     graphsim plot --kind roofline --model deepseek-v3 --tp 4 --ep 4 --request decode:4096x64 -o roof.png
+    graphsim plot results.parquet --kind roofline --row 3 -o roof.png
 """
 from __future__ import annotations
+
+import sys
 
 from .errors import GraphsimError
 
@@ -17,6 +20,9 @@ def cmd_plot(a) -> None:
 
     output_path(a.output, suffixes=plots.IMAGE_SUFFIXES)  # before any work: a device, a directory, a wrong type
 
+    if a.row is not None and (a.kind != "roofline" or a.results is None):
+        raise GraphsimError("row", "--row picks the results row whose roofline to draw: give a results file and "
+                            "--kind roofline")
     if a.kind != "pareto" and (a.y or a.color or a.marker):
         raise GraphsimError("kind", "--y, --color and --marker shape the pareto plot; give --kind pareto")
     if a.results is None:
@@ -33,23 +39,46 @@ def cmd_plot(a) -> None:
         else:
             path = plots.plot_kinds(c.report(), a.output, title=a.title)
     else:
-        if a.kind == "roofline":
-            raise GraphsimError("kind", "a roofline needs one plan's schedule: use --model/--request, "
-                                "not a results file")
+        if a.kind == "roofline" and a.row is None:
+            raise GraphsimError("row", "a roofline is one plan's: give --row I (the row of the results, after "
+                                "--where, whose plan to rebuild), or --model/--request instead of a file")
         from .filters import apply_filter
         from .sweep import read_results
 
         df = read_results(a.results)
         if a.where is not None:
             df = apply_filter(df, a.where)  # an empty selection is an error naming the filter
-        kw = {"where": None, "title": a.title}
+        if a.kind == "roofline":
+            print(f"wrote {_row_roofline(df, a, plots)}")
+            return
+        notes: list = []
+        kw = {"where": None, "title": a.title, "notes": notes}
         if a.kind in ("latency", "memory") and a.x:
             kw["x"] = a.x
         if a.kind == "pareto":
             kw.update({k: v for k, v in (("x", a.x), ("y", a.y), ("color", a.color), ("marker", a.marker)) if v})
             kw.update({k: None for k in ("color", "marker") if kw.get(k) == "none"})
         path = plots.PLOTS[a.kind](df, a.output, **kw)
+        for n in notes:  # what the picture leaves out, never silently
+            print(f"graphsim: note: {n}", file=sys.stderr)
     print(f"wrote {path}")
+
+
+def _row_roofline(df, a, plots) -> str:
+    """The roofline of results row ``a.row`` (its position after --where): its plan rebuilt from its identity
+    columns, scheduled at its inputs and rates (graphsim.sweep.rows)."""
+    from .sweep.rows import row_schedule
+
+    if not -len(df) <= a.row < len(df):
+        raise GraphsimError("row", f"the table has {len(df):,} row(s){' after --where' if a.where else ''}; "
+                            f"--row is 0..{len(df) - 1}, got {a.row}")
+    row = df.iloc[a.row].to_dict()
+    c, schedule = row_schedule(row)
+    ins = [f"{k}={v:g}" for k, v in row.items() if plots._INPUT.match(str(k)) and isinstance(v, (int, float))
+           and v == v]
+    title = a.title or (f"roofline of row {a.row}: {row['model']} on {row['hw']} {c.plan.mapping} [{row['requests']}]"
+                        f" {row.get('profile') or 'SOL'}, view {row.get('view') or 'sol'}\n{' '.join(ins)}")
+    return plots.plot_roofline(schedule, a.output, title=title)
 
 
 def register(sub) -> None:
@@ -72,7 +101,8 @@ def register(sub) -> None:
                    help="results file from graphsim sweep or search (.parquet/.csv); omit it to plot one plan "
                         "(--model, --request)")
     g.add_argument("--kind", choices=KINDS, required=True,
-                   help="latency, pareto, kinds, memory: from a results file; roofline (and kinds): of one plan")
+                   help="latency, pareto, kinds, memory: from a results file; roofline: of one plan, or of one "
+                        "results row (--row); kinds of one plan too")
     g.add_argument("-o", "--output", required=True, metavar="FILE", help="image file (.png, .svg, .pdf, .jpg)")
     g = p.add_argument_group("rows and axes", "results-file plots; axes show known columns in their units "
                              "(forward_s in ms, *_gib in GiB, ...)")
@@ -89,6 +119,9 @@ def register(sub) -> None:
                    help="pareto: column giving the marker shape, one Pareto front per value (default profile, "
                         "else view, when it varies; e.g. mode for a search table; none: one marker)")
     g.add_argument("--title", default=None, help="the plot's title (default: what the rows share)")
+    g.add_argument("--row", type=int, default=None, metavar="I",
+                   help="roofline of a results file: the row (0-based, after --where) whose plan is rebuilt from "
+                        "its identity columns and drawn")
     _plan_args(p, requests=False)
     g = p.add_argument_group("one plan", "roofline, or kinds without a results file")
     g.add_argument("--request", action="append", default=None, metavar="KIND:LEN[xCOUNT][@CACHED]",

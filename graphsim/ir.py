@@ -13,11 +13,8 @@ from typing import Iterable, Mapping
 
 import attrs
 
-from ._lazy import lazy_module
 from .features import FEATURE_KINDS, FEATURES
 from .errors import GraphsimError, one_of, require
-
-nx = lazy_module("networkx")  # only Graph.nx() needs it (~0.15 s to import)
 
 # --------------------------------------------------------------------------------------------------
 # Precisions and storage formats
@@ -783,18 +780,6 @@ class Graph:
 
     def weight_params(self, group: str | None = None) -> int:
         return sum(t.elems for t in self.weights() if group is None or t.group == group)
-
-    @functools.cached_property
-    def nx(self) -> nx.DiGraph:
-        """A networkx view: nodes are op names (attr ``op``), edges carry ``kind``."""
-        g = nx.DiGraph()
-        for op in self.ops:
-            g.add_node(op.name, op=op)
-        for e in self.edges:
-            if g.has_edge(e.src, e.dst):
-                continue  # keep the first (most specific) kind
-            g.add_edge(e.src, e.dst, kind=e.kind)
-        return g
 
     def schedule_edges(self) -> list[tuple[int, int]]:
         """Dependency edges plus stream-order edges (consecutive ops of one stream of one device), as op

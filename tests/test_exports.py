@@ -27,7 +27,7 @@ def llama():
 
 
 def critical_edges(dot: str) -> list[tuple[str, str]]:
-    return re.findall(r"^\s*(\w+) -> (\w+) \[[^\]]*class=\"critical\"", dot, flags=re.M)
+    return re.findall(r"^\s*(\w+) -> (\w+) \[[^\]]*class=critical", dot, flags=re.M)
 
 
 def test_dot_stage_clusters_and_critical_path(v41):
@@ -42,7 +42,7 @@ def test_dot_stage_clusters_and_critical_path(v41):
         assert f'label="stage: {s}' in dot, s
     assert len(re.findall(r"subgraph cluster_stage_\d+", dot)) == len(stages)
     crit = critical_edges(dot)
-    assert crit and all("color=red" in line for line in dot.splitlines() if 'class="critical"' in line)
+    assert crit and all("color=red" in line for line in dot.splitlines() if "class=critical" in line)
     # the marked edges form one chain (collapsed: between layer nodes and ungrouped ops)
     heads = [b for _, b in crit]
     assert len(set(heads)) == len(heads)
@@ -68,9 +68,9 @@ def test_dot_edge_styles_by_dependency_kind(v41):
     from graphsim.exports.dot import EDGE_STYLES
 
     for k in kinds:
-        assert re.search(rf"style={EDGE_STYLES[k]}, tooltip=\"{k}\"", dot), k
+        assert re.search(rf"style={EDGE_STYLES[k]} tooltip={k}", dot), k
     assert {"cache_read", "topk_reuse"} <= kinds  # KV-owner reads and Top-K reuse (V41_FACTS §2)
-    assert re.search(r"style=dashed, tooltip=\"cache_read\"", dot) and re.search(r"style=dotted, tooltip=\"topk_reuse\"", dot)
+    assert re.search(r"style=dashed tooltip=cache_read", dot) and re.search(r"style=dotted tooltip=topk_reuse", dot)
 
 
 def test_collapse_some_layers(llama):
@@ -90,7 +90,7 @@ def test_render_svg_and_cli_svg(tmp_path, capsys):
 
 def test_display_and_repr_svg_fall_back_without_dot(llama, monkeypatch):
     view = display(llama)
-    assert isinstance(view, GraphView) and 'class="critical"' in view.dot
+    assert isinstance(view, GraphView) and "class=critical" in view.dot
     if HAS_DOT:
         assert view._repr_svg_().lstrip().startswith(("<?xml", "<svg")) and view._repr_html_() is None
         assert llama.graph._repr_svg_() is not None
@@ -172,32 +172,67 @@ def test_collapsed_layer_labels_break_lines_not_backslashes(v41):
     assert "\\\\n" not in dot
 
 
-def test_large_graphs_get_a_bounded_layout(monkeypatch):
+def test_large_graphs_get_a_bounded_layout(llama, monkeypatch):
     # the fuzz campaign's one hang: `graph --model deepseek-v4.1-flash -o x.svg` spent 55 s in dot's
-    # network simplex on 1,184 nodes; above FAST_LAYOUT_NODES its iterations are capped (1.3 s)
-    import subprocess
+    # network simplex on 1,184 nodes; above FAST_LAYOUT_NODES its iterations are capped (1.3 s) by graph
+    # attributes the DOT text carries (the same as dot's -G flags)
+    from graphsim.exports import dot as D
+
+    small = D.to_digraph(llama.graph, collapse_layers=True)  # 80 layer nodes and a few ops
+    large = D.to_digraph(llama.graph)  # every op: over FAST_LAYOUT_NODES
+    assert len(llama.graph.ops) > D.FAST_LAYOUT_NODES
+    assert not set(D.FAST_LAYOUT) & set(small.graph_attr)
+    assert {k: large.graph_attr[k] for k in D.FAST_LAYOUT} == D.FAST_LAYOUT
+    assert re.search(r"graph \[.*mclimit=0\.1.*nslimit=1 nslimit1=1", large.source)
+
+
+def test_a_dot_that_runs_too_long_is_stopped(tmp_path, monkeypatch):
+    # the graphviz package's pipe has no timeout: the deadline interrupts it and subprocess.run kills the child
+    import os
+    import time
 
     from graphsim.exports import dot as D
 
-    seen = []
-
-    def fake_run(args, **kw):
-        seen.append(args)
-        assert kw["timeout"] == D.DOT_TIMEOUT_S
-        return subprocess.CompletedProcess(args, 0, b"<svg/>", b"")
-
-    monkeypatch.setattr(D.shutil, "which", lambda _: "/usr/bin/dot")
-    monkeypatch.setattr(D.subprocess, "run", fake_run)
-    small = "digraph g {\n" + "".join(f'  n{i} [label="x"];\n' for i in range(10)) + "}\n"
-    large = "digraph g {\n" + "".join(f'  n{i} [label="x"];\n' for i in range(D.FAST_LAYOUT_NODES + 1)) + "}\n"
-    D.render_svg(small)
-    D.render_svg(large)
-    assert seen[0] == ["/usr/bin/dot", "-Tsvg"]
-    assert seen[1] == ["/usr/bin/dot", "-Tsvg", *D.FAST_LAYOUT]
-
-    def slow(args, **kw):
-        raise subprocess.TimeoutExpired(args, kw["timeout"])
-
-    monkeypatch.setattr(D.subprocess, "run", slow)
+    fake = tmp_path / "bin" / "dot"
+    fake.parent.mkdir()
+    pidfile = tmp_path / "pid"
+    fake.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexec sleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(D, "DOT_TIMEOUT_S", 0.5)
+    t0 = time.monotonic()
     with pytest.raises(gs.GraphsimError, match="--collapse"):
-        D.render_svg(large)
+        D.render_svg("digraph g { a -> b }")
+    assert time.monotonic() - t0 < 10
+    pid = int(pidfile.read_text())
+    time.sleep(0.2)
+    assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()
+
+
+def test_a_failing_dot_is_a_runtime_error_with_its_message(tmp_path, monkeypatch):
+    import os
+
+    from graphsim.exports import dot as D
+
+    fake = tmp_path / "bin" / "dot"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'syntax error in line 1' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(RuntimeError, match="dot failed: syntax error in line 1"):
+        D.render_svg("digraph g { a -> b }")
+
+
+def test_names_are_text_not_html_or_escapes():
+    # a graph or stage named like an HTML label, with quotes or a backslash, stays text: the package quotes it
+    # and escapes its quotes, we double the backslash (DOT would read `\n` in a name as a line break)
+    b = gs.GraphBuilder("<g>")
+    b.token_set("all")
+    with b.stage('s"\\n<x>'):
+        b.gemm("up", "all", 64, 128, weight_format="bf16")
+    dot = to_dot(b.build())
+    assert dot.startswith('digraph "<g>" {')
+    assert 'label="stage: s\\"\\\\n<x>"' in dot
+    if HAS_DOT:
+        svg = render_svg(dot)
+        assert "stage: s&quot;\\n&lt;x&gt;" in svg

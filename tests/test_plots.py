@@ -280,3 +280,149 @@ def test_plot_help_follows_the_cli_convention():
         if act.dest in mine:
             assert act.help, act.dest
             assert act.dest in grouped, f"{act.dest} sits in an argument group"
+
+
+# ---- no silent subset: every varying structural column is a panel, a marker series or a colour ----------
+
+def _two_models():
+    """A search-shaped table of two models x two mappings x two profiles (model B's points all dominate A's)."""
+    rng = np.random.default_rng(1)
+    rows = []
+    for model, scale in (("A", 1.0), ("B", 10.0)):
+        for mapping in ("tp4-dp1-ep1-pp1", "tp8-dp1-ep1-pp1"):
+            for profile in ("SOL", "practitioner"):
+                for _ in range(10):
+                    rows.append({"model": model, "hw": "gb200", "mapping": mapping, "profile": profile,
+                                 "tokens_per_s_per_user": rng.uniform(5, 200) * scale,
+                                 "tokens_per_s_per_gpu": rng.uniform(1e2, 5e4) * scale})
+    return pd.DataFrame(rows)
+
+
+def _steps(ax):
+    return [ln for ln in ax.get_lines() if ln.get_drawstyle().startswith("steps")]
+
+
+def test_latency_draws_every_structural_point_in_its_own_panel(sweep):
+    notes = []
+    fig = P.plot_latency(sweep, None, notes=notes)  # profile x mapping vary: four panels, not the first struct_id
+    axes = [ax for ax in fig.axes if ax.get_lines()]
+    titles = sorted(ax.get_title() for ax in axes)
+    want = sorted(f"profile, mapping: {p}, {m}" for p in ("SOL", "practitioner")
+                  for m in ("tp4-dp1-ep4-pp1", "tp8-dp1-ep8-pp1"))
+    assert titles == want
+    assert "struct_id" not in fig.get_suptitle()
+    assert notes == ["fixed at the first value: decode.count=8 (6 of 9 rows not drawn)"]  # said, not silent
+    assert notes[0] in fig.get_suptitle()
+    _close(fig)
+
+
+def test_pareto_never_mixes_models_in_one_front():
+    df = _two_models()
+    notes = []
+    fig = P.plot_pareto(df, None, notes=notes)
+    axes = [ax for ax in fig.axes if _steps(ax)]
+    assert [ax.get_title() for ax in axes] == ["model=A", "model=B"]  # one panel per model
+    colour, front = fig.legends
+    assert colour.get_title().get_text() == "mapping" and front.get_title().get_text() == "profile"
+    for ax, model in zip(axes, "AB"):
+        for ln, prof in zip(_steps(ax), ("SOL", "practitioner")):  # one front per profile, within its model
+            g = df[(df["model"] == model) & (df["profile"] == prof)]
+            want = P.pareto_front(g, "tokens_per_s_per_user", "tokens_per_s_per_gpu")
+            np.testing.assert_allclose(ln.get_xdata(), want["tokens_per_s_per_user"], rtol=1e-12)
+    assert notes == []
+    _close(fig)
+
+
+def test_pareto_marks_every_varying_estimate_and_colours_every_choice():
+    df = _two_models().query("model == 'A'").copy()
+    df["view"] = np.where(np.arange(len(df)) % 2, "sol", "op")
+    df["overlap"] = np.where(np.arange(len(df)) % 3, "tbo", "off")
+    fig = P.plot_pareto(df, None)
+    colour, front = fig.legends
+    assert front.get_title().get_text() == "profile, view" and len(_steps(fig.axes[0])) == 4
+    assert colour.get_title().get_text() == "mapping, overlap" and len(colour.get_texts()) == 4
+    assert "A on gb200" in fig.axes[0].get_title()  # what every row shares
+    _close(fig)
+    notes = []
+    fig = P.plot_pareto(df, None, marker=None, color="mapping", notes=notes)  # profiles then get panels
+    assert sorted(ax.get_title() for ax in fig.axes if _steps(ax)) == [
+        "profile, view: SOL, op", "profile, view: SOL, sol", "profile, view: practitioner, op",
+        "profile, view: practitioner, sol"]
+    assert notes == ["overlap also varies, shown by neither colour nor marker (one front over them)"]
+    _close(fig)
+
+
+def test_kinds_and_error_rows_say_what_is_left_out(sweep):
+    notes = []
+    bad = sweep.head(3).assign(error="mapping.tp: boom")
+    fig = P.plot_kinds(pd.concat([sweep, bad], ignore_index=True), None, notes=notes)
+    assert notes == ["3 error row(s) not drawn", f"the first 8 of {len(sweep)} rows drawn; choose others with "
+                     "where / --where"]
+    ticks = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert ticks[0].startswith("SOL tp4-dp1-ep4-pp1 count=8 context=1024"), ticks[0]  # profile and mapping
+    assert all(n in fig.axes[0].get_title() for n in notes)
+    _close(fig)
+
+
+def test_plot_command_prints_its_notes(sweep, tmp_path, capsys):
+    from graphsim.cli import main
+
+    res = tmp_path / "r.parquet"
+    sweep.to_parquet(res)
+    assert main(["plot", str(res), "--kind", "latency", "-o", str(tmp_path / "l.png")]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["graphsim: note: fixed at the first value: decode.count=8 (6 of 9 rows not drawn)"]
+
+
+# ---- a results row's roofline: its plan rebuilt from its identity columns ----------------------------
+
+@pytest.fixture(scope="module")
+def mixed():
+    """Two profiles x two collective algorithms, prefill+decode, with a prefix hit and an HBM bandwidth axis:
+    every kind of column a row's plan is rebuilt from."""
+    from graphsim.sweep import run
+
+    spec = {"structure": {"model": "llama-3.1-70b", "hw": "gb200", "profile": ["sol", "practitioner"],
+                          "mapping": [{"tp": 4}], "requests": ["prefill+decode"],
+                          "policies": {"algorithms": [{}, {"all_reduce": "tree"}]}},
+            "axes": {"decode.count": [8, 64], "decode.context": [1024, 8192], "prefill.prompt": [2048],
+                     "prefill.cached": [0, 1024], "hw.hbm_bw": [6e12, 8e12]}}
+    return run(spec).to_pandas()
+
+
+def test_a_rows_rebuilt_plan_gives_the_rows_forward_time(mixed):
+    from graphsim.sweep.rows import row_point, row_schedule
+
+    assert mixed["error"].isna().all()
+    for i in range(0, len(mixed), 5):  # every profile, algorithm, bandwidth, prefix and batch combination
+        row = mixed.iloc[i].to_dict()
+        c, s = row_schedule(row)
+        assert s.forward[0] == pytest.approx(row["forward_s"], rel=1e-12), i
+        assert [str(r) for r in c.plan.requests][1].startswith(f"decode:{int(row['decode.context'])}x"
+                                                               f"{int(row['decode.count'])}")
+    tree = mixed[mixed["algorithms"] != "[]"].iloc[0].to_dict()
+    assert dict(row_point(tree).policies)["algorithms"] == (("all_reduce", "tree"),)
+    plain = {**tree, "algorithms": "[]"}  # the same point under the default algorithm is another plan
+    assert row_schedule(plain)[1].forward[0] != pytest.approx(tree["forward_s"], rel=1e-9)
+
+
+def test_plot_roofline_of_a_results_row(mixed, tmp_path, capsys):
+    from graphsim.cli import main
+
+    res = tmp_path / "r.parquet"
+    mixed.to_parquet(res)
+    png = tmp_path / "roof.png"
+    assert main(["plot", str(res), "--kind", "roofline", "--row", "3", "--where", "profile == 'practitioner'",
+                 "-o", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+    for args, field in ((["--kind", "roofline"], "row: a roofline is one plan's: give --row I"),
+                        (["--kind", "roofline", "--row", "64"], "row: the table has 64 row(s); --row is 0..63, got 64"),
+                        (["--kind", "latency", "--row", "1"], "row: --row picks the results row")):
+        assert main(["plot", str(res), *args, "-o", str(png)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"graphsim: error: {field}"), err
+    bad = mixed.head(2).assign(error="mapping.tp: boom")
+    bad.to_parquet(res)
+    assert main(["plot", str(res), "--kind", "roofline", "--row", "0", "-o", str(png)]) == 2
+    assert "row: an error row has no schedule: mapping.tp: boom" in capsys.readouterr().err

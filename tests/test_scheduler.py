@@ -157,6 +157,37 @@ def test_reduction_collapses_single_stream_graph_to_one_segment():
     assert p.n_classes == 1  # 22 identical cost rows -> one cost class
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 40).flatmap(lambda n: st.tuples(
+    st.just(n), st.sets(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)).filter(lambda e: e[0] < e[1])))))
+def test_transitive_reduction_is_networkx(dag):
+    # the bitset reduction on the lowering path against networkx's (the oracle; 100-3000x slower on a
+    # 1,300-op graph, which is why lowering does not call it)
+    import networkx as nx
+
+    from graphsim.lowering.program import _transitive_reduction
+
+    n, edges = dag
+    preds = tuple(tuple(sorted(u for u, v in edges if v == w)) for w in range(n))
+    ours = {(u, v) for v, ps in enumerate(_transitive_reduction(n, preds)) for u in ps}
+    g = nx.DiGraph(sorted(edges))
+    g.add_nodes_from(range(n))
+    assert ours == set(nx.transitive_reduction(g).edges)
+
+
+def test_transitive_reduction_of_a_shipped_graph_is_networkx():
+    import networkx as nx
+
+    import graphsim as gs
+    from graphsim.lowering.program import _preds, _transitive_reduction
+
+    c = gs.compile_plan("deepseek-v4.1-flash", gs.Plan(["decode:4096x8"], gs.ParallelMapping(dp=8, ep=8)), "gb300")
+    preds = _preds(c.graph)
+    g = nx.DiGraph([(u, v) for v, ps in enumerate(preds) for u in ps])
+    ours = {(u, v) for v, ps in enumerate(_transitive_reduction(len(preds), preds)) for u in ps}
+    assert ours == set(nx.transitive_reduction(g).edges) and len(ours) < g.number_of_edges()
+
+
 def test_big_dags_give_the_reference_numbers_on_both_kernel_routes():
     # a pipeline-parallel prefill unrolls into thousands of segments: the level-scheduled kernel (NumPy for a
     # few points, jitted JAX for many) gives the NumPy full-graph schedule's outputs, every one of them

@@ -7,9 +7,12 @@
 * :func:`plot_roofline` — arithmetic intensity vs achieved FLOP/s of every op of a Schedule.
 
 Sweep plots take a DataFrame of :mod:`graphsim.sweep` rows (the Pareto plot any table with its x and y
-columns, e.g. ``graphsim search``'s). A line plot needs the other inputs fixed: unless ``where``
-(:mod:`graphsim.filters`: column comparisons joined by and/or/not) already does, rows are sliced at the first
-value of every other varying input and of the structural identity, and the title says which.
+columns, e.g. ``graphsim search``'s). No plot shows a silent subset of its rows: every structural column that
+varies (:data:`FACETS`, :data:`ESTIMATES`, :data:`CHOICES`: model, hw, request structure, profile, view, mapping,
+each policy…) gets its own panel, marker series or colour, and whatever is left out — error rows, a line
+plot's other inputs fixed at their first value, rows past a bar chart's limit — is said in one note per cause
+(the figure's title, and ``notes`` when a list is passed: the plot command prints them). ``where``
+(:mod:`graphsim.filters`: column comparisons joined by and/or/not) selects rows first.
 
 Every plot labels a known result column with its unit and draws its values in that unit (:data:`AXES`,
 :func:`axis`), colours an op kind the same in every plot (:data:`OP_KINDS`, :func:`kind_colour`), and puts its
@@ -27,6 +30,92 @@ from graphsim.filters import apply_filter
 
 _INPUT = re.compile(r"^(prefill|decode|g\d+|hw|profile)\.")
 _STRUCT = ("struct_id",)
+#: Structural columns by what a plot does with them when they vary. FACETS are never compared on one set of axes
+#: (another model, GPU or request mix is another question): one panel each. ESTIMATES are ways of pricing one
+#: deployment (efficiency profile, SOL / measured view): one marker series and one Pareto front each. CHOICES are
+#: what a deployment chooses (mapping, engine mode, every policy): one colour each, compared on one front.
+FACETS = ("model", "hw", "requests", "sweep")
+ESTIMATES = ("profile", "view", "backend", "measured")
+#: the identity columns that repeat another (mapping's axes, its GPU count) or only name it (hashes, digests)
+_NOT_STRUCTURAL = ("struct_id", "graphsim_version", "inputs_digest", "model_digest", "hw_digest", "profile_digest",
+                   "view_digest", "tp", "dp", "ep", "pp", "cp", "gpus")
+#: Panels of one figure at most; more are a note naming how many were left out (narrow them with ``where``).
+MAX_PANELS = 12
+
+
+def _choices() -> tuple:
+    from graphsim.sweep.spec import identity_columns
+
+    return ("mapping", "mode", "policies", *(c for c in identity_columns() if c not in (
+        *FACETS, *ESTIMATES, *_NOT_STRUCTURAL, "mapping")))
+
+
+def varying(d, columns) -> list[str]:
+    """The columns of ``columns`` the table has that hold more than one value in ``d`` (None and NaN are one)."""
+    return [c for c in columns if c in d.columns and d[c].astype(str).nunique() > 1]
+
+
+def structural_columns(d) -> list[str]:
+    """Every structural column that varies in ``d``: facets, estimates, then choices."""
+    return varying(d, (*FACETS, *ESTIMATES, *_choices()))
+
+
+def _say(notes, text: str) -> None:
+    if notes is not None and text not in notes:
+        notes.append(text)
+
+
+def _valid(df, where, notes):
+    """Rows after ``where``, error rows left out with a note."""
+    d = apply_filter(df, where)
+    if "error" in d.columns:
+        bad = d["error"].notna()
+        if bad.any():
+            _say(notes, f"{int(bad.sum())} error row(s) not drawn")
+        d = d[~bad]
+    return d
+
+
+def _combo(d, cols: list[str]):
+    """One value per row naming its values of ``cols`` (the column itself when there is one)."""
+    if len(cols) == 1:
+        return d[cols[0]]
+    return d[cols].apply(lambda r: ", ".join(_text(v) for v in r), axis=1) if len(d) else d.index.to_series()
+
+
+def _panels(d, cols: list[str], notes) -> list[tuple[str, object]]:
+    """(label, rows) per combination of ``cols`` (one unlabelled panel when none varies), at most
+    :data:`MAX_PANELS` (a note says how many more there were)."""
+    if not cols:
+        return [("", d)]
+    key = _combo(d, cols).astype(str)
+    out = [(f"{', '.join(cols)}: {k}" if len(cols) > 1 else f"{cols[0]}={k}", d[key == k]) for k in _keys(key)]
+    if len(out) > MAX_PANELS:
+        _say(notes, f"{len(out) - MAX_PANELS} of {len(out)} panels ({', '.join(cols)}) not drawn; "
+                    "narrow them with where / --where")
+        out = out[:MAX_PANELS]
+    return out
+
+
+def _grid(width: float, height: float, n: int):
+    """A figure of ``n`` panels (three to a row), constrained layout."""
+    cols = min(n, 3)
+    rows = -(-n // cols)
+    scale = (1.0, 1.0) if n == 1 else (0.7, 0.75)
+    fig = _plt().figure(figsize=(width * scale[0] * cols, height * scale[1] * rows), layout="constrained")
+    return fig, [fig.add_subplot(rows, cols, i + 1) for i in range(n)]
+
+
+def _headline(fig, axes, title, shared: str, panels: list, notes_here: list) -> None:
+    """The title: one panel's own (``title`` or what its rows share, and the notes); several panels: a figure
+    title with what they share, which columns split them, and the notes; each panel titled by its values."""
+    note = "; ".join(notes_here)
+    if len(axes) == 1:
+        axes[0].set_title("\n".join(x for x in (title or shared, "" if title else panels[0][0], note) if x), fontsize=9)
+        return
+    for ax, (label, _) in zip(axes, panels):
+        ax.set_title(label, fontsize=8)
+    fig.suptitle("\n".join(x for x in (title or shared, note) if x), fontsize=9)
 
 #: Every op kind the model builders emit (``Op.kind``), in a fixed order: a kind's colour is its place here, so
 #: it is the same in every plot and every run whatever subset a plot shows. graphsim.ir keeps no registry of op
@@ -68,6 +157,9 @@ AXES = {
     "tokens_per_s_per_gpu": ("tokens/s per GPU", 1.0),
     "output_tokens_per_s_per_gpu": ("output tokens/s per GPU", 1.0),
     "tokens_per_s_per_user": ("tokens/s per user", 1.0),
+    "energy_j": ("energy per forward (J, all GPUs)", 1.0),
+    "tokens_per_joule": ("tokens per joule", 1.0),
+    "output_tokens_per_joule": ("output tokens per joule", 1.0),
     "prefill_tokens": ("prefill tokens per forward", 1.0),
     "decode_tokens": ("decode tokens per forward", 1.0),
     "decode_requests": ("decode requests per forward", 1.0),
@@ -262,23 +354,52 @@ def require_columns(df, field: str, cols, what: str) -> None:
                             f"{', '.join(missing)} (a graphsim sweep writes them)")
 
 
-def plot_latency(df, path, x: str | None = None, where: str | None = None, title: str | None = None):
-    """Forward time vs ``x`` (default: the context/prompt axis), stacked by stage (``stage_s.*``)."""
+def _line_panel(sub, x: str, mine: list):
+    """A panel's rows for a line over ``x`` (other inputs fixed at their first value, said in ``mine``)."""
+    d, fixed = slice_rows(sub, x)
+    if fixed:
+        _say(mine, f"fixed at the first value: {fixed} ({len(sub) - len(d)} of {len(sub)} rows not drawn)")
+    return d, fixed
+
+
+def _legend_of(fig, axes, title: str, where: str = "right"):
+    """One figure legend of every panel's labelled artists (each label once)."""
+    seen: dict = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    return _legend(fig, list(seen.values()), list(seen), title=title, where=where)
+
+
+def plot_latency(df, path, x: str | None = None, where: str | None = None, title: str | None = None,
+                 notes: list | None = None):
+    """Forward time vs ``x`` (default: the context/prompt axis), stacked by stage (``stage_s.*``): one panel
+    per combination of the structural columns that vary (:func:`structural_columns`)."""
     require_columns(df, "kind", ("forward_s",), "a latency plot")
     x = x or _default_x(df)
-    d, fixed = slice_rows(df, x, where)
-    stages = [c for c in d.columns if c.startswith("stage_s.") and d[c].notna().any()]
-    fig, ax = _figure(8, 5)
-    xs = _values(d, x)
-    if stages:
-        ax.stackplot(xs, *(d[c] * 1e3 for c in stages), labels=[c[len("stage_s."):] for c in stages], alpha=0.85)
-    ax.plot(xs, _values(d, "forward_s"), "k-", lw=1.5, label="forward (critical path)")
-    ax.set_xlabel(axis(x)[0])
-    ax.set_ylabel(axis("forward_s")[0])
-    if xs.min() > 0 and xs.max() / xs.min() > 20:
+    mine: list = []
+    base = _valid(df, where, mine)
+    if x not in base.columns:
+        raise GraphsimError("x", f"no column {x!r}; inputs: {input_columns(base)}")
+    panels = _panels(base, structural_columns(base), mine)
+    fig, axes = _grid(8, 5, len(panels))
+    log = False
+    for ax, (_, sub) in zip(axes, panels):
+        d, _ = _line_panel(sub, x, mine)
+        stages = [c for c in d.columns if c.startswith("stage_s.") and d[c].notna().any()]
+        xs = _values(d, x)
+        if stages:
+            ax.stackplot(xs, *(d[c] * 1e3 for c in stages), labels=[c[len("stage_s."):] for c in stages], alpha=0.85)
+        ax.plot(xs, _values(d, "forward_s"), "k-", lw=1.5, label="forward (critical path)")
+        ax.set_xlabel(axis(x)[0])
+        ax.set_ylabel(axis("forward_s")[0])
+        log = log or (len(xs) and xs.min() > 0 and xs.max() / xs.min() > 20)
+    for ax in axes if log else ():
         ax.set_xscale("log")
-    ax.set_title(title or _title(d, fixed), fontsize=9)
-    _legend(fig, *ax.get_legend_handles_labels(), title="stage")
+    _headline(fig, axes, title, _title(base), panels, mine)
+    _legend_of(fig, axes, "stage")
+    for n in mine:
+        _say(notes, n)
     return _save(fig, path)
 
 
@@ -309,33 +430,38 @@ def _keys(values) -> list:
         return sorted(u, key=str)
 
 
-def _series_column(d, name: str | None, field: str, auto: tuple) -> str | None:
-    """The column a plot splits its points by: none for None/"", for ``"auto"`` the first of ``auto`` that holds
-    more than one value in ``d`` (else none); a named column must exist (a one-line error naming ``field``)."""
+def _series_columns(d, name: str | None, field: str, auto: tuple) -> list[str]:
+    """The columns a plot splits its points by: none for None/"", for ``"auto"`` every column of ``auto`` that
+    holds more than one value in ``d``; a named column must exist (a one-line error naming ``field``)."""
     if not name:
-        return None
+        return []
     if name == "auto":
-        return next((c for c in auto if c in d.columns and d[c].nunique() > 1), None)
+        return varying(d, auto)
     if name not in d.columns:
         few = [c for c in d.columns if d[c].dtype.kind not in "fc" and 1 < d[c].nunique() <= 20][:8]
         raise GraphsimError(field, f"no column {name!r} in the table" + (f"; e.g. {', '.join(few)}" if few else ""))
-    return name
+    return [name]
 
 
 def plot_pareto(df, path, x: str = "tokens_per_s_per_user", y: str = "tokens_per_s_per_gpu",
                 color: str | None = "auto", marker: str | None = "auto", where: str | None = None,
-                title: str | None = None, fits_only: bool = True):
+                title: str | None = None, fits_only: bool = True, notes: list | None = None):
     """Every valid point, its colour by the ``color`` column and its marker shape by the ``marker`` column, and
     the Pareto front (better is larger, or smaller for times and memory: :func:`better_lower`).
 
-    * ``color``: ``"auto"`` is ``mapping`` when it varies; a numeric column of more than 12 values is drawn on
-      a colour scale (with a colour bar), any other column one colour per value (legend on the right).
-    * ``marker``: ``"auto"`` is ``profile``, else ``view``, whichever has more than one value; any column works
+    * One panel per combination of the :data:`FACETS` that vary (model, hw, request structure): a front never
+      spans two models or two GPUs.
+    * ``color``: ``"auto"`` is every :data:`CHOICES <_choices>` column that varies (mapping, mode, each policy;
+      their combination when several do); a numeric column of more than 12 values is drawn on a colour scale
+      (with a colour bar), any other column one colour per value (legend on the right).
+    * ``marker``: ``"auto"`` is every :data:`ESTIMATES` column that varies (profile, view…); any column works
       (``mode`` of a ``graphsim search`` table). None/"" for one marker.
     * The front is computed **per marker series** (one per profile / view / mode: which points are best under
       each), or over all points when there is no marker column. Each front is a black step line — the edge of
       the region its points dominate, one line style per series — and its points are enlarged with a black edge
       (legend below the axes).
+    * A structural column that varies and is shown by none of these (``marker=None`` while profiles vary, a
+      ``color`` that is not the mapping) gets its own panels, so no front mixes it; a note says so.
     * With ``fits_only``, points whose weights + KV exceed HBM (``fits`` false) are grey crosses, off the front.
 
     Only the ``x`` and ``y`` columns are required (no sweep-specific ones), so a ``graphsim search`` table
@@ -345,63 +471,89 @@ def plot_pareto(df, path, x: str = "tokens_per_s_per_user", y: str = "tokens_per
     require_columns(df, "y", (y,), "the Pareto plot's y axis")
     from matplotlib.lines import Line2D
 
-    d = apply_filter(df, where)
-    d = d[d["error"].isna()] if "error" in d.columns else d
+    mine: list = []
+    d = _valid(df, where, mine)
     d = d.dropna(subset=[x, y]).reset_index(drop=True)
-    color = _series_column(d, color, "color", ("mapping",))
-    marker = _series_column(d, marker, "marker", ("profile", "view"))
+    colour_cols = _series_columns(d, color, "color", _choices())
+    marker_cols = [c for c in _series_columns(d, marker, "marker", ESTIMATES) if c not in colour_cols or marker != "auto"]
+    colour_cols = [c for c in colour_cols if c not in marker_cols or color != "auto"]
+    shown = {*colour_cols, *marker_cols}
+    facets = [c for c in structural_columns(d) if c not in shown and (c in FACETS or c in ESTIMATES)]
+    hidden = [c for c in structural_columns(d) if c not in shown and c not in facets]
+    if hidden:  # a choice that varies and is not the colour: its points share a front, unmarked
+        _say(mine, f"{', '.join(hidden)} also {'varies' if len(hidden) == 1 else 'vary'}, shown by neither colour nor "
+                   "marker (one front over them)")
     (xl, xs), (yl, ys) = axis(x), axis(y)
     maximize = (not better_lower(x), not better_lower(y))
-    fig, ax = _figure(8, 5)
-    ax.set_title(title or "\n".join(t for t in (f"{yl} vs {xl}", _title(d)) if t), fontsize=9)
-    below, unfit = [], []  # (handle, label) of the legend under the axes: the fronts, then the crosses
+    panels = _panels(d, facets, mine)
+    fig, axes = _grid(8, 5, len(panels))
+    color_name = ", ".join(colour_cols) or None
+    marker_name = ", ".join(marker_cols) or None
+    if colour_cols:
+        d = d.assign(**{color_name: _combo(d, colour_cols)}) if len(colour_cols) > 1 else d
+    if marker_cols:
+        d = d.assign(**{marker_name: _combo(d, marker_cols)}) if len(marker_cols) > 1 else d
+    shown_fits = d
     if fits_only and "fits" in d.columns:
-        fits = d["fits"].fillna(False).astype(bool)
-        if (~fits).any():
-            ax.scatter(d.loc[~fits, x] * xs, d.loc[~fits, y] * ys, s=10, marker="x", c="0.75", linewidths=0.8)
-            unfit.append((Line2D([], [], ls="", marker="x", color="0.75"), "does not fit in HBM"))
-        d = d[fits]
-    colours = [PALETTE[0]] * len(d)
-    numeric = color is not None and d[color].dtype.kind in "iuf" and d[color].nunique() > 12
+        shown_fits = d[d["fits"].fillna(False).astype(bool)]
+    colours = {i: PALETTE[0] for i in d.index}
+    numeric = color_name is not None and d[color_name].dtype.kind in "iuf" and d[color_name].nunique() > 12
     if numeric:
         import matplotlib as mpl
 
-        v = _values(d, color)
+        v = _values(shown_fits, color_name)
         norm, cmap = mpl.colors.Normalize(v.min(), v.max()), mpl.colormaps["viridis"]
-        colours = [tuple(c) for c in cmap(norm(v.to_numpy(float)))]
-        fig.colorbar(mpl.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=axis(color)[0])
-    elif color is not None:
-        table = {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(_keys(d[color]))}
-        colours = [table.get(k, "0.5") for k in d[color]]
+        colours.update(zip(shown_fits.index, (tuple(c) for c in cmap(norm(v.to_numpy(float))))))
+        fig.colorbar(mpl.cm.ScalarMappable(norm=norm, cmap=cmap), ax=axes, label=axis(color_name)[0])
+    elif color_name is not None:
+        table = {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(_keys(shown_fits[color_name]))}
+        colours.update((i, table.get(k, "0.5")) for i, k in zip(d.index, d[color_name]))
         _legend(fig, [Line2D([], [], ls="", marker="o", ms=6, color=c) for c in table.values()],
-                [_text(k) for k in table], title=color)
-    colours = dict(zip(d.index, colours))
-    series = d[marker].astype(object).where(d[marker].notna(), "(none)") if marker else None
-    for j, key in enumerate(_keys(series) if marker else [None]):
-        g = d[series == key] if marker else d
-        sym, style = _MARKERS[j % len(_MARKERS)], _FRONT_STYLES[j % len(_FRONT_STYLES)]
-        ax.scatter(g[x] * xs, g[y] * ys, s=14, alpha=0.55, marker=sym, c=[colours[i] for i in g.index],
-                   linewidths=0)
-        front = pareto_front(g, x, y, maximize)
-        if len(front):  # the staircase bounding the region the front dominates
-            ax.step(front[x] * xs, front[y] * ys, where="pre" if maximize[0] else "post", color="k", ls=style,
-                    lw=1.3, zorder=3)
-            ax.scatter(front[x] * xs, front[y] * ys, s=44, marker=sym, c=[colours[i] for i in front.index],
-                       edgecolors="k", linewidths=1.0, zorder=4)
-        below.append((Line2D([], [], color="k", ls=style, lw=1.3, marker=sym, ms=7, mfc="0.6", mec="k"),
-                      f"{_text(key)} (front: {len(front)})" if marker else f"Pareto front ({len(front)} points)"))
-    ax.set_xlabel(xl)
-    ax.set_ylabel(yl)
-    below += unfit
-    _legend(fig, [h for h, _ in below], [t for _, t in below], title=marker or "Pareto front", where="below")
+                [_text(k) for k in table], title=color_name)
+    keys = _keys(d[marker_name].astype(object).where(d[marker_name].notna(), "(none)")) if marker_name else [None]
+    below: dict = {}  # legend under the axes: (label -> handle) of the fronts, then the crosses
+    unfit = []
+    for ax, (label, sub) in zip(axes, panels):
+        g0 = d.loc[sub.index]
+        if fits_only and "fits" in g0.columns:
+            fits = g0["fits"].fillna(False).astype(bool)
+            if (~fits).any():
+                ax.scatter(g0.loc[~fits, x] * xs, g0.loc[~fits, y] * ys, s=10, marker="x", c="0.75", linewidths=0.8)
+                unfit = [(Line2D([], [], ls="", marker="x", color="0.75"), "does not fit in HBM")]
+            g0 = g0[fits]
+        series = g0[marker_name].astype(object).where(g0[marker_name].notna(), "(none)") if marker_name else None
+        for j, key in enumerate(keys):
+            g = g0[series == key] if marker_name else g0
+            sym, style = _MARKERS[j % len(_MARKERS)], _FRONT_STYLES[j % len(_FRONT_STYLES)]
+            ax.scatter(g[x] * xs, g[y] * ys, s=14, alpha=0.55, marker=sym, c=[colours[i] for i in g.index],
+                       linewidths=0)
+            front = pareto_front(g, x, y, maximize)
+            if len(front):  # the staircase bounding the region the front dominates
+                ax.step(front[x] * xs, front[y] * ys, where="pre" if maximize[0] else "post", color="k", ls=style,
+                        lw=1.3, zorder=3)
+                ax.scatter(front[x] * xs, front[y] * ys, s=44, marker=sym, c=[colours[i] for i in front.index],
+                           edgecolors="k", linewidths=1.0, zorder=4)
+            if len(panels) == 1:
+                text = f"{_text(key)} (front: {len(front)})" if marker_name else f"Pareto front ({len(front)} points)"
+            else:
+                text = f"{_text(key)} (front per panel)" if marker_name else "Pareto front (per panel)"
+            below.setdefault(text, Line2D([], [], color="k", ls=style, lw=1.3, marker=sym, ms=7, mfc="0.6", mec="k"))
+        ax.set_xlabel(xl)
+        ax.set_ylabel(yl)
+    _headline(fig, axes, title, "\n".join(t for t in (f"{yl} vs {xl}", _title(d)) if t), panels, mine)
+    handles = [*below.values(), *(h for h, _ in unfit)]
+    _legend(fig, handles, [*below, *(t for _, t in unfit)], title=marker_name or "Pareto front", where="below")
+    for n in mine:
+        _say(notes, n)
     return _save(fig, path)
 
 
 def plot_memory(df, path, x: str | None = None, where: str | None = None, series: str | None = "auto",
-                title: str | None = None):
-    """Weights + KV + workspace per device vs ``x`` (stacked), with the HBM capacity as a dashed line; with a
-    ``series`` column (default: the one other varying length/batch input, if exactly one) one total-memory line
-    per value of it is drawn too (e.g. one per batch size)."""
+                title: str | None = None, notes: list | None = None):
+    """Weights + KV + workspace per device vs ``x`` (stacked), with the HBM capacity as a dashed line, one panel
+    per combination of the structural columns that vary; with a ``series`` column (default: the one other
+    varying length/batch input, if exactly one) one total-memory line per value of it too (e.g. one per batch
+    size; at most 10, a note says how many more)."""
     require_columns(df, "kind", ("weights_gib", "kv_gib", "workspace_gib", "total_gib", "capacity_gib"),
                     "a memory plot")
     x = x or _default_x(df)
@@ -409,48 +561,71 @@ def plot_memory(df, path, x: str | None = None, where: str | None = None, series
         others = [c for c in input_columns(df) if c != x and not c.startswith(("hw.", "profile."))
                   and df[c].nunique() > 1]
         series = others[0] if len(others) == 1 else None
-    d, fixed = slice_rows(df, x, where)
-    fig, ax = _figure(8, 5)
-    xs = _values(d, x)
-    ax.stackplot(xs, d["weights_gib"], d["kv_gib"], d["workspace_gib"],
-                 labels=["weights", "KV cache", "workspace"], alpha=0.85)
-    if series:
-        base = apply_filter(df, where)
-        base = base[base["error"].isna()] if "error" in base.columns else base
-        keep = base["struct_id"] == d["struct_id"].iloc[0] if "struct_id" in base.columns else True
-        for v in sorted(base.loc[keep, series].unique())[:10]:
-            g, _ = slice_rows(base[keep & (base[series] == v)], x)
-            ax.plot(_values(g, x), g["total_gib"], lw=1, label=f"total, {axis(series)[0]} = {v * axis(series)[1]:g}")
-    ax.plot(xs, d["capacity_gib"], "r--", lw=1.5, label="HBM capacity")
-    ax.set_xlabel(axis(x)[0])
-    ax.set_ylabel("memory per device (GiB)")
-    if xs.min() > 0 and xs.max() / xs.min() > 20:
-        ax.set_xscale("log")
-    if series and d["total_gib"].max() > 0:
-        ax.set_ylim(0, max(d["capacity_gib"].max() * 1.6, d["total_gib"].max() * 1.1))
-    ax.set_title(title or _title(d, fixed), fontsize=9)
-    _legend(fig, *ax.get_legend_handles_labels(), title="per device")
+    mine: list = []
+    base = _valid(df, where, mine)
+    if x not in base.columns:
+        raise GraphsimError("x", f"no column {x!r}; inputs: {input_columns(base)}")
+    panels = _panels(base, structural_columns(base), mine)
+    fig, axes = _grid(8, 5, len(panels))
+    for ax, (_, sub) in zip(axes, panels):
+        if series:  # the stack at the first value of the series column, its totals at every value
+            d, fixed = slice_rows(sub, x)
+            other = [f for f in fixed.split(", ") if f and not f.startswith(f"{series}=")]
+            if other:
+                _say(mine, f"fixed at the first value: {', '.join(other)}")
+        else:
+            d, _ = _line_panel(sub, x, mine)
+        xs = _values(d, x)
+        ax.stackplot(xs, d["weights_gib"], d["kv_gib"], d["workspace_gib"],
+                     labels=["weights", "KV cache", "workspace"], alpha=0.85)
+        if series:
+            keep = sub["struct_id"] == d["struct_id"].iloc[0] if "struct_id" in sub.columns and len(d) else True
+            values = sorted(sub.loc[keep, series].unique())
+            if len(values) > 10:
+                _say(mine, f"total memory drawn for the first 10 of {len(values)} values of {series}")
+            for v in values[:10]:
+                g, _ = slice_rows(sub[keep & (sub[series] == v)], x)
+                ax.plot(_values(g, x), g["total_gib"], lw=1,
+                        label=f"total, {axis(series)[0]} = {v * axis(series)[1]:g}")
+        ax.plot(xs, d["capacity_gib"], "r--", lw=1.5, label="HBM capacity")
+        ax.set_xlabel(axis(x)[0])
+        ax.set_ylabel("memory per device (GiB)")
+        if len(xs) and xs.min() > 0 and xs.max() / xs.min() > 20:
+            ax.set_xscale("log")
+        if series and len(d) and d["total_gib"].max() > 0:
+            ax.set_ylim(0, max(d["capacity_gib"].max() * 1.6, d["total_gib"].max() * 1.1))
+    _headline(fig, axes, title, _title(base), panels, mine)
+    _legend_of(fig, axes, "per device")
+    for n in mine:
+        _say(notes, n)
     return _save(fig, path)
 
 
-def plot_kinds(source, path, rows: int = 8, where: str | None = None, title: str | None = None):
+def plot_kinds(source, path, rows: int = 8, where: str | None = None, title: str | None = None,
+               notes: list | None = None):
     """Horizontal stacked bars of busy time per op kind, each kind in its :func:`kind_colour`: one bar per
-    Report, or per sweep row (the first ``rows`` valid rows after ``where``)."""
+    Report, or per sweep row (the first ``rows`` valid rows after ``where``; a note says how many more there
+    were), each bar labelled by its values of the structural columns and inputs that vary."""
+    mine: list = []
     if hasattr(source, "breakdown"):  # a Report
         labels = [f"{source.identity['model']} {source.identity['mapping']}"]
         kinds = sorted(source.breakdown, key=lambda k: -source.breakdown[k])
         values = np.array([[source.breakdown[k] for k in kinds]])
+        shared = ""
     else:
-        d = apply_filter(source, where)
-        d = d[d["error"].isna()] if "error" in d.columns else d
+        d = _valid(source, where, mine)
         cols = [c for c in d.columns if c.startswith("kind_s.") and d[c].notna().any()]
         if not cols:
             raise GraphsimError("kinds", "the table has no kind_s.* columns; run the sweep with outputs = [\"kinds\"]")
+        if len(d) > rows:
+            _say(mine, f"the first {rows} of {len(d)} rows drawn; choose others with where / --where")
+        shared = _title(d)
+        struct = structural_columns(d) or (["mapping"] if "mapping" in d.columns else [])
+        ins = [c for c in input_columns(d) if d[c].nunique() > 1] or input_columns(d)
         d = d.head(rows)
         kinds = [c[len("kind_s."):] for c in sorted(cols, key=lambda c: -d[c].sum())]
         values = d[[f"kind_s.{k}" for k in kinds]].fillna(0.0).to_numpy()
-        ins = input_columns(d)
-        labels = [" ".join([str(r.get("mapping", ""))] + [f"{c.split('.')[-1]}={r[c]:g}" for c in ins])
+        labels = [" ".join([_text(r[c]) for c in struct] + [f"{c.split('.')[-1]}={r[c]:g}" for c in ins])
                   for _, r in d.iterrows()]
     fig, ax = _figure(9, 1.6 + 0.45 * len(labels))
     left = np.zeros(len(labels))
@@ -459,8 +634,11 @@ def plot_kinds(source, path, rows: int = 8, where: str | None = None, title: str
         left += values[:, j]
     ax.set_xlabel("busy time (ms, summed over ops)")
     ax.invert_yaxis()
-    ax.set_title(title or "time by op kind", fontsize=10)
+    ax.set_title("\n".join(x for x in (title or "time by op kind" + (f": {shared}" if shared else ""),
+                                        "; ".join(mine)) if x), fontsize=10)
     _legend(fig, *ax.get_legend_handles_labels(), title="op kind")
+    for n in mine:
+        _say(notes, n)
     return _save(fig, path)
 
 
@@ -518,7 +696,7 @@ def plot_roofline(schedule, path, point: int = 0, title: str = ""):
 
 PLOTS = {"latency": plot_latency, "pareto": plot_pareto, "memory": plot_memory, "kinds": plot_kinds}
 
-__all__ = ["pareto_front", "slice_rows", "input_columns", "plot_latency", "plot_pareto", "plot_memory",
+__all__ = ["pareto_front", "slice_rows", "input_columns", "structural_columns", "varying", "FACETS", "ESTIMATES", "plot_latency", "plot_pareto", "plot_memory",
            "plot_kinds", "plot_roofline", "roofline_points", "PLOTS", "OP_KINDS", "PALETTE", "KIND_COLOURS",
            "kind_colour", "AXES", "axis", "better_lower"]
 
