@@ -469,3 +469,30 @@ def test_many_replicas_end_in_linear_time():
     dep = Deployment("deepseek-v3", "gb200", gs.ParallelMapping(tp=8, ep=8), replicas=20000, hbm_kv_gib=math.inf)
     res = simulate(tr, dep, steps=FixedSteps(0.01), validate=0, samples=0)  # ~1 s; the quadratic loop was ~4e8 steps
     assert res.summary["requests"]["served"] == 3
+
+
+def test_a_prediction_pays_the_hottest_ep_rank_and_sol_does_not():
+    """A prediction with an engine (the practitioner profile + vLLM terms) prices each step with the routing
+    statistics' hottest EP rank (graphsim.serving.moe): t1 + (factor(T) - 1)(t2 - t1), factor > 1 for a few tokens,
+    falling toward 1 as they grow; the SOL surfaces have no such term."""
+    from graphsim.serving.sim import _pool_config
+
+    m = gs.ParallelMapping(tp=8, ep=8)
+    dep = Deployment("deepseek-v3", "gb200", m, profile=gs.load_profile("practitioner"), engine="vllm")
+    model = gs.load_model("deepseek-v3")
+    kw = dict(model=model, hw=gs.load_hw("gb200"), dep=dep, eng=None, view=None, trace=synthetic(requests=64, rate=1,
+              seed=0), max_ctx=8192, swa_model=False, validate=0, steps=None)
+    from graphsim.serving.engines import ENGINES
+
+    eng = ENGINES["vllm"].on(gs.load_hw("gb200").hbm_capacity_bytes)
+    st = _pool_config("mixed", m, gs.Policies(), **{**kw, "eng": eng, "serving": eng}).steps
+    assert st.moe is not None and st.moe[:3] == (8, 256, 8)
+    f8, f512 = st._factor(8), st._factor(512)
+    assert f8 > f512 > 1.0
+    t1, t2 = st._d1(8.0, 4096.0), st._d2(8.0, 4096.0)
+    assert t2 > t1 and st.step(8, 4096.0, 0.0, 0.0, host=False) == pytest.approx(t1)
+    with_terms = st.step(8, 4096.0, 0.0, 0.0)
+    bare = float(eng.step_time(t1 + (f8 - 1) * (t2 - t1), st.kernels, eng.graphed(8 / m.dp)))
+    assert with_terms == pytest.approx(bare, rel=1e-12)
+    sol = _pool_config("mixed", m, gs.Policies(), **{**kw, "serving": None}).steps  # no prediction: no term
+    assert sol.moe is None

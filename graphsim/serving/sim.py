@@ -919,8 +919,18 @@ def _pool_config(role, mapping, policies, *, model, hw, dep, eng, serving, view,
                                         policies), hw, dep.profile, view=view)
         exact = compile_plan(model, Plan(["prefill:1024"] * 8 + ["decode:1024"] * 4, mapping, policies), hw,
                              dep.profile, view=view) if validate > 0 else None
+        hot, moe = None, None
+        if serving is not None and serving.moe_routing and mapping.ep > 1 and policies.ep_imbalance == 1.0:
+            info = next((op.info for op in prog.graph.ops if op.kind == "moe_experts" and op.info.experts), None)
+            if info is not None:  # the engine's routing-statistics term (graphsim.serving.moe), as search prices it
+                import attrs as _attrs
+
+                hot = compile_plan(model, Plan([f"prefill:{max_ctx}", f"decode:{max_ctx}x{max(b_max, 1)}"], mapping,
+                                               _attrs.evolve(policies, ep_imbalance=2.0)), hw, dep.profile, view=view)
+                moe = (info.top_k, info.experts, mapping.ep, serving.moe_load_ratio, serving.eplb)
         steps = StepTimes(prog, max_batch=b_max, max_context=max_ctx, budget=budget,
-                          replay_window=policies.replay_window, swa=swa_model, exact_program=exact, serving=serving)
+                          replay_window=policies.replay_window, swa=swa_model, exact_program=exact, serving=serving,
+                          hot_program=hot, moe=moe)
     return _PoolConfig(role, steps, budget, max_running, capacity, mapping.dp / split, mapping, policies)
 
 

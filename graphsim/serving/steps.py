@@ -108,7 +108,7 @@ class StepTimes:
     request, in that order, at the deployment's mapping and policies, in any view)."""
 
     def __init__(self, compiled, *, max_batch: int, max_context: int, budget: int, replay_window: int = 128,
-                 swa: bool = False, exact_program=None, serving=None):
+                 swa: bool = False, exact_program=None, serving=None, hot_program=None, moe=None):
         require(compiled.plan.kinds == ("prefill", "decode"), "compiled", "the step program is one prefill and one "
                                                                           "decode request")
         self.c, self.exact_program = compiled, exact_program
@@ -132,6 +132,19 @@ class StepTimes:
         self.r_table = self._replay_table(self.r_grids) if self.swa else None
         self._d1, self._m1 = _Point(self.d_grids, self.d_table), _Point(self.m_grids, self.m_table)
         self._r1 = _Point(self.r_grids, self.r_table) if self.r_table is not None else None
+        # MoE load imbalance (a prediction's engine term, graphsim.serving.moe): the same surfaces with the hottest
+        # EP rank at twice the mean load; a step of T routed tokens is t1 + (factor(T) - 1)·(t2 - t1)
+        self.moe, self._factors = None, {}
+        if hot_program is not None and moe is not None and serving is not None:
+            base, self.c = self.c, hot_program
+            try:
+                d_hot = self._surface(self.d_grids, decode_only=True)
+                m_hot = self._surface(self.m_grids, decode_only=False)
+            finally:
+                self.c = base
+            self.moe = tuple(moe)  # (top_k, experts, ep, load_ratio, eplb)
+            self._d2, self._m2 = _Point(self.d_grids, d_hot), _Point(self.m_grids, m_hot)
+            self._d_hot = d_hot
 
     # -- building -----------------------------------------------------------------------------------------
     def _forward(self, count, new, past, replay=None) -> np.ndarray:
@@ -182,10 +195,26 @@ class StepTimes:
         engine runs them (a CUDA graph replay up to its batch, else eager launches, plus scheduler time)."""
         b = np.asarray(batch, dtype=np.float64)
         c = np.broadcast_to(np.asarray(context, dtype=np.float64), b.shape)
-        gpu = interp(self.d_grids, self.d_table, np.stack([b.ravel(), c.ravel()], axis=1)).reshape(b.shape)
+        q = np.stack([b.ravel(), c.ravel()], axis=1)
+        gpu = interp(self.d_grids, self.d_table, q).reshape(b.shape)
+        if host and self.moe is not None:
+            hot = interp(self.d_grids, self._d_hot, q).reshape(b.shape)
+            gpu = gpu + (np.vectorize(self._factor)(b) - 1.0) * (hot - gpu)
         if host and self.serving is not None:
             return self.serving.step_time(gpu, self.kernels, self.serving.graphed(b / self.dp))
         return gpu
+
+    def _factor(self, tokens) -> float:
+        """The hottest EP rank's expected load over the mean for a step routing ``tokens`` tokens (memoized)."""
+        t = int(tokens)
+        f = self._factors.get(t)
+        if f is None:
+            from .moe import hottest_rank_factor
+
+            top_k, experts, ep, ratio, eplb = self.moe
+            f = self._factors[t] = float(np.asarray(hottest_rank_factor(np.array([float(max(t, 1))]), top_k, experts,
+                                                                        ep, ratio, eplb)).ravel()[0])
+        return f
 
     def step(self, batch: int, context: float, new: float, pairs: float, host: bool = True) -> float:
         """Seconds of one step: ``batch`` decodes at mean context ``context`` and prefill chunks of ``new``
@@ -195,11 +224,15 @@ class StepTimes:
             if batch <= 0:
                 return 0.0
             gpu = self._d1(float(batch), float(context))
+            if host and self.moe is not None:
+                gpu += (self._factor(batch) - 1.0) * (self._d2(float(batch), float(context)) - gpu)
             if host and self.serving is not None:
                 return float(self.serving.step_time(gpu, self.kernels, self.serving.graphed(batch / self.dp)))
             return gpu
         p = max((pairs - new * (new + 1) / 2) / new, 0.0)  # effective_past, for one point
         gpu = self._m1(float(batch), float(context), float(new), p)
+        if host and self.moe is not None:
+            gpu += (self._factor(batch + new) - 1.0) * (self._m2(float(batch), float(context), float(new), p) - gpu)
         if host and self.serving is not None:
             return float(self.serving.step_time(gpu, self.kernels))
         return gpu
