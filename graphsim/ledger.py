@@ -139,7 +139,7 @@ def ledger(model, requests: Sequence, policies=None, *, chunk: int | None = None
 
     model = load_model(model) if isinstance(model, str) else model
     policies = policies or Policies()
-    reqs = [Request.parse(r) if isinstance(r, str) else r for r in requests]
+    reqs = [Request.parse(r, model.image_processor()) if isinstance(r, str) else r for r in requests]
 
     def compile_logical(kinds, step):
         g = model.build(kinds, policies=policies, requests=tuple(step))

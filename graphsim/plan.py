@@ -81,13 +81,14 @@ class Request:
         return self.cached if self.kind == "prefill" else self.length
 
     @staticmethod
-    def parse(spec: str) -> "Request":
+    def parse(spec: str, processor=None) -> "Request":
         """``KIND:LEN[xCOUNT][vK][@CACHED[:TIER][/noswa]][+img:WxH...]``, e.g. ``decode:4096x64``,
         ``decode:4096x64v3`` (DSpark: verify 3 drafts), ``prefill:2048@1024`` (a 1,024-token hit in host
         memory), ``prefill:2048@1024:hbm`` (still in HBM: nothing to copy), ``prefill:2048@1024:disk``;
         ``/noswa``: the prefix hit has its global KV but not its SWA cache (a restore). LEN counts text
         tokens; each ``+img:WxH`` adds its image tokens on top (``prefill:2000+img:1024x768`` has
-        2000 + 475 new positions), so ``length`` includes them."""
+        2000 + 475 new positions), so ``length`` includes them. Image sizes go through ``processor`` (a model's
+        :meth:`~graphsim.models.base.Model.image_processor`; default: DeepSeek-V4.1-Flash's)."""
         if not isinstance(spec, str):
             raise GraphsimError("request", f"must be a request string or Request, got {type(spec).__name__}")
         m = _REQ.match(spec.strip())
@@ -111,7 +112,7 @@ class Request:
         if rest:
             from .vision import parse_image_suffix  # vision rules live in their own module
 
-            extra.update(parse_image_suffix(rest, spec))
+            extra.update(parse_image_suffix(rest, spec, processor))
             n += extra["image_tokens"]  # LEN is text; image tokens come on top
         if m.group("noswa"):
             extra["swa_cached"] = False

@@ -44,7 +44,8 @@ import attrs
 
 from .errors import GraphsimError, require
 
-__all__ = ["ImageRule", "ImageTokens", "VisionProcessor", "default_processor", "parse_image_suffix"]
+__all__ = ["ImageRule", "ImageTokens", "VisionProcessor", "QwenVLProcessor", "default_processor",
+           "parse_image_suffix"]
 
 
 def _pos_int(value, field: str) -> int:
@@ -186,6 +187,95 @@ class VisionProcessor:
 
 
 # --------------------------------------------------------------------------------------------------
+# Qwen-VL processors (Qwen2-VL's ``smart_resize``, used by Qwen2.5-VL, Qwen3-VL and Qwen3.5)
+# --------------------------------------------------------------------------------------------------
+
+#: Qwen3-VL / Qwen3.5 ``preprocessor_config.json`` as the checkpoints ship it (Qwen2VLImageProcessorFast):
+#: ``size = {shortest_edge: 65536, longest_edge: 16777216}`` (256² to 4096² pixels), ``patch_size`` 16,
+#: ``temporal_patch_size`` 2, ``merge_size`` 2. The family's defaults when no preprocessor_config.json is beside
+#: the config (the bundled snapshot has none).
+QWEN3_VL_PREPROCESSOR = {"size": {"shortest_edge": 65536, "longest_edge": 16777216}, "patch_size": 16,
+                         "temporal_patch_size": 2, "merge_size": 2}
+
+
+@attrs.frozen
+class QwenVLProcessor:
+    """Qwen2-VL's image processor (``image_processing_qwen2_vl.smart_resize``), as Qwen3-VL and Qwen3.5 run it:
+
+    1. factor = patch_size * merge_size (32); reject aspect ratios above 200;
+    2. round each side to the nearest multiple of the factor (Python's ``round``: halves to even);
+    3. if the area exceeds ``max_pixels``: beta = sqrt(h*w / max_pixels), each side ``floor(side / beta /
+       factor) * factor`` (at least one factor); if it is below ``min_pixels``: beta = sqrt(min_pixels / (h*w)),
+       each side ``ceil(side * beta / factor) * factor``;
+    4. patches = (h'/p) * (w'/p) (one temporal patch: an image is repeated ``temporal_patch_size`` times),
+       image tokens = patches / merge_size² (the merger concatenates merge x merge neighbours).
+
+    ``min_pixels`` / ``max_pixels`` come from ``size.shortest_edge`` / ``size.longest_edge`` (areas, despite the
+    names) or the older top-level ``min_pixels`` / ``max_pixels``."""
+
+    patch_size: int = attrs.field(converter=lambda v: _pos_int(v, "preprocessor_config.patch_size"))
+    merge_size: int = attrs.field(converter=lambda v: _pos_int(v, "preprocessor_config.merge_size"))
+    temporal_patch_size: int = attrs.field(converter=lambda v: _pos_int(v, "preprocessor_config.temporal_patch_size"))
+    min_pixels: int = attrs.field(converter=lambda v: _pos_int(v, "preprocessor_config.size.shortest_edge"))
+    max_pixels: int = attrs.field(converter=lambda v: _pos_int(v, "preprocessor_config.size.longest_edge"))
+    source: str = "family defaults"  #: where the constants came from (a preprocessor_config.json, or the defaults)
+
+    def __attrs_post_init__(self):
+        require(self.min_pixels <= self.max_pixels, "preprocessor_config.size",
+                f"shortest_edge (min pixels {self.min_pixels}) exceeds longest_edge (max pixels {self.max_pixels})")
+
+    @classmethod
+    def from_preprocessor(cls, pp: Mapping | None, source: str = "family defaults") -> "QwenVLProcessor":
+        """Read ``preprocessor_config.json`` (a mapping); missing keys take :data:`QWEN3_VL_PREPROCESSOR`'s."""
+        d = QWEN3_VL_PREPROCESSOR
+        pp = pp or {}
+        size = pp.get("size") if isinstance(pp.get("size"), Mapping) else {}
+        lo = size.get("shortest_edge", pp.get("min_pixels", d["size"]["shortest_edge"]))
+        hi = size.get("longest_edge", pp.get("max_pixels", d["size"]["longest_edge"]))
+        return cls(pp.get("patch_size", d["patch_size"]), pp.get("merge_size", d["merge_size"]),
+                   pp.get("temporal_patch_size", d["temporal_patch_size"]), lo, hi, source)
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+    def resize(self, width: int, height: int) -> tuple[int, int]:
+        """(resized width, resized height): ``smart_resize`` exactly (integers and fractions, no float error)."""
+        w0, h0 = _pos_int(width, "width"), _pos_int(height, "height")
+        require(max(w0, h0) <= 200 * min(w0, h0), "width",
+                f"aspect ratio of {w0}x{h0} exceeds 200 (the Qwen-VL processor rejects it)")
+        f = self.factor
+        h, w = round(Fraction(h0, f)) * f, round(Fraction(w0, f)) * f
+        area = w0 * h0
+        if h * w > self.max_pixels:  # side / beta / f with beta = sqrt(area / max): floor(sqrt(side² max / area) / f)
+            h = max(f, _floor_sqrt_ratio(h0 * h0 * self.max_pixels, area, f) * f)
+            w = max(f, _floor_sqrt_ratio(w0 * w0 * self.max_pixels, area, f) * f)
+        elif h * w < self.min_pixels:
+            h = _ceil_sqrt_ratio(h0 * h0 * self.min_pixels, area, f) * f
+            w = _ceil_sqrt_ratio(w0 * w0 * self.min_pixels, area, f) * f
+        return w, h
+
+    def image_tokens(self, width: int, height: int) -> ImageTokens:
+        w, h = self.resize(width, height)
+        gh, gw, m = h // self.patch_size, w // self.patch_size, self.merge_size
+        return ImageTokens(int(width), int(height), w, h, gh, gw, gh, gw, gh * gw, (gh // m) * (gw // m))
+
+    def total_tokens(self, sizes: Iterable[tuple[int, int]]) -> tuple[int, int]:
+        out = [self.image_tokens(w, h) for w, h in sizes]
+        return sum(t.n_tokens for t in out), sum(t.n_patches for t in out)
+
+
+def _floor_sqrt_ratio(num: int, den: int, step: int) -> int:
+    """Largest n >= 0 with (step * n)^2 <= num / den, i.e. floor(sqrt(num/den) / step), exactly."""
+    n = math.isqrt(num // (den * step * step))
+    while (step * (n + 1)) ** 2 * den <= num:
+        n += 1
+    while n > 0 and (step * n) ** 2 * den > num:
+        n -= 1
+    return n
+
+
+# --------------------------------------------------------------------------------------------------
 # Request strings: ``prefill:2000+img:1024x768+img:640x480``
 # --------------------------------------------------------------------------------------------------
 
@@ -205,11 +295,12 @@ def default_processor() -> VisionProcessor:
     return VisionProcessor.from_config(load_config(DEFAULT_VISION_MODEL))
 
 
-def parse_image_suffix(rest: str, spec: str) -> dict:
+def parse_image_suffix(rest: str, spec: str, processor=None) -> dict:
     """``+img:WxH`` per image (repeatable), or ``+img:Ttok/Ppatches`` -> ``{image_tokens, image_patches}``
     summed over the request's images (what :class:`graphsim.plan.Request` takes).
 
-    Sizes go through :func:`default_processor` (resize, snap, pad, cap; never raw w·h / 14²). Several
+    Sizes go through ``processor`` (the model's: :meth:`graphsim.models.base.Model.image_processor`), else
+    :func:`default_processor` (resize, snap, pad, cap; never raw w·h / 14²). Several
     images of one request are summed: the ViT sequence of the request is then Σ patches (see
     ``deepseek_v41_extras.vision_stage`` for what that means for attention pairs).
     """
@@ -223,7 +314,7 @@ def parse_image_suffix(rest: str, spec: str) -> dict:
                                                  "or img:Ttok/Ppatches")
         if m["w"] is not None:
             try:
-                t = default_processor().image_tokens(int(m["w"]), int(m["h"]))
+                t = (processor or default_processor()).image_tokens(int(m["w"]), int(m["h"]))
             except GraphsimError as e:
                 raise GraphsimError("request.image", f"'+{part}' in request {spec!r}: {e}") from None
             tokens, patches = tokens + t.n_tokens, patches + t.n_patches

@@ -60,12 +60,55 @@ def load_model(name_or_path: str | Path | dict, *, weights: str | None = None, r
     if weights is not None:
         quant = quant.override(weights)
     spec = fn(text_config(cfg))
+    spec = _with_vision(spec, cfg, path)
     if redundant_experts:
         spec = spec.with_redundant(redundant_experts)
     kv = options.pop("kv_format", None) or kv_cache_format(cfg if not sibling else
                                                             {**cfg, "quantization_config": sibling.get("quantization", sibling)})
     require(not options, "model", f"unknown options {sorted(options)}")
     return _with_id(Decoder(spec, name, quant, kv), hf_id)
+
+
+def _with_vision(spec, cfg: dict, path: Path | None):
+    """The spec with the vision tower graphsim prices for this config (Qwen3-VL, Qwen3.5) and its image processor,
+    read from ``preprocessor_config.json`` beside the config when there is one, else the family's defaults."""
+    import attrs
+
+    from ..vision import QwenVLProcessor
+    from .vision_tower import tower
+
+    vit = tower(cfg)
+    if vit is None:
+        return spec
+    pp, source = _sibling_preprocessor(path)
+    proc = QwenVLProcessor.from_preprocessor(pp, source) if pp is not None else QwenVLProcessor.from_preprocessor(
+        {"patch_size": vit.patch, "merge_size": vit.merge, "temporal_patch_size": vit.temporal_patch})
+    require(proc.patch_size == vit.patch and proc.merge_size == vit.merge, "preprocessor_config.patch_size",
+            f"{source}: patch_size {proc.patch_size} / merge_size {proc.merge_size} disagree with vision_config's "
+            f"{vit.patch} / {vit.merge}")
+    return attrs.evolve(spec, vision=vit, processor=proc, vision_note="")
+
+
+def _sibling_preprocessor(path: Path | None) -> tuple[dict | None, str]:
+    """(``preprocessor_config.json`` beside a config.json or in a checkpoint directory, its file name) if any."""
+    import json
+
+    if path is None:
+        return None, ""
+    d = path if path.is_dir() else path.parent
+    names = ["preprocessor_config.json"]
+    if path.name.endswith("_config.json") and path.name != "config.json":  # <org>--<repo>_config.json snapshots
+        names.append(path.name.removesuffix("config.json") + "preprocessor_config.json")
+    for name in names:
+        f = d / name
+        if f.is_file():
+            try:
+                data = json.loads(f.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError, OSError) as e:
+                raise GraphsimError("preprocessor_config", f"{f.name}: cannot read ({e})") from None
+            require(isinstance(data, dict), "preprocessor_config", f"{f.name}: the top level must be an object")
+            return data, f.name
+    return None, ""
 
 
 def _with_id(model: Model, hf_id: str | None) -> Model:

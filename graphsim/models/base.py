@@ -95,6 +95,11 @@ class Model:
         """Why image inputs cannot run ("" when the model has a vision path that prices them)."""
         return f"{self.name} has no vision tower"
 
+    def image_processor(self):
+        """The processor that turns ``+img:WxH`` into patches and image tokens for this model (an object with
+        ``image_tokens(w, h)``); None: graphsim.vision's default (DeepSeek-V4.1-Flash's)."""
+        return None
+
     # ---- speculative decoding -----------------------------------------------------------------------------
     def max_mtp(self) -> int:
         """Draft depth the checkpoint's MTP module may run at (0: it ships none)."""
