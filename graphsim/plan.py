@@ -44,6 +44,10 @@ class Request:
     image_tokens: int = 0
     image_patches: int = 0
     tier: str = "host"
+    #: the ``+img:WxH`` sizes a request string named when it was parsed without a model's processor (DeepSeek-V4.1's
+    #: default): :func:`graphsim.pipeline.compile_plan` recounts them with the model's own processor. Not part of
+    #: the request's identity (equality, hash, str): the counts are.
+    image_sizes: tuple = attrs.field(default=(), eq=False, repr=False)
 
     @length.validator
     def _len(self, _, v):
@@ -114,9 +118,25 @@ class Request:
 
             extra.update(parse_image_suffix(rest, spec, processor))
             n += extra["image_tokens"]  # LEN is text; image tokens come on top
+            sizes = tuple((int(w), int(h)) for w, h in re.findall(r"\+img:(\d+)x(\d+)", rest))
+            if processor is None and len(sizes) == rest.count("+img:"):
+                extra["image_sizes"] = sizes
         if m.group("noswa"):
             extra["swa_cached"] = False
         return Request(m.group("kind"), n, c, cached, **extra)
+
+    def for_processor(self, processor) -> "Request":
+        """The request with its ``+img:WxH`` images counted by ``processor`` (a model's) instead of the default one
+        it was parsed with; itself when it names no sizes or the counts do not come from them (a chunk)."""
+        if processor is None or not self.image_sizes or self.kind != "prefill":
+            return self
+        from .vision import default_processor
+
+        if (self.image_tokens, self.image_patches) != default_processor().total_tokens(self.image_sizes):
+            return self
+        tokens, patches = processor.total_tokens(self.image_sizes)
+        return attrs.evolve(self, length=self.length - self.image_tokens + tokens, image_tokens=tokens,
+                            image_patches=patches, image_sizes=())
 
     def __str__(self) -> str:
         s = f"{self.kind}:{self.length - self.image_tokens}"  # LEN is text tokens, as parse() reads it

@@ -242,3 +242,16 @@ def test_text_only_requests_are_unchanged(name):
 def test_models_without_a_tower_still_refuse_images():
     with pytest.raises(GraphsimError, match="no vision tower"):
         gs.compile_plan(load_model(path("Qwen--Qwen3-8B")), gs.Plan(["prefill:100+img:224x224"]), "h200")
+
+
+def test_python_plans_count_images_with_the_models_processor():
+    # Plan(["...+img:WxH"]) names no model: compile_plan recounts the sizes with the model's processor
+    m = load_model(path("Qwen--Qwen3-VL-2B-Instruct"))
+    c = gs.compile_plan(m, gs.Plan(["prefill:1000+img:1024x768+img:400x300", "decode:2000x4"]), "h200")
+    r = c.plan.requests[0]
+    assert (r.image_tokens, r.image_patches, r.length) == (876, 3504, 1876)
+    assert c.plan.requests[1] == Request.parse("decode:2000x4")
+    # explicit counts and DeepSeek-V4.1 (the default processor) are left as given
+    e = gs.compile_plan(m, gs.Plan(["prefill:1000+img:100tok/400patches"]), "h200")
+    assert e.plan.requests[0].image_tokens == 100
+    assert Request.parse("prefill:1000+img:1024x768") == Request("prefill", 1475, image_tokens=475, image_patches=4070)
