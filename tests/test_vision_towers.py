@@ -59,7 +59,7 @@ def test_qwen3_vl_2b_within_3_percent_of_its_card():
     c = load_model(path("Qwen--Qwen3-VL-2B-Instruct")).param_counts()
     assert abs(c["total_params"] / 2.1275e9 - 1) < 0.03, c
     assert round(c["total_params"] / 1e9) == 2  # HF's "2B params"
-    assert c["total_params"] == 2_127_532_032
+    assert c["total_params"] == 2_127_532_032 and c["vision_params"] == 406_957_056
     # the text model alone (what graphsim counted before) is 19 % under: the test fails without the tower
     assert c["active_params_with_embeddings"] == 1_720_574_976
 

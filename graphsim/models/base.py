@@ -200,7 +200,9 @@ class Model:
         not sent to — top_k of each MoE layer's expert slots —, the token embedding and Engram tables, of which
         it reads one row each (a tied embedding counts: the head reads it whole)) and
         ``active_params_with_embeddings`` (the same with the token embedding, the convention of some model
-        cards; Engram tables still apart). Read off the model's reference graph, so every family gets them."""
+        cards; Engram tables still apart) and ``vision_params`` (the vision tower's inventory group, inside
+        ``total_params``; a text token runs none of it). Read off the model's reference graph, so every family
+        gets them."""
         graph = self.reference_graph()
         weights = {t.name: t for t in self.weights()}
         shipped = sum(t.elems for t in weights.values())
@@ -224,7 +226,8 @@ class Model:
         total = sum(t.elems for t in loaded.values())
         active = int(round(total - idle - vision))
         return {"total_params": total, "active_params_per_token": active - emb - tables,
-                "active_params_with_embeddings": active - tables, "shipped_params": shipped}
+                "active_params_with_embeddings": active - tables, "shipped_params": shipped,
+                "vision_params": sum(t.elems for t in loaded.values() if t.group == "vision")}
 
     def active_params_per_token(self) -> int:
         return self.param_counts()["active_params_per_token"]
