@@ -40,7 +40,8 @@ def vit_closed_form(v: dict) -> int:
     """The tower's parameters from transformers' modeling_qwen3_vl.py module shapes (biases included):
     Conv3d patch embed, pos_embed, depth x (2 LayerNorms, qkv, proj, linear_fc1, linear_fc2), the merger
     (LayerNorm(h), 4h x 4h, 4h x out) and one merger per deepstack index (LayerNorm(4h))."""
-    h, f, o, m = v["hidden_size"], v["intermediate_size"], v["out_hidden_size"], v["hidden_size"] * v["spatial_merge_size"] ** 2
+    h, f, o = v["hidden_size"], v["intermediate_size"], v["out_hidden_size"]
+    m = h * v["spatial_merge_size"] ** 2
     patch = v["in_channels"] * v["temporal_patch_size"] * v["patch_size"] ** 2 * h + h
     block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
     merger = (m * m + m) + (m * o + o)

@@ -97,6 +97,10 @@ class QwenViT:
         """Width of one image token before the merger's MLP: merge² patch features."""
         return self.hidden * self.merge ** 2
 
+    def mergers(self) -> list[str]:
+        """Module names of the final merger, then one deepstack merger per ``deepstack_visual_indexes`` entry."""
+        return ["vision.merger"] + [f"vision.deepstack_merger_list.{k}" for k in range(self.deepstack)]
+
     def weights(self) -> tuple[Tensor, ...]:
         """The tower's tensors (BF16, group ``vision``); each Linear's bias folded into its weight tensor."""
         h, f, m = self.hidden, self.inter, self.merged
@@ -112,7 +116,7 @@ class QwenViT:
             out += [t(f"{p}.norms", 4 * h),  # norm1 and norm2: LayerNorm weight + bias
                     t(f"{p}.attn.qkv", h * 3 * h + 3 * h), t(f"{p}.attn.proj", h * h + h),
                     t(f"{p}.mlp.linear_fc1", h * f + f), t(f"{p}.mlp.linear_fc2", f * h + h)]
-        for j, name in enumerate(["vision.merger"] + [f"vision.deepstack_merger_list.{k}" for k in range(self.deepstack)]):
+        for j, name in enumerate(self.mergers()):
             norm = 2 * (h if j == 0 else m)  # the final merger normalizes each patch, deepstack ones the concatenation
             out += [t(f"{name}.norm", norm), t(f"{name}.linear_fc1", m * m + m),
                     t(f"{name}.linear_fc2", m * self.out_hidden + self.out_hidden)]
@@ -154,7 +158,7 @@ class QwenViT:
                            comm=(all_reduce_tp(P, h, note="ViT linear_fc2"),))
                     _residual(b, "mlp.residual", P, h)
             last = None
-            for j, name in enumerate(["vision.merger"] + [f"vision.deepstack_merger_list.{k}" for k in range(self.deepstack)]):
+            for j, name in enumerate(self.mergers()):
                 # the final merger normalizes each patch (h), a deepstack merger the merge² concatenation (m)
                 if j == 0:
                     rmsnorm(b, f"{name}.norm", P, h, reads=(f"{name}.norm",))
