@@ -44,7 +44,7 @@ import attrs
 
 from .errors import GraphsimError, require
 
-__all__ = ["ImageRule", "ImageTokens", "VisionProcessor", "QwenVLProcessor", "default_processor",
+__all__ = ["ImageRule", "ImageTokens", "VisionProcessor", "QwenVLProcessor", "KimiProcessor", "default_processor",
            "parse_image_suffix"]
 
 
@@ -263,6 +263,60 @@ class QwenVLProcessor:
     def total_tokens(self, sizes: Iterable[tuple[int, int]]) -> tuple[int, int]:
         out = [self.image_tokens(w, h) for w, h in sizes]
         return sum(t.n_tokens for t in out), sum(t.n_patches for t in out)
+
+
+#: Kimi K2.5's ``preprocessor_config.json`` ``media_proc_cfg`` for images, as the checkpoint ships it (and as vLLM,
+#: SGLang and RTP-LLM default it): 14-pixel patches, 2x2 merge, at most 16,384 patches and 512 patches a side.
+KIMI_K25_MEDIA_PROC = {"patch_size": 14, "merge_kernel_size": 2, "in_patch_limit": 16384, "patch_limit_on_one_side": 512}
+
+
+@attrs.frozen
+class KimiProcessor:
+    """Kimi K2.5's image processor (``media_utils.navit_resize_image``):
+
+    1. scale = min(1, sqrt(in_patch_limit / (max(1, w // p) * max(1, h // p))), side_limit * p / w,
+       side_limit * p / h); new side = min(max(1, int(side * scale)), side_limit * p) (truncation);
+    2. pad each side (bottom/right, zeros) up to a multiple of merge * p;
+    3. patches = padded grid (the ViT runs on the padding too), image tokens = patches / merge².
+
+    The scale is computed in floats, as the processor does."""
+
+    patch_size: int = attrs.field(converter=lambda v: _pos_int(v, "media_proc_cfg.patch_size"))
+    merge_size: int = attrs.field(converter=lambda v: _pos_int(v, "media_proc_cfg.merge_kernel_size"))
+    in_patch_limit: int = attrs.field(converter=lambda v: _pos_int(v, "media_proc_cfg.in_patch_limit"))
+    side_limit: int = attrs.field(converter=lambda v: _pos_int(v, "media_proc_cfg.patch_limit_on_one_side"))
+    source: str = "family defaults"
+
+    @classmethod
+    def from_preprocessor(cls, pp: Mapping | None, source: str = "family defaults") -> "KimiProcessor":
+        """Read ``media_proc_cfg`` from ``preprocessor_config.json``; missing keys take Kimi K2.5's defaults."""
+        d = {**KIMI_K25_MEDIA_PROC, **((pp or {}).get("media_proc_cfg") or {})}
+        mk = d["merge_kernel_size"]
+        mk = mk[0] if isinstance(mk, (list, tuple)) and mk else mk
+        return cls(d["patch_size"], mk, d["in_patch_limit"], d["patch_limit_on_one_side"], source)
+
+    def image_tokens(self, width: int, height: int) -> ImageTokens:
+        w0, h0 = _pos_int(width, "width"), _pos_int(height, "height")
+        p, lim = self.patch_size, self.side_limit
+        s1 = math.sqrt(self.in_patch_limit / (max(1.0, w0 // p) * max(1.0, h0 // p)))
+        scale = min(1.0, s1, lim * p / w0, lim * p / h0)
+        w, h = min(max(1, int(w0 * scale)), lim * p), min(max(1, int(h0 * scale)), lim * p)
+        f = self.merge_size * p
+        gh, gw = -(-h // f) * f // p, -(-w // f) * f // p
+        m = self.merge_size
+        return ImageTokens(w0, h0, p * gw, p * gh, gh, gw, gh, gw, gh * gw, (gh // m) * (gw // m))
+
+    def total_tokens(self, sizes: Iterable[tuple[int, int]]) -> tuple[int, int]:
+        out = [self.image_tokens(w, h) for w, h in sizes]
+        return sum(t.n_tokens for t in out), sum(t.n_patches for t in out)
+
+
+def processor_for(family: str, pp: Mapping | None, source: str = "family defaults"):
+    """The image processor of a vision tower's family (``qwen3_vl`` or ``kimi_k25``), from ``preprocessor_config.json``
+    (``pp``) or the family's defaults."""
+    if family == "kimi_k25":
+        return KimiProcessor.from_preprocessor(pp, source)
+    return QwenVLProcessor.from_preprocessor(pp, source)
 
 
 def _floor_sqrt_ratio(num: int, den: int, step: int) -> int:

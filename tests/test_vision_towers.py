@@ -14,7 +14,7 @@ from graphsim.cli import main
 from graphsim.errors import GraphsimError
 from graphsim.ir import COMPONENT_INDEX
 from graphsim.models import load_model
-from graphsim.models.vision_tower import QwenViT
+from graphsim.models.vision_tower import VisionTower
 from graphsim.plan import Request
 from graphsim.vision import QwenVLProcessor
 
@@ -202,7 +202,7 @@ def test_vision_flops_closed_form():
     """Tensor-core FLOPs of the tower at tp=1: patch embed, depth x (qkv, attention over n² pairs, proj, fc1, fc2),
     the merger and the deepstack mergers on the image tokens."""
     m = load_model(path("Qwen--Qwen3-VL-2B-Instruct"))
-    v: QwenViT = m.cfg.vision
+    v: VisionTower = m.cfg.vision
     c = compile_(m, ["prefill:500+img:1024x768"])
     s = c.schedule()
     vis = [i for i, o in enumerate(c.graph.ops) if o.stage == "vision"]
@@ -256,3 +256,60 @@ def test_python_plans_count_images_with_the_models_processor():
     e = gs.compile_plan(m, gs.Plan(["prefill:1000+img:100tok/400patches"]), "h200")
     assert e.plan.requests[0].image_tokens == 100
     assert Request.parse("prefill:1000+img:1024x768") == Request("prefill", 1475, image_tokens=475, image_patches=4070)
+
+
+# ---- Kimi K2.5 (MoonViT-3D + patchmerger projector) ------------------------------------------------------------
+
+KIMI = ["moonshotai--Kimi-K2.5", "nvidia--Kimi-K2.5-NVFP4", "nvidia--Kimi-K2.6-NVFP4", "nvidia--Kimi-K2.7-Code-NVFP4"]
+
+
+def moonvit_closed_form(v: dict, text_hidden: int) -> tuple[int, int]:
+    """(tower, projector) parameters from vLLM kimi_k25_vit.py's module shapes, biases included: Conv2d patch embed,
+    pos_emb (64 x 64 x h), vt_num_hidden_layers x (norm0, norm1, wqkv, wo, fc0, fc1), final_layernorm; projector
+    pre_norm LayerNorm(h), linear_1 (4h x 4h), linear_2 (4h x text hidden)."""
+    h, f, m = v["vt_hidden_size"], v["vt_intermediate_size"], 4 * v["vt_hidden_size"]
+    block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
+    tower = (3 * v["patch_size"] ** 2 * h + h + v["init_pos_emb_height"] * v["init_pos_emb_width"] * h
+             + v["vt_num_hidden_layers"] * block + 2 * h)
+    return tower, 2 * h + (m * m + m) + (m * text_hidden + text_hidden)
+
+
+@pytest.mark.parametrize("name", KIMI)
+def test_kimi_tower_is_its_closed_form(name):
+    m, cfg = load_model(path(name)), raw(name)
+    tower, projector = moonvit_closed_form(cfg["vision_config"], cfg["text_config"]["hidden_size"])
+    assert vision_params(m) == tower + projector == 471_143_920
+    # Kimi K2.5 model card: "Vision Encoder: MoonViT, Parameters of Vision Encoder: 400M" (rounded): 416.9 M
+    assert abs(tower / 400e6 - 1) < 0.05
+    text = load_model({k: v for k, v in cfg.items() if k != "vision_config"})
+    assert m.param_counts()["total_params"] == text.param_counts()["total_params"] + vision_params(m)
+    assert m.param_counts()["active_params_with_embeddings"] == text.param_counts()["active_params_with_embeddings"]
+
+
+def navit_resize(width: int, height: int, p: int = 14, merge: int = 2, limit: int = 16384, side: int = 512):
+    """Kimi K2.5's media_utils.navit_resize_image (floats, as it runs): -> (patches, tokens) of the padded grid."""
+    s1 = math.sqrt(limit / (max(1.0, width // p) * max(1.0, height // p)))
+    scale = min(1.0, s1, side * p / width, side * p / height)
+    w, h = min(max(1, int(width * scale)), side * p), min(max(1, int(height * scale)), side * p)
+    f = merge * p
+    th, tw = (h + (f - h % f) % f) // f, (w + (f - w % f) % f) // f
+    return th * tw * merge * merge, th * tw
+
+
+@pytest.mark.parametrize("w,h", SIZES)
+def test_kimi_image_tokens_follow_its_processor(w, h):
+    t = load_model(path("moonshotai--Kimi-K2.5")).image_processor().image_tokens(w, h)
+    assert (t.n_patches, t.n_tokens) == navit_resize(w, h)
+
+
+def test_kimi_prices_its_tower_and_leaves_text_alone(capsys):
+    assert main(["estimate", "--model", "moonshotai/Kimi-K2.5", "--hw", "h200", "--tp", "8", "--ep", "8", "--request",
+                 "prefill:1000+img:1024x768", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["identity"]["requests"] == ["prefill:1000+img:1036tok/4144patches"]  # 1036x784 padded: 74x56 patches
+    assert {s["stage"]: s["busy_s"] for s in d["stages"]}["vision"] > 0
+    cfg = raw("moonshotai--Kimi-K2.5")
+    vl, text = load_model(path("moonshotai--Kimi-K2.5")), load_model({k: v for k, v in cfg.items() if k != "vision_config"})
+    mapping = gs.ParallelMapping(tp=8, ep=8)
+    a, b = (compile_(x, ["prefill:2000", "decode:4096x16"], mapping) for x in (vl, text))
+    assert a.report().forward_s == b.report().forward_s and "vision" not in a.graph.stages

@@ -52,6 +52,9 @@ def load_model(name_or_path: str | Path | dict, *, weights: str | None = None, r
             require(cls.QUANT_AWARE, "weights", f"{mt}: {what} not modelled for this family; its weights are "
                     "the formats its own semantics give")
             extra = {"weights": weights, "redundant_experts": redundant_experts, "sibling": sibling}
+        vit, proc = _vision_of(cfg, path)
+        if vit is not None and cls.VISION_AWARE:
+            extra["vision"] = (vit, proc)
         return _with_id(cls(cfg, name, **extra, **options), hf_id)
     from ..config import text_config
     from .decoder import Decoder
@@ -69,23 +72,32 @@ def load_model(name_or_path: str | Path | dict, *, weights: str | None = None, r
     return _with_id(Decoder(spec, name, quant, kv), hf_id)
 
 
-def _with_vision(spec, cfg: dict, path: Path | None):
-    """The spec with the vision tower graphsim prices for this config (Qwen3-VL, Qwen3.5) and its image processor,
-    read from ``preprocessor_config.json`` beside the config when there is one, else the family's defaults."""
-    import attrs
-
-    from ..vision import QwenVLProcessor
+def _vision_of(cfg: dict, path: Path | None) -> tuple:
+    """(vision tower, image processor) graphsim prices for this config (Qwen3-VL, Qwen3.5, Kimi K2.5), or (None, None);
+    the processor reads ``preprocessor_config.json`` beside the config when there is one, else the family's defaults."""
+    from ..vision import processor_for
     from .vision_tower import tower
 
     vit = tower(cfg)
     if vit is None:
-        return spec
+        return None, None
     pp, source = _sibling_preprocessor(path)
-    proc = QwenVLProcessor.from_preprocessor(pp, source) if pp is not None else QwenVLProcessor.from_preprocessor(
-        {"patch_size": vit.patch, "merge_size": vit.merge, "temporal_patch_size": vit.temporal_patch})
+    if pp is None and vit.family != "kimi_k25":  # the defaults, at the tower's own patch and merge sizes
+        pp = {"patch_size": vit.patch, "merge_size": vit.merge, "temporal_patch_size": vit.temporal_patch}
+    proc = processor_for(vit.family, pp, source or "family defaults")
     require(proc.patch_size == vit.patch and proc.merge_size == vit.merge, "preprocessor_config.patch_size",
             f"{source}: patch_size {proc.patch_size} / merge_size {proc.merge_size} disagree with vision_config's "
             f"{vit.patch} / {vit.merge}")
+    return vit, proc
+
+
+def _with_vision(spec, cfg: dict, path: Path | None):
+    """The decoder spec with its vision tower and image processor (:func:`_vision_of`), if any."""
+    import attrs
+
+    vit, proc = _vision_of(cfg, path)
+    if vit is None:
+        return spec
     return attrs.evolve(spec, vision=vit, processor=proc, vision_note="")
 
 

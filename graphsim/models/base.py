@@ -61,6 +61,9 @@ class Model:
     #: the constructor takes ``weights`` / ``redundant_experts`` / ``sibling`` (an hf_quant_config.json) from
     #: load_model (class-based families; the generic decoder always does)
     QUANT_AWARE = False
+    #: the constructor takes ``vision`` = (vision tower, image processor) from load_model when the config has a tower
+    #: graphsim models (graphsim.models.vision_tower)
+    VISION_AWARE = False
 
     # ---- structure ------------------------------------------------------------------------------------
     def num_layers(self) -> int:

@@ -20,6 +20,20 @@ of transformers' ``modeling_qwen3_vl.py`` (``Qwen3VLVisionModel``; Qwen3.5's vis
 Check: Qwen3-VL-8B's vision_config gives 576,388,336 parameters, the "Vision model (ViT) parameters 576.4M" counted
 from the checkpoint's tensors (OpenExplorer/Qwen3-VL-8B-Instruct model card).
 
+Kimi K2.5 (``kimi_k25``: Kimi K2.5, K2.6, K2.7-Code): MoonViT-3D and its ``patchmerger`` projector, the module layout
+of vLLM's ``kimi_k25_vit.py`` (``MoonViT3dPretrainedModel``, ``KimiK25MultiModalProjector``), sizes from ``vt_*``:
+
+* ``patch_embed.proj``: Conv2d(3 -> hidden, 14x14, bias); ``patch_embed.pos_emb.weight``: (init_pos_emb_height,
+  init_pos_emb_width, hidden), interpolated to the grid;
+* ``vt_num_hidden_layers`` blocks: LayerNorm ``norm0`` -> ``wqkv`` (bias) -> 2-D RoPE -> attention within each image ->
+  ``wo`` (bias); LayerNorm ``norm1`` -> ``mlp.fc0`` (bias) -> GELU(tanh) -> ``mlp.fc1`` (bias): the same shapes as a
+  Qwen3-VL block; then ``final_layernorm``;
+* ``sd2_tpool`` merge (2x2 neighbours concatenated; an image has one frame, so the temporal mean is the identity) and
+  the projector: ``pre_norm`` LayerNorm(hidden) per patch -> ``linear_1`` (4h -> 4h, bias) -> GELU -> ``linear_2``
+  (4h -> text_hidden_size, bias) — Qwen's final merger, so it is priced by the same code.
+
+Its tower (416.9 M without the projector) is the model card's "Parameters of Vision Encoder: 400M".
+
 Conventions (as DeepSeek-V4.1's vision stage, :mod:`graphsim.models.deepseek_v41_extras`): attention pairs are
 ``full_pairs`` over a request's patches (exact for one image, an upper bound for several in one request); the tower
 is tensor-parallel like the trunk's dense parts (heads and MLP columns split, an all-reduce after ``attn.proj``,
@@ -43,12 +57,14 @@ from ..rules import activation, all_reduce_tp, rmsnorm
 VIS_PATCHES, VIS_IMAGE = "vis_patches", "vis_image"
 #: vision_config.model_type values with this layout (Qwen3.5's NVFP4 exports name theirs ``*_vision``)
 QWEN_VIT_TYPES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "qwen3_5_vision", "qwen3_5_moe_vision")
+#: model_types whose vision_config is Kimi's MoonViT-3D with the ``patchmerger`` projector
+KIMI_VIT_TYPES = ("kimi_k25",)
 BF16 = 2.0
 
 
 @attrs.frozen
-class QwenViT:
-    """The Qwen3-VL / Qwen3.5 vision tower's sizes (``vision_config``)."""
+class VisionTower:
+    """A vision tower's sizes (``vision_config``): Qwen3-VL / Qwen3.5's, or Kimi K2.5's MoonViT-3D."""
 
     hidden: int
     inter: int
@@ -62,13 +78,17 @@ class QwenViT:
     deepstack: int  #: deepstack mergers (len(deepstack_visual_indexes))
     positions: int  #: learned position embeddings (num_position_embeddings)
     act: str = "gelu_pytorch_tanh"
+    final_norm: bool = False  #: a LayerNorm after the last block (MoonViT's final_layernorm)
+    family: str = "qwen3_vl"  #: whose layout: ``qwen3_vl`` or ``kimi_k25`` (its processor follows)
 
     @classmethod
-    def from_config(cls, cfg: Mapping) -> "QwenViT | None":
-        """The tower of a full model config, or None when it has no Qwen-layout ``vision_config``."""
+    def from_config(cls, cfg: Mapping) -> "VisionTower | None":
+        """The tower of a full model config, or None when it has no ``vision_config`` of a modelled layout."""
         v = cfg.get("vision_config")
         if not isinstance(v, Mapping):
             return None
+        if cfg.get("model_type") in KIMI_VIT_TYPES:
+            return cls._kimi(cfg, v)
         mt = v.get("model_type") or cfg.get("model_type") or ""
         if mt not in QWEN_VIT_TYPES and cfg.get("model_type") not in QWEN_VIT_TYPES:
             return None
@@ -86,6 +106,20 @@ class QwenViT:
                    need(v, "out_hidden_size", where="vision_config"), len(ds),
                    need(v, "num_position_embeddings", default=0, lo=0, where="vision_config"),
                    v.get("hidden_act", "gelu_pytorch_tanh"))
+
+    @classmethod
+    def _kimi(cls, cfg: Mapping, v: Mapping) -> "VisionTower | None":
+        w = "vision_config"
+        if v.get("mm_projector_type", "patchmerger") != "patchmerger" or v.get("merge_type", "sd2_tpool") != "sd2_tpool":
+            return None  # patchmergerv2 (RMSNorm after the projector, no biases) is not modelled
+        hidden, heads = need(v, "vt_hidden_size", where=w), need(v, "vt_num_attention_heads", where=w)
+        require(hidden % heads == 0, "vision_config.vt_num_attention_heads", f"must divide vt_hidden_size ({hidden})")
+        text = cfg.get("text_config") if isinstance(cfg.get("text_config"), Mapping) else cfg
+        out = need(v, "text_hidden_size", where=w, default=need(text, "hidden_size", where="text_config"))
+        return cls(hidden, need(v, "vt_intermediate_size", where=w), heads, need(v, "vt_num_hidden_layers", where=w),
+                   need(v, "patch_size", default=14, where=w), 1, 3, 2, out, 0,
+                   need(v, "init_pos_emb_height", default=64, where=w) * need(v, "init_pos_emb_width", default=64, where=w),
+                   "gelu_pytorch_tanh", final_norm=True, family="kimi_k25")
 
     @property
     def patch_dim(self) -> int:
@@ -116,6 +150,8 @@ class QwenViT:
             out += [t(f"{p}.norms", 4 * h),  # norm1 and norm2: LayerNorm weight + bias
                     t(f"{p}.attn.qkv", h * 3 * h + 3 * h), t(f"{p}.attn.proj", h * h + h),
                     t(f"{p}.mlp.linear_fc1", h * f + f), t(f"{p}.mlp.linear_fc2", f * h + h)]
+        if self.final_norm:
+            out.append(t("vision.final_norm", 2 * h))
         for j, name in enumerate(self.mergers()):
             norm = 2 * (h if j == 0 else m)  # the final merger normalizes each patch, deepstack ones the concatenation
             out += [t(f"{name}.norm", norm), t(f"{name}.linear_fc1", m * m + m),
@@ -157,6 +193,8 @@ class QwenViT:
                     b.gemm("mlp.linear_fc2", P, f, h, weight=f"{p}.mlp.linear_fc2", split=tp,
                            comm=(all_reduce_tp(P, h, note="ViT linear_fc2"),))
                     _residual(b, "mlp.residual", P, h)
+            if self.final_norm:
+                rmsnorm(b, "vision.final_norm", P, h, reads=("vision.final_norm",))
             last = None
             for j, name in enumerate(self.mergers()):
                 # the final merger normalizes each patch (h), a deepstack merger the merge² concatenation (m)
@@ -177,6 +215,6 @@ def _residual(b, name: str, ts: str, h: int) -> str:
     return b.elementwise(name, ts, h, bytes_in=2 * BF16, bytes_out=BF16, flops_per_elem=1, split=("dp",))
 
 
-def tower(cfg: Mapping) -> QwenViT | None:
+def tower(cfg: Mapping) -> VisionTower | None:
     """The vision tower graphsim models for a full config (None: none, or a layout it does not model)."""
-    return QwenViT.from_config(cfg)
+    return VisionTower.from_config(cfg)
