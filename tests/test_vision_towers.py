@@ -313,3 +313,12 @@ def test_kimi_prices_its_tower_and_leaves_text_alone(capsys):
     mapping = gs.ParallelMapping(tp=8, ep=8)
     a, b = (compile_(x, ["prefill:2000", "decode:4096x16"], mapping) for x in (vl, text))
     assert a.report().forward_s == b.report().forward_s and "vision" not in a.graph.stages
+
+
+def test_kimi_reads_media_proc_cfg_beside_the_config(tmp_path):
+    (tmp_path / "config.json").write_text((DATA / "moonshotai--Kimi-K2.5_config.json").read_text())
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"media_proc_cfg": {"in_patch_limit": 4096,
+                                                                                      "merge_kernel_size": [2, 2]}}))
+    proc = load_model(str(tmp_path)).image_processor()
+    assert proc.source == "preprocessor_config.json" and proc.in_patch_limit == 4096
+    assert proc.image_tokens(4096, 4096).n_tokens == navit_resize(4096, 4096, limit=4096)[1] < navit_resize(4096, 4096)[1]
