@@ -322,3 +322,11 @@ def test_kimi_reads_media_proc_cfg_beside_the_config(tmp_path):
     proc = load_model(str(tmp_path)).image_processor()
     assert proc.source == "preprocessor_config.json" and proc.in_patch_limit == 4096
     assert proc.image_tokens(4096, 4096).n_tokens == navit_resize(4096, 4096, limit=4096)[1] < navit_resize(4096, 4096)[1]
+
+
+def test_an_unmodelled_tower_is_named_when_images_are_refused():
+    # the bundled Llama 4 configs carry no vision_config; a full one (as on the Hub) names its tower in the refusal
+    cfg = {**raw("meta-llama--Llama-4-Scout-17B-16E-Instruct"), "vision_config": {"model_type": "llama4_vision_model"}}
+    m = load_model(cfg)
+    assert "llama4 vision tower in vision_config is not modelled" in m.vision()
+    assert vision_params(m) == 0

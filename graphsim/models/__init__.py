@@ -97,6 +97,9 @@ def _with_vision(spec, cfg: dict, path: Path | None):
 
     vit, proc = _vision_of(cfg, path)
     if vit is None:
+        if isinstance(cfg.get("vision_config"), dict) and not spec.vision_note:  # e.g. Llama 4's, Gemma 3's
+            return attrs.evolve(spec, vision_note=f"the {cfg.get('model_type') or spec.family} vision tower in "
+                                "vision_config is not modelled yet (the text model is)")
         return spec
     return attrs.evolve(spec, vision=vit, processor=proc, vision_note="")
 
