@@ -198,7 +198,9 @@ def _compile(a, requests=None):
     policies = policies_from_args(a)
     if a.verify < 0:
         raise GraphsimError("verify", f"must be >= 0, got {a.verify}")
-    reqs = [r if isinstance(r, Request) else Request.parse(r) for r in (a.request if requests is None else requests)]
+    model = load_model_args(a)
+    proc = model.image_processor()  # +img:WxH through this model's image processor
+    reqs = [r if isinstance(r, Request) else Request.parse(r, proc) for r in (a.request if requests is None else requests)]
     if a.verify:
         if a.dspark != "on":
             raise GraphsimError("verify", "verify lengths need --dspark on (or --mtp K)")
@@ -207,7 +209,7 @@ def _compile(a, requests=None):
         reqs = [attrs.evolve(r, new=1 + a.mtp) if r.kind == "decode" and r.new == 1 else r for r in reqs]
     plan = Plan(reqs, ParallelMapping(a.tp, a.dp, a.ep, a.pp, a.cp), policies)
     profile = load_profile(a.profile) if a.profile else None
-    return compile_plan(load_model_args(a), plan, a.hw, profile, view=view_spec(a))
+    return compile_plan(model, plan, a.hw, profile, view=view_spec(a))
 
 
 def policies_from_args(a):
@@ -286,7 +288,8 @@ def _estimate_chunked(a) -> None:
     from . import Request, Workload
     from .ledger import chunk_prefill
 
-    reqs = [Request.parse(r) for r in a.request]
+    proc = load_model_args(a).image_processor()
+    reqs = [Request.parse(r, proc) for r in a.request]
     prefills = [chunk_prefill(r, a.chunk) for r in reqs if r.kind == "prefill"]
     decodes = [r for r in reqs if r.kind == "decode"]
     n_steps = max((len(p) for p in prefills), default=1)

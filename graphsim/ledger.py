@@ -38,7 +38,7 @@ def chunk_prefill(req: Request, chunk: int) -> list[Request]:
         img = min(images, end - done)
         out.append(attrs.evolve(req, length=end, cached=done, swa_cached=req.swa_cached if first else True,
                                 tier=req.tier if first else "hbm",
-                                image_tokens=img, image_patches=req.image_patches if first else 0))
+                                image_tokens=img, image_patches=req.image_patches if first else 0, image_sizes=()))
         done, first, images = end, False, images - img
     return out
 
@@ -139,7 +139,7 @@ def ledger(model, requests: Sequence, policies=None, *, chunk: int | None = None
 
     model = load_model(model) if isinstance(model, str) else model
     policies = policies or Policies()
-    reqs = [Request.parse(r) if isinstance(r, str) else r for r in requests]
+    reqs = [Request.parse(r, model.image_processor()) if isinstance(r, str) else r for r in requests]
 
     def compile_logical(kinds, step):
         g = model.build(kinds, policies=policies, requests=tuple(step))

@@ -317,6 +317,15 @@ def _shipped_hw(name: str) -> HardwareSpec:
     return load_hw(name)
 
 
+def _images_for(model, plan: Plan) -> Plan:
+    """The plan with ``+img:WxH`` images that were parsed without a model (``Plan(["prefill:1000+img:1024x768"])``)
+    counted by this model's own image processor (Qwen-VL's differs from the default DeepSeek-V4.1 one)."""
+    proc = model.image_processor()
+    if proc is None or not any(r.image_sizes for r in plan.requests):
+        return plan
+    return attrs.evolve(plan, requests=tuple(r.for_processor(proc) for r in plan.requests))
+
+
 def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyProfile | None = None,
                  *, extra_passes: Sequence[tuple[str, Callable]] = (), chunk: int = 65536, view=None) -> Compiled:
     """build -> passes (policy, ``extra_passes``, sharding, runtime; each ``(graph, ctx) -> graph`` and
@@ -328,6 +337,7 @@ def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyP
         from .models import load_model
 
         model = load_model(model)
+    plan = _images_for(model, plan)
     model.validate_mapping(plan.mapping)
     check_policies(model, plan)
     check_context(model, plan)

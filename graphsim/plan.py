@@ -44,6 +44,10 @@ class Request:
     image_tokens: int = 0
     image_patches: int = 0
     tier: str = "host"
+    #: the ``+img:WxH`` sizes a request string named when it was parsed without a model's processor (DeepSeek-V4.1's
+    #: default): :func:`graphsim.pipeline.compile_plan` recounts them with the model's own processor. Not part of
+    #: the request's identity (equality, hash, str): the counts are.
+    image_sizes: tuple = attrs.field(default=(), eq=False, repr=False)
 
     @length.validator
     def _len(self, _, v):
@@ -81,13 +85,14 @@ class Request:
         return self.cached if self.kind == "prefill" else self.length
 
     @staticmethod
-    def parse(spec: str) -> "Request":
+    def parse(spec: str, processor=None) -> "Request":
         """``KIND:LEN[xCOUNT][vK][@CACHED[:TIER][/noswa]][+img:WxH...]``, e.g. ``decode:4096x64``,
         ``decode:4096x64v3`` (DSpark: verify 3 drafts), ``prefill:2048@1024`` (a 1,024-token hit in host
         memory), ``prefill:2048@1024:hbm`` (still in HBM: nothing to copy), ``prefill:2048@1024:disk``;
         ``/noswa``: the prefix hit has its global KV but not its SWA cache (a restore). LEN counts text
         tokens; each ``+img:WxH`` adds its image tokens on top (``prefill:2000+img:1024x768`` has
-        2000 + 475 new positions), so ``length`` includes them."""
+        2000 + 475 new positions), so ``length`` includes them. Image sizes go through ``processor`` (a model's
+        :meth:`~graphsim.models.base.Model.image_processor`; default: DeepSeek-V4.1-Flash's)."""
         if not isinstance(spec, str):
             raise GraphsimError("request", f"must be a request string or Request, got {type(spec).__name__}")
         m = _REQ.match(spec.strip())
@@ -111,11 +116,27 @@ class Request:
         if rest:
             from .vision import parse_image_suffix  # vision rules live in their own module
 
-            extra.update(parse_image_suffix(rest, spec))
+            extra.update(parse_image_suffix(rest, spec, processor))
             n += extra["image_tokens"]  # LEN is text; image tokens come on top
+            sizes = tuple((int(w), int(h)) for w, h in re.findall(r"\+img:(\d+)x(\d+)", rest))
+            if processor is None and len(sizes) == rest.count("+img:"):
+                extra["image_sizes"] = sizes
         if m.group("noswa"):
             extra["swa_cached"] = False
         return Request(m.group("kind"), n, c, cached, **extra)
+
+    def for_processor(self, processor) -> "Request":
+        """The request with its ``+img:WxH`` images counted by ``processor`` (a model's) instead of the default one
+        it was parsed with; itself when it names no sizes or the counts do not come from them (a chunk)."""
+        if processor is None or not self.image_sizes or self.kind != "prefill":
+            return self
+        from .vision import default_processor
+
+        if (self.image_tokens, self.image_patches) != default_processor().total_tokens(self.image_sizes):
+            return self
+        tokens, patches = processor.total_tokens(self.image_sizes)
+        return attrs.evolve(self, length=self.length - self.image_tokens + tokens, image_tokens=tokens,
+                            image_patches=patches, image_sizes=())
 
     def __str__(self) -> str:
         s = f"{self.kind}:{self.length - self.image_tokens}"  # LEN is text tokens, as parse() reads it

@@ -44,7 +44,8 @@ import attrs
 
 from .errors import GraphsimError, require
 
-__all__ = ["ImageRule", "ImageTokens", "VisionProcessor", "default_processor", "parse_image_suffix"]
+__all__ = ["ImageRule", "ImageTokens", "VisionProcessor", "QwenVLProcessor", "KimiProcessor", "default_processor",
+           "parse_image_suffix"]
 
 
 def _pos_int(value, field: str) -> int:
@@ -186,6 +187,149 @@ class VisionProcessor:
 
 
 # --------------------------------------------------------------------------------------------------
+# Qwen-VL processors (Qwen2-VL's ``smart_resize``, used by Qwen2.5-VL, Qwen3-VL and Qwen3.5)
+# --------------------------------------------------------------------------------------------------
+
+#: Qwen3-VL / Qwen3.5 ``preprocessor_config.json`` as the checkpoints ship it (Qwen2VLImageProcessorFast):
+#: ``size = {shortest_edge: 65536, longest_edge: 16777216}`` (256² to 4096² pixels), ``patch_size`` 16,
+#: ``temporal_patch_size`` 2, ``merge_size`` 2. The family's defaults when no preprocessor_config.json is beside
+#: the config (the bundled snapshot has none).
+QWEN3_VL_PREPROCESSOR = {"size": {"shortest_edge": 65536, "longest_edge": 16777216}, "patch_size": 16,
+                         "temporal_patch_size": 2, "merge_size": 2}
+
+
+@attrs.frozen
+class QwenVLProcessor:
+    """Qwen2-VL's image processor (``image_processing_qwen2_vl.smart_resize``), as Qwen3-VL and Qwen3.5 run it:
+
+    1. factor = patch_size * merge_size (32); reject aspect ratios above 200;
+    2. round each side to the nearest multiple of the factor (Python's ``round``: halves to even);
+    3. if the area exceeds ``max_pixels``: beta = sqrt(h*w / max_pixels), each side ``floor(side / beta /
+       factor) * factor`` (at least one factor); if it is below ``min_pixels``: beta = sqrt(min_pixels / (h*w)),
+       each side ``ceil(side * beta / factor) * factor``;
+    4. patches = (h'/p) * (w'/p) (one temporal patch: an image is repeated ``temporal_patch_size`` times),
+       image tokens = patches / merge_size² (the merger concatenates merge x merge neighbours).
+
+    ``min_pixels`` / ``max_pixels`` come from ``size.shortest_edge`` / ``size.longest_edge`` (areas, despite the
+    names) or the older top-level ``min_pixels`` / ``max_pixels``."""
+
+    patch_size: int = attrs.field(converter=lambda v: _pos_int(v, "preprocessor_config.patch_size"))
+    merge_size: int = attrs.field(converter=lambda v: _pos_int(v, "preprocessor_config.merge_size"))
+    temporal_patch_size: int = attrs.field(converter=lambda v: _pos_int(v, "preprocessor_config.temporal_patch_size"))
+    min_pixels: int = attrs.field(converter=lambda v: _pos_int(v, "preprocessor_config.size.shortest_edge"))
+    max_pixels: int = attrs.field(converter=lambda v: _pos_int(v, "preprocessor_config.size.longest_edge"))
+    source: str = "family defaults"  #: where the constants came from (a preprocessor_config.json, or the defaults)
+
+    def __attrs_post_init__(self):
+        require(self.min_pixels <= self.max_pixels, "preprocessor_config.size",
+                f"shortest_edge (min pixels {self.min_pixels}) exceeds longest_edge (max pixels {self.max_pixels})")
+
+    @classmethod
+    def from_preprocessor(cls, pp: Mapping | None, source: str = "family defaults") -> "QwenVLProcessor":
+        """Read ``preprocessor_config.json`` (a mapping); missing keys take :data:`QWEN3_VL_PREPROCESSOR`'s."""
+        d = QWEN3_VL_PREPROCESSOR
+        pp = pp or {}
+        size = pp.get("size") if isinstance(pp.get("size"), Mapping) else {}
+        lo = size.get("shortest_edge", pp.get("min_pixels", d["size"]["shortest_edge"]))
+        hi = size.get("longest_edge", pp.get("max_pixels", d["size"]["longest_edge"]))
+        return cls(pp.get("patch_size", d["patch_size"]), pp.get("merge_size", d["merge_size"]),
+                   pp.get("temporal_patch_size", d["temporal_patch_size"]), lo, hi, source)
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+    def resize(self, width: int, height: int) -> tuple[int, int]:
+        """(resized width, resized height): ``smart_resize`` exactly (integers and fractions, no float error)."""
+        w0, h0 = _pos_int(width, "width"), _pos_int(height, "height")
+        require(max(w0, h0) <= 200 * min(w0, h0), "width",
+                f"aspect ratio of {w0}x{h0} exceeds 200 (the Qwen-VL processor rejects it)")
+        f = self.factor
+        h, w = round(Fraction(h0, f)) * f, round(Fraction(w0, f)) * f
+        area = w0 * h0
+        if h * w > self.max_pixels:  # side / beta / f with beta = sqrt(area / max): floor(sqrt(side² max / area) / f)
+            h = max(f, _floor_sqrt_ratio(h0 * h0 * self.max_pixels, area, f) * f)
+            w = max(f, _floor_sqrt_ratio(w0 * w0 * self.max_pixels, area, f) * f)
+        elif h * w < self.min_pixels:
+            h = _ceil_sqrt_ratio(h0 * h0 * self.min_pixels, area, f) * f
+            w = _ceil_sqrt_ratio(w0 * w0 * self.min_pixels, area, f) * f
+        return w, h
+
+    def image_tokens(self, width: int, height: int) -> ImageTokens:
+        w, h = self.resize(width, height)
+        gh, gw, m = h // self.patch_size, w // self.patch_size, self.merge_size
+        return ImageTokens(int(width), int(height), w, h, gh, gw, gh, gw, gh * gw, (gh // m) * (gw // m))
+
+    def total_tokens(self, sizes: Iterable[tuple[int, int]]) -> tuple[int, int]:
+        out = [self.image_tokens(w, h) for w, h in sizes]
+        return sum(t.n_tokens for t in out), sum(t.n_patches for t in out)
+
+
+#: Kimi K2.5's ``preprocessor_config.json`` ``media_proc_cfg`` for images, as the checkpoint ships it (and as vLLM,
+#: SGLang and RTP-LLM default it): 14-pixel patches, 2x2 merge, at most 16,384 patches and 512 patches a side.
+KIMI_K25_MEDIA_PROC = {"patch_size": 14, "merge_kernel_size": 2, "in_patch_limit": 16384, "patch_limit_on_one_side": 512}
+
+
+@attrs.frozen
+class KimiProcessor:
+    """Kimi K2.5's image processor (``media_utils.navit_resize_image``):
+
+    1. scale = min(1, sqrt(in_patch_limit / (max(1, w // p) * max(1, h // p))), side_limit * p / w,
+       side_limit * p / h); new side = min(max(1, int(side * scale)), side_limit * p) (truncation);
+    2. pad each side (bottom/right, zeros) up to a multiple of merge * p;
+    3. patches = padded grid (the ViT runs on the padding too), image tokens = patches / merge².
+
+    The scale is computed in floats, as the processor does."""
+
+    patch_size: int = attrs.field(converter=lambda v: _pos_int(v, "media_proc_cfg.patch_size"))
+    merge_size: int = attrs.field(converter=lambda v: _pos_int(v, "media_proc_cfg.merge_kernel_size"))
+    in_patch_limit: int = attrs.field(converter=lambda v: _pos_int(v, "media_proc_cfg.in_patch_limit"))
+    side_limit: int = attrs.field(converter=lambda v: _pos_int(v, "media_proc_cfg.patch_limit_on_one_side"))
+    source: str = "family defaults"
+
+    @classmethod
+    def from_preprocessor(cls, pp: Mapping | None, source: str = "family defaults") -> "KimiProcessor":
+        """Read ``media_proc_cfg`` from ``preprocessor_config.json``; missing keys take Kimi K2.5's defaults."""
+        d = {**KIMI_K25_MEDIA_PROC, **((pp or {}).get("media_proc_cfg") or {})}
+        mk = d["merge_kernel_size"]
+        mk = mk[0] if isinstance(mk, (list, tuple)) and mk else mk
+        return cls(d["patch_size"], mk, d["in_patch_limit"], d["patch_limit_on_one_side"], source)
+
+    def image_tokens(self, width: int, height: int) -> ImageTokens:
+        w0, h0 = _pos_int(width, "width"), _pos_int(height, "height")
+        p, lim = self.patch_size, self.side_limit
+        s1 = math.sqrt(self.in_patch_limit / (max(1.0, w0 // p) * max(1.0, h0 // p)))
+        scale = min(1.0, s1, lim * p / w0, lim * p / h0)
+        w, h = min(max(1, int(w0 * scale)), lim * p), min(max(1, int(h0 * scale)), lim * p)
+        f = self.merge_size * p
+        gh, gw = -(-h // f) * f // p, -(-w // f) * f // p
+        m = self.merge_size
+        return ImageTokens(w0, h0, p * gw, p * gh, gh, gw, gh, gw, gh * gw, (gh // m) * (gw // m))
+
+    def total_tokens(self, sizes: Iterable[tuple[int, int]]) -> tuple[int, int]:
+        out = [self.image_tokens(w, h) for w, h in sizes]
+        return sum(t.n_tokens for t in out), sum(t.n_patches for t in out)
+
+
+def processor_for(family: str, pp: Mapping | None, source: str = "family defaults"):
+    """The image processor of a vision tower's family (``qwen3_vl`` or ``kimi_k25``), from ``preprocessor_config.json``
+    (``pp``) or the family's defaults."""
+    if family == "kimi_k25":
+        return KimiProcessor.from_preprocessor(pp, source)
+    return QwenVLProcessor.from_preprocessor(pp, source)
+
+
+def _floor_sqrt_ratio(num: int, den: int, step: int) -> int:
+    """Largest n >= 0 with (step * n)^2 <= num / den, i.e. floor(sqrt(num/den) / step), exactly."""
+    n = math.isqrt(num // (den * step * step))
+    while (step * (n + 1)) ** 2 * den <= num:
+        n += 1
+    while n > 0 and (step * n) ** 2 * den > num:
+        n -= 1
+    return n
+
+
+# --------------------------------------------------------------------------------------------------
 # Request strings: ``prefill:2000+img:1024x768+img:640x480``
 # --------------------------------------------------------------------------------------------------
 
@@ -205,11 +349,12 @@ def default_processor() -> VisionProcessor:
     return VisionProcessor.from_config(load_config(DEFAULT_VISION_MODEL))
 
 
-def parse_image_suffix(rest: str, spec: str) -> dict:
+def parse_image_suffix(rest: str, spec: str, processor=None) -> dict:
     """``+img:WxH`` per image (repeatable), or ``+img:Ttok/Ppatches`` -> ``{image_tokens, image_patches}``
     summed over the request's images (what :class:`graphsim.plan.Request` takes).
 
-    Sizes go through :func:`default_processor` (resize, snap, pad, cap; never raw w·h / 14²). Several
+    Sizes go through ``processor`` (the model's: :meth:`graphsim.models.base.Model.image_processor`), else
+    :func:`default_processor` (resize, snap, pad, cap; never raw w·h / 14²). Several
     images of one request are summed: the ViT sequence of the request is then Σ patches (see
     ``deepseek_v41_extras.vision_stage`` for what that means for attention pairs).
     """
@@ -223,7 +368,7 @@ def parse_image_suffix(rest: str, spec: str) -> dict:
                                                  "or img:Ttok/Ppatches")
         if m["w"] is not None:
             try:
-                t = default_processor().image_tokens(int(m["w"]), int(m["h"]))
+                t = (processor or default_processor()).image_tokens(int(m["w"]), int(m["h"]))
             except GraphsimError as e:
                 raise GraphsimError("request.image", f"'+{part}' in request {spec!r}: {e}") from None
             tokens, patches = tokens + t.n_tokens, patches + t.n_patches

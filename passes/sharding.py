@@ -316,7 +316,8 @@ def check_mapping(graph: Graph, m: ParallelMapping) -> None:
     for axis in ("pp", "cp"):
         if vision and getattr(m, axis) > 1:
             raise GraphsimError(f"mapping.{axis}", f"{axis}={getattr(m, axis)} cannot run with a vision stage "
-                                "(the ViT and aligner run before the trunk on every rank); use 1 or text-only requests")
+                                "(the vision tower and its merger or aligner run before the trunk on every rank); "
+                                "use 1 or text-only requests")
     tensors = graph.tensor_map
     for op in graph.ops:
         if any(tensors[t].role == "table" for t in op.reads):

@@ -52,6 +52,9 @@ def load_model(name_or_path: str | Path | dict, *, weights: str | None = None, r
             require(cls.QUANT_AWARE, "weights", f"{mt}: {what} not modelled for this family; its weights are "
                     "the formats its own semantics give")
             extra = {"weights": weights, "redundant_experts": redundant_experts, "sibling": sibling}
+        vit, proc = _vision_of(cfg, path)
+        if vit is not None and cls.VISION_AWARE:
+            extra["vision"] = (vit, proc)
         return _with_id(cls(cfg, name, **extra, **options), hf_id)
     from ..config import text_config
     from .decoder import Decoder
@@ -60,12 +63,67 @@ def load_model(name_or_path: str | Path | dict, *, weights: str | None = None, r
     if weights is not None:
         quant = quant.override(weights)
     spec = fn(text_config(cfg))
+    spec = _with_vision(spec, cfg, path)
     if redundant_experts:
         spec = spec.with_redundant(redundant_experts)
     kv = options.pop("kv_format", None) or kv_cache_format(cfg if not sibling else
                                                             {**cfg, "quantization_config": sibling.get("quantization", sibling)})
     require(not options, "model", f"unknown options {sorted(options)}")
     return _with_id(Decoder(spec, name, quant, kv), hf_id)
+
+
+def _vision_of(cfg: dict, path: Path | None) -> tuple:
+    """(vision tower, image processor) graphsim prices for this config (Qwen3-VL, Qwen3.5, Kimi K2.5), or (None, None);
+    the processor reads ``preprocessor_config.json`` beside the config when there is one, else the family's defaults."""
+    from ..vision import processor_for
+    from .vision_tower import tower
+
+    vit = tower(cfg)
+    if vit is None:
+        return None, None
+    pp, source = _sibling_preprocessor(path)
+    if pp is None and vit.family != "kimi_k25":  # the defaults, at the tower's own patch and merge sizes
+        pp = {"patch_size": vit.patch, "merge_size": vit.merge, "temporal_patch_size": vit.temporal_patch}
+    proc = processor_for(vit.family, pp, source or "family defaults")
+    require(proc.patch_size == vit.patch and proc.merge_size == vit.merge, "preprocessor_config.patch_size",
+            f"{source}: patch_size {proc.patch_size} / merge_size {proc.merge_size} disagree with vision_config's "
+            f"{vit.patch} / {vit.merge}")
+    return vit, proc
+
+
+def _with_vision(spec, cfg: dict, path: Path | None):
+    """The decoder spec with its vision tower and image processor (:func:`_vision_of`), if any."""
+    import attrs
+
+    vit, proc = _vision_of(cfg, path)
+    if vit is None:
+        if isinstance(cfg.get("vision_config"), dict) and not spec.vision_note:  # e.g. Llama 4's, Gemma 3's
+            return attrs.evolve(spec, vision_note=f"the {cfg.get('model_type') or spec.family} vision tower in "
+                                "vision_config is not modelled yet (the text model is)")
+        return spec
+    return attrs.evolve(spec, vision=vit, processor=proc, vision_note="")
+
+
+def _sibling_preprocessor(path: Path | None) -> tuple[dict | None, str]:
+    """(``preprocessor_config.json`` beside a config.json or in a checkpoint directory, its file name) if any."""
+    import json
+
+    if path is None:
+        return None, ""
+    d = path if path.is_dir() else path.parent
+    names = ["preprocessor_config.json"]
+    if path.name.endswith("_config.json") and path.name != "config.json":  # <org>--<repo>_config.json snapshots
+        names.append(path.name.removesuffix("config.json") + "preprocessor_config.json")
+    for name in names:
+        f = d / name
+        if f.is_file():
+            try:
+                data = json.loads(f.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError, OSError) as e:
+                raise GraphsimError("preprocessor_config", f"{f.name}: cannot read ({e})") from None
+            require(isinstance(data, dict), "preprocessor_config", f"{f.name}: the top level must be an object")
+            return data, f.name
+    return None, ""
 
 
 def _with_id(model: Model, hf_id: str | None) -> Model:

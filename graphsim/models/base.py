@@ -61,6 +61,9 @@ class Model:
     #: the constructor takes ``weights`` / ``redundant_experts`` / ``sibling`` (an hf_quant_config.json) from
     #: load_model (class-based families; the generic decoder always does)
     QUANT_AWARE = False
+    #: the constructor takes ``vision`` = (vision tower, image processor) from load_model when the config has a tower
+    #: graphsim models (graphsim.models.vision_tower)
+    VISION_AWARE = False
 
     # ---- structure ------------------------------------------------------------------------------------
     def num_layers(self) -> int:
@@ -94,6 +97,11 @@ class Model:
     def vision(self) -> str:
         """Why image inputs cannot run ("" when the model has a vision path that prices them)."""
         return f"{self.name} has no vision tower"
+
+    def image_processor(self):
+        """The processor that turns ``+img:WxH`` into patches and image tokens for this model (an object with
+        ``image_tokens(w, h)``); None: graphsim.vision's default (DeepSeek-V4.1-Flash's)."""
+        return None
 
     # ---- speculative decoding -----------------------------------------------------------------------------
     def max_mtp(self) -> int:
@@ -195,7 +203,9 @@ class Model:
         not sent to — top_k of each MoE layer's expert slots —, the token embedding and Engram tables, of which
         it reads one row each (a tied embedding counts: the head reads it whole)) and
         ``active_params_with_embeddings`` (the same with the token embedding, the convention of some model
-        cards; Engram tables still apart). Read off the model's reference graph, so every family gets them."""
+        cards; Engram tables still apart) and ``vision_params`` (the vision tower's inventory group, inside
+        ``total_params``; a text token runs none of it). Read off the model's reference graph, so every family
+        gets them."""
         graph = self.reference_graph()
         weights = {t.name: t for t in self.weights()}
         shipped = sum(t.elems for t in weights.values())
@@ -219,7 +229,8 @@ class Model:
         total = sum(t.elems for t in loaded.values())
         active = int(round(total - idle - vision))
         return {"total_params": total, "active_params_per_token": active - emb - tables,
-                "active_params_with_embeddings": active - tables, "shipped_params": shipped}
+                "active_params_with_embeddings": active - tables, "shipped_params": shipped,
+                "vision_params": sum(t.elems for t in loaded.values() if t.group == "vision")}
 
     def active_params_per_token(self) -> int:
         return self.param_counts()["active_params_per_token"]

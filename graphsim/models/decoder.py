@@ -73,6 +73,10 @@ class DecoderSpec:
     mtp_layers: int = 0  #: shipped MTP modules (not part of the trunk; reported)
     #: a vision tower the config names but graphsim does not price yet (image requests are refused, saying why)
     vision_note: str = ""
+    #: the vision tower graphsim prices (graphsim.models.vision_tower.QwenViT), or None
+    vision: object = None
+    #: its image processor (graphsim.vision.QwenVLProcessor): image sizes -> patches and image tokens
+    processor: object = None
 
     def __attrs_post_init__(self):
         require(len(self.layers) > 0, "config.num_hidden_layers", "must be at least 1")
@@ -110,7 +114,23 @@ class Decoder(Model):
         self.kv_format = kv_format
 
     def vision(self) -> str:
+        if self.cfg.vision is not None:
+            return ""
         return self.cfg.vision_note or f"{self.name} has no vision tower"
+
+    def image_processor(self):
+        return self.cfg.processor
+
+    def reference_graph(self, policies=None):
+        """Every stage the model can run: with a vision tower, a prefill with an image too (its weights'
+        sharding, param_counts' vision group)."""
+        if self.cfg.vision is None:
+            return super().reference_graph(policies)
+        from ..plan import Request
+
+        reqs = (Request("prefill", 64 + 4, image_tokens=4, image_patches=4 * self.cfg.vision.merge ** 2),
+                Request("decode", 64))
+        return self.build(("prefill", "decode"), policies=policies, requests=reqs)
 
     # ---- inventory ----------------------------------------------------------------------------------
     def _w(self, i: int, module: str) -> str:
@@ -159,6 +179,8 @@ class Decoder(Model):
         if not c.tie_embeddings:
             out.append(Tensor("head", "weight", self.quant.format_of("lm_head"), c.hidden * c.vocab, module="head",
                               group="embed"))
+        if c.vision is not None:
+            out += c.vision.weights()
         return tuple(out)
 
     # ---- caches -------------------------------------------------------------------------------------
@@ -208,9 +230,11 @@ class Decoder(Model):
             divides("mapping.ep", m.ep, f.slots, what)
 
     # ---- graph --------------------------------------------------------------------------------------
-    def _build(self, b: GraphBuilder, kinds: tuple, policies=None, **_) -> None:
+    def _build(self, b: GraphBuilder, kinds: tuple, policies=None, requests=(), **_) -> None:
         c, kv_fmt = self.cfg, self.kv_cache_format(policies)
         prec = self.attention_precision(policies)
+        if c.vision is not None and any(r.kind == "prefill" and r.image_patches for r in requests or ()):
+            c.vision.build(b)  # the vision stage first: the embedding writes its image features
         b.token_set("all")
         b.token_set("last", prefill="one", decode="all")
         copies = {}

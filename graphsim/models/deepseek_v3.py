@@ -82,9 +82,12 @@ class DeepSeekV3(Model):
     family = "deepseek_v3"
     #: takes ``weights`` / ``redundant_experts`` / ``sibling`` (hf_quant_config.json) from load_model
     QUANT_AWARE = True
+    #: Kimi K2.5's MoonViT-3D tower (graphsim.models.vision_tower) when load_model finds one in the config
+    VISION_AWARE = True
 
     def __init__(self, cfg: dict, name: str = "deepseek-v3", kv_format: str | None = None, *,
-                 weights: str | None = None, redundant_experts: int = 0, sibling: dict | None = None):
+                 weights: str | None = None, redundant_experts: int = 0, sibling: dict | None = None,
+                 vision: tuple | None = None):
         from ..quant import from_config
 
         self.name = name
@@ -99,6 +102,8 @@ class DeepSeekV3(Model):
         if weights is not None:
             self.quant = self.quant.override(weights)
         self.redundant = redundant_experts
+        #: (vision tower, image processor), or Nones: a text model
+        self.tower, self.processor = vision or (None, None)
         require(not redundant_experts or self.cfg.layers > self.cfg.dense_layers, "redundant_experts",
                 f"{name} has no MoE layers")
 
@@ -120,6 +125,8 @@ class DeepSeekV3(Model):
                            module="mtp", group="mtp"),
                     Tensor("mtp.proj_norms", "weight", "bf16", 3 * c.hidden, module="mtp", group="mtp")]
             out += self._layer_weights("mtp.", i, dense=False, group="mtp")
+        if self.tower is not None:
+            out += self.tower.weights()
         return tuple(out)
 
     def _layer_weights(self, p: str, i: int, *, dense: bool, group: str = "trunk") -> list:
@@ -172,8 +179,26 @@ class DeepSeekV3(Model):
         divides("mapping.ep", m.ep, self.cfg.experts + self.redundant, what)
 
     # ---- graph ------------------------------------------------------------------------------------
-    def _build(self, b: GraphBuilder, kinds: tuple, policies=None, **_) -> None:
+    def vision(self) -> str:
+        return "" if self.tower is not None else super().vision()
+
+    def image_processor(self):
+        return self.processor
+
+    def reference_graph(self, policies=None):
+        """Every stage the model can run: with a vision tower, a prefill with an image too."""
+        if self.tower is None:
+            return super().reference_graph(policies)
+        from ..plan import Request
+
+        reqs = (Request("prefill", 64 + 4, image_tokens=4, image_patches=4 * self.tower.merge ** 2),
+                Request("decode", 64))
+        return self.build(("prefill", "decode"), policies=policies, requests=reqs)
+
+    def _build(self, b: GraphBuilder, kinds: tuple, policies=None, requests=(), **_) -> None:
         c = self.cfg
+        if self.tower is not None and any(r.kind == "prefill" and r.image_patches for r in requests or ()):
+            self.tower.build(b)  # the vision stage first: the embedding writes its image features
         kv_fmt = self.kv_cache_format(policies)
         prec = self.attention_precision(policies)
         kvb = c.latent * fmt(kv_fmt).bytes_per_elem
@@ -271,7 +296,8 @@ class DeepSeekV3(Model):
 
     def resident_groups(self, policies=None) -> tuple:
         """The MTP module is loaded only when drafting with it."""
-        return ("embed", "trunk", "mtp") if getattr(policies, "mtp", 0) else ("embed", "trunk")
+        groups = ("embed", "trunk", "vision") if self.tower is not None else ("embed", "trunk")
+        return groups + ("mtp",) if getattr(policies, "mtp", 0) else groups
 
     def _mla_prefill(self, b: GraphBuilder, p: str, kvb: float, prec: str, topk: str | None = None,
                      ts: str = "pf", kv: str = "") -> str:

@@ -155,11 +155,10 @@ def dense(t: Mapping) -> DecoderSpec:
 
 
 def _vl_note(t: Mapping) -> str:
-    """VL checkpoints load as their text model; their vision tower is not priced yet: its image processor's
-    pixel bounds live in preprocessor_config.json, not config.json, so image token counts are unknown."""
+    """Why a Qwen3-VL text config prices no images: the tower is read from the full config's ``vision_config``
+    (graphsim.models.vision_tower), which a text config alone does not carry."""
     if _model_type(t).startswith("qwen3_vl"):
-        return ("the Qwen3-VL vision tower is not modelled (its token count depends on the image processor's "
-                "min/max pixels in preprocessor_config.json); the text model is")
+        return "this Qwen3-VL config carries no vision_config, so graphsim loads its text model only"
     return ""
 
 
