@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n auto --dist worksteal
+	$(BIN)/python -m pytest -n auto --dist worksteal --durations=15
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_eval.py
@@ -24,6 +24,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_cli.py
 	$(BIN)/python benchmarks/bench_sweep_memory.py
 	$(BIN)/python benchmarks/bench_search.py
+	$(BIN)/python benchmarks/bench_serve_sim.py --requests 12000
 
 clean:
 	rm -rf $(VENV) build *.egg-info
