@@ -496,3 +496,29 @@ def test_a_prediction_pays_the_hottest_ep_rank_and_sol_does_not():
     assert with_terms == pytest.approx(bare, rel=1e-12)
     sol = _pool_config("mixed", m, gs.Policies(), **{**kw, "serving": None}).steps  # no prediction: no term
     assert sol.moe is None
+
+
+def test_speculative_decoding_emits_the_expected_tokens_per_step():
+    """MTP-1 at acceptance 0.8: each decode step verifies 2 positions and gives each request 1 + 0.8 = 1.8 tokens
+    (graphsim.metrics.emitted); a 9-token output is its prefill's first token then ceil(8 / 1.8) = 5 steps."""
+    tr = synthetic(requests=1, rate=1.0, input=1000, output=9, seed=0)
+    dep = Deployment("deepseek-v3", "gb200", gs.ParallelMapping(tp=8, ep=8), gs.Policies(mtp=1, acceptance=(0.8,)),
+                     hbm_kv_gib=math.inf)
+    res = simulate(tr, dep, steps=FixedSteps(0.01), validate=0)
+    assert res.requests["e2e_ms"][0] == pytest.approx(10.0 * (1 + 5))
+    assert res.summary["latency"]["itl_ms"]["p50"] == pytest.approx(10.0 / 1.8, rel=0.01)  # per token (bin width)
+    with pytest.raises(GraphsimError, match="policies.acceptance"):
+        simulate(tr, Deployment("deepseek-v3", "gb200", gs.ParallelMapping(tp=8, ep=8), gs.Policies(mtp=1)),
+                 steps=FixedSteps(0.01), validate=0)
+
+
+def test_dspark_steps_are_priced_with_their_verify_positions(excerpt):
+    # V4.1 with DSpark: the step surface's decode rows verify 1 + D positions; the surface still matches the exact
+    # program (built with the same verify rows) on the run's own steps, and Little's law holds
+    pol = gs.Policies(dspark="on", acceptance=(0.9, 0.8, 0.7, 0.6, 0.5))  # a_1..a_D, D = the draft block
+    res = simulate(excerpt.head(60), Deployment("deepseek-v4.1-flash", "gb200", gs.ParallelMapping(tp=4), pol),
+                   validate=32)
+    assert res.surface_error["max_abs_rel"] < 0.10
+    _little(res)
+    base = simulate(excerpt.head(60), V41, validate=0)
+    assert res.summary["latency"]["tpot_ms"]["mean"] < base.summary["latency"]["tpot_ms"]["mean"]

@@ -185,13 +185,15 @@ class _Replica:
 
 class _Sim:
     def __init__(self, trace, dep: Deployment, pools, *, too_long, tiers, router, seed, validate, sample_s, progress,
-                 kv, window, swa_model, encoder_replay, hw, model, chunked=True, decode_in_budget=True):
+                 kv, window, swa_model, encoder_replay, hw, model, chunked=True, decode_in_budget=True,
+                 emit: float = 1.0):
         self.tr, self.dep, self.hw, self.model = trace, dep, hw, model
         self.router, self.progress = router, progress
         self.g, self.s = kv
         self.window = window
         self.swa_model, self.encoder_replay = swa_model, encoder_replay
         self.chunked, self.decode_in_budget = chunked, decode_in_budget
+        self.emit = float(emit)  # expected tokens a decode step gives each request (1 without speculation)
         n = len(trace)
         self.n = n
         self.arr = np.asarray(trace.arrival_s, np.float64)
@@ -215,7 +217,8 @@ class _Sim:
         self.phase = np.zeros(n, np.int8)
         self.replica = np.full(n, -1, np.int64)
         self.t_first, self.t_done, self.t_admit = f64(), f64(), f64()
-        self.pos, self.target, self.gen = i64(), i64(), i64()
+        self.pos, self.target = i64(), i64()
+        self.gen = np.zeros(n)  # tokens emitted (expected: a speculative step emits ``emit`` on average)
         self.ready = np.zeros(n)
         self.hit = {k: i64() for k in ("hbm", "host", "disk")}
         self.hit_tokens = i64()
@@ -351,7 +354,7 @@ class _Sim:
                 if first:
                     self.recomputed[i] = hit
                 hit = 0
-        gen = int(self.gen[i])
+        gen = int(np.ceil(self.gen[i] - 1e-9))
         target = inp + gen  # a preempted request recomputes the tokens it emitted
         # HBM: every prompt block not already there, the SWA state, the recomputed outputs
         need = sum(self.block_bytes(i, j) for j in range(ids.size) if not pool.has(("g", int(ids[j]))))
@@ -566,7 +569,7 @@ class _Sim:
             dts = np.array([dt])
         else:
             # a run of pure decode steps up to the next completion, arrival, or KV limit
-            left = int((self.out[decodes] - self.gen[decodes]).min())
+            left = max(1, int(np.ceil(((self.out[decodes] - self.gen[decodes]) / self.emit).min() - 1e-9)))
             room = r.pool.free() + r.pool.cached
             fit = room / (self.g * B) if self.g > 0 else math.inf  # steps the KV pool can still grow
             kmax = max(1, min(left, int(fit) if math.isfinite(fit) else left))
@@ -589,11 +592,11 @@ class _Sim:
             m = max(1, min(m, k))
             dts = dts[:m]
             self.step_count[0] += m
-        if B:
+        if B:  # ITL: each step's time / the tokens it gives a request, weighted by the tokens it emits
             if dts.size == 1:
-                self.hist[bisect.bisect_left(_EDGES, float(dts[0]))] += B
+                self.hist[bisect.bisect_left(_EDGES, float(dts[0]) / self.emit)] += B * self.emit
             else:
-                np.add.at(self.hist, np.searchsorted(_HIST_EDGES, dts), float(B))
+                np.add.at(self.hist, np.searchsorted(_HIST_EDGES, dts / self.emit), float(B) * self.emit)
         self._sample_step(st, chunks, ctx, decodes, dts.size)
         t_end = now + float(dts.sum())
         r.advance(t_end)
@@ -602,8 +605,8 @@ class _Sim:
         m = dts.size
         # decodes emit m tokens each
         if B:
-            self.gen[decodes] += m
-            grow = self.g * m
+            self.gen[decodes] += m * self.emit
+            grow = self.g * m * self.emit
             self.priv[decodes] += grow
             r.pool.private += grow * B
         handed = []
@@ -616,11 +619,11 @@ class _Sim:
                     self.t_first[i] = t_end
                 self.gen[i] += 1
                 self._prefilled(r, i, t_end)
-                if r.cfg.role == "prefill" and self.gen[i] < self.out[i]:
+                if r.cfg.role == "prefill" and self.gen[i] < self.out[i] - 1e-9:
                     handed.append(i)
         for i in handed:  # a prefill pool hands the KV to the decode pool
             self._hand_over(r, i, t_end)
-        done = [i for i in r.running if self.phase[i] == DECODE and self.gen[i] >= self.out[i]]
+        done = [i for i in r.running if self.phase[i] == DECODE and self.gen[i] >= self.out[i] - 1e-9]
         if done or handed:
             for i in done:
                 self._finish(r, i, t_end)
@@ -826,6 +829,16 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
     chunked = eng.chunked_prefill if eng is not None else True
     decode_in_budget = eng.decode_in_budget if eng is not None else True
 
+    # speculative decoding (MTP-K, DSpark): each decode step verifies 1 + K positions and gives each request the
+    # expected emitted tokens under the policies' acceptance (graphsim.metrics.emitted, the search's rule)
+    verify = int(policies.mtp) if policies.mtp else (len(policies.acceptance) if policies.dspark == "on" else 0)
+    emit = 1.0
+    if verify:
+        from ..metrics import emitted
+
+        require(bool(policies.acceptance), "policies.acceptance", "speculative decoding needs a_1..a_K to turn "
+                                                                   "verified positions into emitted tokens")
+        emit = float(emitted(("decode",), np.array([[1.0 + verify]]), policies)[0, 0])
     g, s = kv_terms(model, policies)
     bd = model.kv_breakdown(1024) if hasattr(model, "kv_breakdown") else None
     swa_model = s > 0 and isinstance(bd, dict) and "swa_bytes" in bd
@@ -844,7 +857,7 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
                                                   if not chunked else " (--beyond-context runs them as a what-if)"))
     max_ctx = int(min(int(total[~too_long].max()) + 1, limit))
     kw = dict(model=model, hw=hw, dep=dep, eng=eng, serving=eng if predicted else None, view=view, trace=trace,
-              max_ctx=max_ctx, swa_model=swa_model, validate=validate, steps=steps)
+              max_ctx=max_ctx, swa_model=swa_model, validate=validate, steps=steps, verify=verify)
     if disagg:
         pools = [(_pool_config("prefill", p_mapping, p_policies, **kw), dep.prefill_replicas),
                  (_pool_config("decode", mapping, policies, **kw), dep.replicas)]
@@ -867,7 +880,7 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
                sample_s=max(span, 1e-3) / max(samples, 1) if samples else 0.0, progress=progress,
                kv=(g, s), window=policies.replay_window, swa_model=swa_model,
                encoder_replay=policies.encoder_replay == "on", hw=hw, model=model, chunked=chunked,
-               decode_in_budget=decode_in_budget)
+               decode_in_budget=decode_in_budget, emit=emit)
     sim.over_budget = over_budget
     sim.run()
     return _result(sim, trace, dep, model, hw, pools, policies, eng, tiers, sla, classes, router, design)
@@ -885,7 +898,7 @@ def _budget(dep: Deployment, eng, dp: int) -> int:
 
 
 def _pool_config(role, mapping, policies, *, model, hw, dep, eng, serving, view, trace, max_ctx, swa_model, validate,
-                 steps) -> _PoolConfig:
+                 steps, verify: int = 0) -> _PoolConfig:
     """One pool's replicas: limits, KV pool (HBM left per device by graphsim's memory model under the engine's rule,
     times the devices one request's KV is spread over) and step times (its own compiled programs)."""
     from ..fit import DEFAULT_RESERVE_GIB, MemoryModel
@@ -915,22 +928,22 @@ def _pool_config(role, mapping, policies, *, model, hw, dep, eng, serving, view,
         capacity = float(room) * split
     if steps is None:
         b_max = int(min(max_running, 1 << 14, len(trace)))
-        prog = compile_plan(model, Plan([f"prefill:{max_ctx}", f"decode:{max_ctx}x{max(b_max, 1)}"], mapping,
-                                        policies), hw, dep.profile, view=view)
-        exact = compile_plan(model, Plan(["prefill:1024"] * 8 + ["decode:1024"] * 4, mapping, policies), hw,
-                             dep.profile, view=view) if validate > 0 else None
+        dec = f"decode:{max_ctx}x{max(b_max, 1)}" + (f"v{verify}" if verify else "")
+        prog = compile_plan(model, Plan([f"prefill:{max_ctx}", dec], mapping, policies), hw, dep.profile, view=view)
+        exact = compile_plan(model, Plan(["prefill:1024"] * 8 + [dec.replace(f"{max_ctx}x{max(b_max, 1)}", "1024")] * 4,
+                                         mapping, policies), hw, dep.profile, view=view) if validate > 0 else None
         hot, moe = None, None
         if serving is not None and serving.moe_routing and mapping.ep > 1 and policies.ep_imbalance == 1.0:
             info = next((op.info for op in prog.graph.ops if op.kind == "moe_experts" and op.info.experts), None)
             if info is not None:  # the engine's routing-statistics term (graphsim.serving.moe), as search prices it
                 import attrs as _attrs
 
-                hot = compile_plan(model, Plan([f"prefill:{max_ctx}", f"decode:{max_ctx}x{max(b_max, 1)}"], mapping,
+                hot = compile_plan(model, Plan([f"prefill:{max_ctx}", dec], mapping,
                                                _attrs.evolve(policies, ep_imbalance=2.0)), hw, dep.profile, view=view)
                 moe = (info.top_k, info.experts, mapping.ep, serving.moe_load_ratio, serving.eplb)
         steps = StepTimes(prog, max_batch=b_max, max_context=max_ctx, budget=budget,
                           replay_window=policies.replay_window, swa=swa_model, exact_program=exact, serving=serving,
-                          hot_program=hot, moe=moe)
+                          hot_program=hot, moe=moe, verify=verify)
     return _PoolConfig(role, steps, budget, max_running, capacity, mapping.dp / split, mapping, policies)
 
 

@@ -108,7 +108,7 @@ class StepTimes:
     request, in that order, at the deployment's mapping and policies, in any view)."""
 
     def __init__(self, compiled, *, max_batch: int, max_context: int, budget: int, replay_window: int = 128,
-                 swa: bool = False, exact_program=None, serving=None, hot_program=None, moe=None):
+                 swa: bool = False, exact_program=None, serving=None, hot_program=None, moe=None, verify: int = 0):
         require(compiled.plan.kinds == ("prefill", "decode"), "compiled", "the step program is one prefill and one "
                                                                           "decode request")
         self.c, self.exact_program = compiled, exact_program
@@ -121,6 +121,7 @@ class StepTimes:
             self.kernels = kernels(compiled)
         self.max_batch, self.max_context, self.budget = int(max_batch), int(max_context), int(budget)
         self.window, self.swa = int(replay_window), bool(swa)
+        self.verify = int(verify)  # speculative decoding: each decode request verifies 1 + verify positions
         self.points = 0
         cmax = float(max(self.max_context, 2))
         self.d_grids = (_geom(1, max(self.max_batch, 2), 1.5), _geom(16, cmax, 1.5))
@@ -173,7 +174,7 @@ class StepTimes:
         else:
             b, c, n, p = flat
         count = np.stack([(n > 0).astype(np.float64), b], axis=1)
-        new = np.stack([np.maximum(n, 1.0), np.ones_like(b)], axis=1)
+        new = np.stack([np.maximum(n, 1.0), np.full_like(b, 1.0 + self.verify)], axis=1)
         past = np.stack([p, c], axis=1)
         return self._forward(count, new, past).reshape(mesh[0].shape)
 
@@ -269,7 +270,7 @@ class StepTimes:
                 for j, part in enumerate(np.array_split(np.sort(np.asarray(ctxs, dtype=np.float64)), gd)):
                     if part.size:
                         count[i, gp + j], past[i, gp + j] = part.size, np.round(part.mean())
-            new[i, gp:] = 1
+            new[i, gp:] = 1 + self.verify
         out = np.empty(n)
         kinds = ("prefill",) * gp + ("decode",) * gd
         for s in range(0, n, _CHUNK):
