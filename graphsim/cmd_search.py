@@ -123,6 +123,10 @@ def register(sub) -> None:
                     help="policy stage: every combination of the policy axes instead of one axis at a time + the "
                          "combinations of the values on the front (with --refine >= the deployments: the whole "
                          "space, a bound on it)")
+    sp.add_argument("--executor", default="local", choices=("local", "ray"),
+                    help="where programs are evaluated: local (--jobs processes) or ray (a Ray cluster: --address, "
+                         "default a local instance); the same rows either way")
+    sp.add_argument("--address", default=None, metavar="HOST:PORT", help="--executor ray: the cluster to join")
     sp.add_argument("--jobs", type=int, default=1, metavar="N",
                     help="evaluate programs on N worker processes (default 1; the same results)")
     sp.add_argument("--max-replica-gpus", type=int, default=None, metavar="N",
@@ -215,7 +219,8 @@ def run(a) -> None:
         try:
             r = search(load_model_args(a), a.hw, gpus=a.gpus, traffic=traffic, sla=sla, space=space, top=a.top,
                        profile=a.profile, view=view_spec(a), reserve_gib=a.reserve_gib, cache_dir=cache, progress=bar,
-                       jobs=a.jobs, engine=a.engine, engine_set=tuple(a.engine_set))
+                       jobs=a.jobs, engine=a.engine, engine_set=tuple(a.engine_set), executor=a.executor,
+                       address=a.address)
         finally:
             if bar:
                 bar.close()

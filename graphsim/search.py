@@ -541,7 +541,7 @@ class _Cache:
 
 class _Search:
     def __init__(self, model, hw, gpus, traffic, sla, space, profile, view, reserve_gib, cache=None, progress=None,
-                 jobs: int = 1, engine=None):
+                 jobs: int = 1, engine=None, executor: str = "local", address: str | None = None):
         self.model, self.hw, self.gpus, self.traffic, self.sla, self.space = model, hw, gpus, traffic, sla, space
         self.profile, self.view, self.reserve_gib, self.engine = profile, view, reserve_gib, engine
         #: the engine's step terms (limits, chunked prompts, host time): a prediction's only — the SOL view and the
@@ -549,6 +549,7 @@ class _Search:
         predicted = profile is not None or (view is not None and getattr(view, "name", "sol") != "sol")
         self.serving = engine if predicted else None
         self.cache, self.progress, self.jobs = cache or _Cache(None), progress, jobs
+        self.executor, self.address = executor, address
         self.args = (model, hw, gpus, traffic, sla, space, profile, view, reserve_gib, engine)  # what a worker rebuilds
         self.groups: dict = {}
         self.skipped: list = []
@@ -620,6 +621,8 @@ class _Search:
                 self._store(key, g, computed=False)
             else:
                 by_map.setdefault(key[1], []).append(key)
+        if self.executor == "ray" and by_map:
+            return self._prefetch_ray(by_map)
         if self.jobs <= 1 or len(by_map) < 2:
             return
         import multiprocessing as mp
@@ -638,6 +641,21 @@ class _Search:
                     if key not in self.groups:
                         self._store(key, Group.from_json(d, key[1], key[2], unrun=self.serving is not None),
                                     computed=True)
+
+    def _prefetch_ray(self, by_map: dict) -> None:
+        """:meth:`prefetch` on a Ray cluster (``executor="ray"``, ``address``; default a local instance): one task per
+        mapping, each worker building its search once (the same programs, so the same rows, as here)."""
+        from .sweep.executors import ray_init
+
+        ray = ray_init(self.address)
+        task = ray.remote(_ray_run)
+        args = ray.put(self.args)
+        refs = [task.remote(args, sorted(ks, key=lambda k: k[0] == "mixed")) for ks in by_map.values()]
+        for got in ray.get(refs):
+            for key, d in got:
+                if key not in self.groups:
+                    self._store(key, Group.from_json(d, key[1], key[2], unrun=self.serving is not None),
+                                computed=True)
 
     def _evaluate(self, kind, mapping, policies) -> Group:
         from .fit import MemoryModel
@@ -1061,6 +1079,15 @@ def _worker_init(args) -> None:
     _WORKER[:] = [_Search(*args[:9], engine=args[9])]
 
 
+def _ray_run(args, keys: list) -> list:
+    """A Ray task: this worker's search — kept across tasks of the same search (its identity digest), so the
+    model's build cache serves them all — then :func:`_worker_run`."""
+    fresh = _Search(*args[:9], engine=args[9])
+    if not _WORKER or _WORKER[0].identity != fresh.identity:
+        _WORKER[:] = [fresh]
+    return _worker_run(keys)
+
+
 def _worker_run(keys: list) -> list:
     """Evaluate ``keys`` (one mapping's programs, decode first) in a worker; a replica that fits at no batch
     gets no mixed program, as :meth:`_Search.agg_rows` decides here."""
@@ -1121,7 +1148,7 @@ def pareto_flags(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: Space = Space(), top: int = 5,
            profile=None, view=None, reserve_gib: float | None = None, cache_dir: str | Path | None = None,
            progress: Callable[[int], None] | None = None, jobs: int = 1, engine: str | None = "auto",
-           engine_set: tuple = ()) -> SearchResult:
+           engine_set: tuple = (), executor: str = "local", address: str | None = None) -> SearchResult:
     """Search deployments of ``model`` on ``gpus`` GPUs of ``hw`` for ``traffic`` under ``sla``; the best
     ``top`` deployments (by output tokens/s per GPU among those meeting the SLA), the Pareto front and why the
     others lost. ``cache_dir`` keeps every evaluated program (a rerun resumes from it). ``progress(n)`` is called
@@ -1136,7 +1163,9 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
     as its engine does (:mod:`graphsim.serving.engines`): decode batches within its requests and tokens per DP rank,
     prompts over its token budget in chunks (each a forward with the earlier chunks as ``past``; TTFT their sum),
     and a step's host time (kernel launches or a CUDA graph replay, the exposed scheduler); the SOL view and the
-    SOL twin never pay those. ``engine_set``: ``FIELD=VALUE`` strings overriding the engine's documented terms."""
+    SOL twin never pay those. ``engine_set``: ``FIELD=VALUE`` strings overriding the engine's documented terms.
+    ``executor``: "local" (``jobs`` processes on this machine) or "ray" (a Ray cluster at ``address``, default a
+    local instance): the same programs, so the same rows."""
     import pandas as pd
 
     from .fit import DEFAULT_RESERVE_GIB
@@ -1153,13 +1182,14 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
     reserve = DEFAULT_RESERVE_GIB if reserve_gib is None else reserve_gib
     check_number("reserve_gib", reserve, 0.0, 1 << 20)
     check_int("jobs", jobs, 1, 1024)
+    require(executor in ("local", "ray"), "executor", f"must be local or ray, got {executor!r}")
     terms = _engine(engine, view)
     require(not engine_set or terms is not None, "engine_set", "sets an engine's terms: choose an engine (--engine "
             "sglang|vllm|trtllm, or a measured view whose backend has one)")
     if terms is not None:  # the GPU's tier of each default computed at launch, then the user's settings
         terms = terms.on(hw.hbm_capacity_bytes).with_settings(engine_set)
     s = _Search(model, hw, gpus, traffic, sla, space, profile, view, reserve,
-                _Cache(Path(cache_dir) if cache_dir else None), progress, jobs, terms)
+                _Cache(Path(cache_dir) if cache_dir else None), progress, jobs, terms, executor, address)
     axes = policy_axes(model, space)
     base = {f: v[0] for f, v in axes}
     dec_maps = mappings(model, hw, gpus, space, "decode")
