@@ -781,6 +781,20 @@ class Graph:
     def weight_params(self, group: str | None = None) -> int:
         return sum(t.elems for t in self.weights() if group is None or t.group == group)
 
+    def to_networkx(self):
+        """The graph as a ``networkx.DiGraph`` for your own analyses: nodes are op names (attributes ``op``, ``kind``,
+        ``stage``, ``stream``), edges the dependency edges (attribute ``kind``: the first, most specific one when
+        two ops share several). networkx is imported here, on first use."""
+        import networkx as nx
+
+        g = nx.DiGraph(name=self.name)
+        for op in self.ops:
+            g.add_node(op.name, op=op, kind=op.kind, stage=op.stage, stream=op.stream)
+        for e in self.edges:
+            if not g.has_edge(e.src, e.dst):
+                g.add_edge(e.src, e.dst, kind=e.kind)
+        return g
+
     def schedule_edges(self) -> list[tuple[int, int]]:
         """Dependency edges plus stream-order edges (consecutive ops of one stream of one device), as op
         indices."""

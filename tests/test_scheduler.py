@@ -206,3 +206,17 @@ def test_big_dags_give_the_reference_numbers_on_both_kernel_routes():
     routed = c.evaluate(wl, outputs=outs)  # 3 points: the NumPy route of the same kernel
     for k in outs:
         np.testing.assert_allclose(routed[k], ref[k], rtol=1e-12, atol=1e-18, err_msg=k)
+
+def test_the_graph_hands_itself_to_networkx():
+    """Graph.to_networkx(): every op a node with its kind and stream, the dependency edges, acyclic (program order
+    is a topological order)."""
+    import networkx as nx
+
+    g = gs.compile_plan("deepseek-v3", gs.Plan(["decode:1024x8"], gs.ParallelMapping(tp=4, ep=4)), "gb200").graph
+    d = g.to_networkx()
+    assert d.number_of_nodes() == len(g.ops) and nx.is_directed_acyclic_graph(d)
+    assert d.number_of_edges() == len({(e.src, e.dst) for e in g.edges})
+    op = g.ops[len(g.ops) // 2]
+    assert d.nodes[op.name]["kind"] == op.kind and d.nodes[op.name]["stream"] == op.stream
+    order = {o.name: i for i, o in enumerate(g.ops)}
+    assert all(order[a] < order[b] for a, b in d.edges)  # program order is topological
