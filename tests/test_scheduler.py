@@ -212,6 +212,8 @@ def test_the_graph_hands_itself_to_networkx():
     is a topological order)."""
     import networkx as nx
 
+    import graphsim as gs
+
     g = gs.compile_plan("deepseek-v3", gs.Plan(["decode:1024x8"], gs.ParallelMapping(tp=4, ep=4)), "gb200").graph
     d = g.to_networkx()
     assert d.number_of_nodes() == len(g.ops) and nx.is_directed_acyclic_graph(d)
