@@ -82,6 +82,12 @@ class Layout:
                 continue  # cached positions are not new rows: a restore with an HBM prefix copies nothing
             if rule == "all":
                 idx.append(off + np.arange(g.count * g.new))
+            elif rule in ("replay+all", "replay+text", "text"):
+                # text-only forwards: every new position is text; a prefix on the device replays nothing
+                idx.append(off + np.arange(g.count * g.new))
+            elif rule.startswith(("tail:", "dtail:")):  # the last min(new, W) positions of each request
+                w = min(g.new, int(rule.split(":")[1]))
+                idx.append(off + (np.arange(g.count)[:, None] * g.new + np.arange(g.new - w, g.new)[None, :]).ravel())
             elif rule == "one":
                 idx.append(off + np.arange(g.count) * g.new + g.new - 1)
             else:
@@ -156,6 +162,8 @@ def _layer(op: Op, cfg):
 
 #: op kind -> kernel(op, ctx, inputs: list[Act], state: dict, params: dict) -> Act | None
 KERNELS: dict[str, Callable] = {}
+#: model family -> (init_params, init_caches) for models whose weights / caches are laid out their own way
+INITS: dict[str, tuple] = {}
 
 
 def kernel(*kinds: str):
@@ -416,6 +424,8 @@ def init_params(compiled, seed: int = 0) -> dict:
     import jax
     import jax.numpy as jnp
 
+    if getattr(compiled.model, "family", "") in INITS:
+        return INITS[compiled.model.family][0](compiled, seed)
     g = compiled.graph
     key = jax.random.PRNGKey(seed)
     params: dict = {}
@@ -460,6 +470,8 @@ def init_caches(ex: Executable, seed: int = 1) -> dict:
     import jax
     import jax.numpy as jnp
 
+    if getattr(ex.compiled.model, "family", "") in INITS:
+        return INITS[ex.compiled.model.family][1](ex, seed)
     g = ex.compiled.graph
     key = jax.random.PRNGKey(seed)
     out = {}
@@ -485,4 +497,9 @@ def init_ids(ex: Executable, seed: int = 2):
     import jax
     import jax.numpy as jnp
 
-    return jax.random.randint(jax.random.PRNGKey(seed), (ex.layout.rows,), 0, ex.compiled.model.cfg.vocab, jnp.int32)
+    cfg = ex.compiled.model.cfg
+    vocab = getattr(cfg, "vocab", None) or cfg.vocab_size  # V4.1's config names it as HF does
+    return jax.random.randint(jax.random.PRNGKey(seed), (ex.layout.rows,), 0, vocab, jnp.int32)
+
+
+from . import kernels_v41  # noqa: E402,F401  (registers the DeepSeek-V4.1 kernels; imports this module)
