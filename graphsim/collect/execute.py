@@ -78,12 +78,13 @@ class Layout:
         idx = []
         for g, off in zip(self.groups, self.offsets()):
             rule = ts.rule(g.kind)
+            if rule.startswith("replay+"):  # a prefix on the device replays nothing (host/disk hits are refused)
+                rule = rule[len("replay+"):]
             if rule == "none" or rule.startswith("cached"):
                 continue  # cached positions are not new rows: a restore with an HBM prefix copies nothing
             if rule == "all":
                 idx.append(off + np.arange(g.count * g.new))
-            elif rule in ("replay+all", "replay+text", "text"):
-                # text-only forwards: every new position is text; a prefix on the device replays nothing
+            elif rule == "text":  # text-only forwards: every new position is text
                 idx.append(off + np.arange(g.count * g.new))
             elif rule.startswith(("tail:", "dtail:")):  # the last min(new, W) positions of each request
                 w = min(g.new, int(rule.split(":")[1]))

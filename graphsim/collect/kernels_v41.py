@@ -894,7 +894,7 @@ def _swa_start(ctx, op):
     ts = next(t for t in ctx.g.token_sets if t.name == op.token_set)
     out, any_ = [], False
     for g in ctx.layout.groups:
-        rule = ts.rule(g.kind)
+        rule = ts.rule(g.kind).removeprefix("replay+")
         if rule.startswith("dtail:"):
             w = int(rule.split(":")[1])
             out.append(g.past + g.new - min(g.new, w))
