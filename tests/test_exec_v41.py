@@ -99,6 +99,13 @@ def test_decoder_replay_equals_a_reference_that_runs_the_tail(model):
         assert np.abs(logits[b] - _ref(model, params, seq[b])[-1]).max() > 100 * TOL
 
 
+def test_single_pass_fusion_runs_the_same_forward(model):
+    """The single-pass mHC profile (fused residual + coefficients + pre-mix + pre-norm, fused q norm + quant)
+    is a different graph of the same model: the same logits."""
+    _, params, ids, logits, _ = _run(model, ["prefill:40x1"], Policies(fusion="single-pass"))
+    np.testing.assert_allclose(logits[0], _ref(model, params, ids)[-1], atol=TOL, rtol=0)
+
+
 def test_deleting_a_dependency_edge_fails(model):
     """A seeded sample of the graph's edges that no other path implies (not the empty restore copies'):
     without any one of them the executor cannot bind its operand and refuses the graph (Unsupported names

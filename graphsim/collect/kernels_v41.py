@@ -316,8 +316,50 @@ def groups_of(ctx, ts: str):
     return out
 
 
+#: a producer name -> what stands for it in fused graphs (single-pass mHC, fused q norm + quant)
+ALIASES = {"hc_attn.prenorm": ("hc_attn.fused", "hc_attn.pre"), "hc_ffn.prenorm": ("hc_ffn.fused", "hc_ffn.pre"),
+           "attn.q_quant": ("attn.q_norm+quant",)}
+
+
+def find_any(ctx, op, names):
+    """The output of the nearest data-edge ancestor whose name is one of ``names``."""
+    from collections import deque
+
+    want = set(names)
+    seen, todo = {op.name}, deque(ctx.preds[op.name])
+    while todo:
+        p = todo.popleft()
+        if p in seen:
+            continue
+        seen.add(p)
+        if p in want and p in ctx._state["out"]:
+            return ctx._state["out"][p]
+        todo.extend(ctx.preds[p])
+    raise Unsupported(op, f"no data path from {sorted(want)} (a missing dependency edge)")
+
+
+def find_mix(ctx, op):
+    """The nearest ancestor's mHC mixing (streams and their pre/post/res coefficients)."""
+    from collections import deque
+
+    seen, todo = {op.name}, deque(ctx.preds[op.name])
+    while todo:
+        p = todo.popleft()
+        if p in seen:
+            continue
+        seen.add(p)
+        o = ctx._state["out"].get(p)
+        if o is not None and isinstance(o.x, dict) and "res" in o.x:
+            return o
+        todo.extend(ctx.preds[p])
+    raise Unsupported(op, "no mHC mixing among its ancestors (a missing dependency edge)")
+
+
 def _operand(ctx, op, name):
-    return sel(ctx, find(ctx, op, _prefix(op) + name), op.token_set)
+    pre = _prefix(op)
+    a = find_any(ctx, op, [pre + n for n in (name,) + ALIASES.get(name, ())])
+    x = sel(ctx, a, op.token_set)
+    return x["h"] if isinstance(x, dict) and "h" in x else x
 
 
 # ---- dispatch -------------------------------------------------------------------------------------
@@ -413,7 +455,7 @@ def _gemm(op, ctx, inputs, state, params):
     src = OPERAND.get(leaf)
     if src is None:
         raise Unsupported(op, f"no operand known for GEMM {leaf!r}")
-    x = sel(ctx, find(ctx, op, src if leaf == "head" else _prefix(op) + src), op.token_set)
+    x = sel(ctx, find(ctx, op, src), op.token_set) if leaf == "head" else _operand(ctx, op, src)
     w = params[op.reads[0]]
     x = act_in(x, op.precision)
     if leaf == "attn.wo_a":  # block-diagonal per output group
@@ -430,6 +472,12 @@ def _gemm(op, ctx, inputs, state, params):
 def _norm(op, ctx, inputs, state, params):
     (a,) = inputs
     return Act(rms(sel(ctx, a, op.token_set), params[op.reads[0]], _v(ctx).eps), op.token_set)
+
+
+@v41("norm", "attn.q_norm+quant")
+def _q_norm_quant(op, ctx, inputs, state, params):
+    (a,) = inputs
+    return Act(fp8_block(rms(sel(ctx, a, op.token_set), params[op.reads[0]], _v(ctx).eps)), op.token_set)
 
 
 @v41("quant", "attn.q_quant")
@@ -498,14 +546,58 @@ def _prenorm(op, ctx, inputs, state, params):
     return Act(fp8_block(rms(sel(ctx, a, op.token_set), params[op.reads[0]], _v(ctx).eps)), op.token_set)
 
 
-@v41("mhc", "hc_attn.residual", "hc_ffn.residual")
-def _residual(op, ctx, inputs, state, params):
+def _mix_of(ctx, op):
+    """The coefficients of the sub-block this residual update closes: its own Sinkhorn op (unfused graphs)
+    or the nearest fused pre-mix among the ancestors (single-pass graphs)."""
+    name = f"{_prefix(op)}{_sub(op)}.sinkhorn"
+    if name in ctx.preds:
+        return sel(ctx, find(ctx, op, name), op.token_set)
+    return sel(ctx, find_mix(ctx, op), op.token_set)
+
+
+def _update(c, y):
     import jax.numpy as jnp
 
-    c = _operand(ctx, op, f"{_sub(op)}.sinkhorn")
+    return jnp.einsum("tij,tjd->tid", c["res"], c["x"]) + c["post"][:, :, None] * y[:, None, :]
+
+
+@v41("mhc", "hc_attn.residual", "hc_ffn.residual")
+def _residual(op, ctx, inputs, state, params):
+    c = _mix_of(ctx, op)
     y = sum(sel(ctx, a, op.token_set) for a in inputs)  # the branch output(s): wo_b, or shared + routed
-    x = jnp.einsum("tij,tjd->tid", c["res"], c["x"]) + c["post"][:, :, None] * y[:, None, :]
-    return Act(x, op.token_set)
+    return Act(_update(c, y), op.token_set)
+
+
+def _pre_all(op, ctx, x, params):
+    """Single-pass mHC pre of a sub-block: coefficients, Sinkhorn, pre-mix and pre-norm in one op."""
+    import jax
+    import jax.numpy as jnp
+
+    n = ctx.cfg.hc_mult
+    fn, norm = op.reads
+    p = fn.rsplit(".", 1)[0]
+    flat = x.reshape(x.shape[0], -1)
+    z = (flat @ params[fn].T) / jnp_sqrt_mean_sq(flat)
+    base, scale = params[f"{p}.base"], params[f"{p}.scale"]
+    pre = jax.nn.sigmoid(z[:, :n] * scale[0] + base[:n])
+    post = 2.0 * jax.nn.sigmoid(z[:, n:2 * n] * scale[1] + base[n:2 * n])
+    res = sinkhorn((z[:, 2 * n:] * scale[2] + base[2 * n:]).reshape(-1, n, n), ctx.cfg.hc_sinkhorn_iters)
+    h = fp8_block(rms(jnp.einsum("tn,tnd->td", pre, x), params[norm], _v(ctx).eps))
+    return {"x": x, "pre": pre, "post": post, "res": res, "h": h}
+
+
+@v41("mhc", "hc_attn.pre", "hc_ffn.pre")
+def _pre_op(op, ctx, inputs, state, params):
+    (a,) = inputs  # the streams (embedding, Engram, or a standalone residual update)
+    return Act(_pre_all(op, ctx, _streams(sel(ctx, a, op.token_set)), params), op.token_set)
+
+
+@v41("mhc", "hc_attn.fused", "hc_ffn.fused")
+def _fused(op, ctx, inputs, state, params):
+    """The previous sub-block's residual update and this sub-block's pre in one pass."""
+    c = sel(ctx, find_mix(ctx, op), op.token_set)
+    y = sum(sel(ctx, a, op.token_set) for a in inputs)
+    return Act(_pre_all(op, ctx, _update(c, y), params), op.token_set)
 
 
 # ---- Engram ---------------------------------------------------------------------------------------
