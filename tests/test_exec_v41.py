@@ -68,21 +68,48 @@ def test_prefill_then_decode_equal_the_reference(model):
     for b in range(B):
         ref = _ref(model, params, seq[b])[-1]
         np.testing.assert_allclose(logits[b], ref, atol=TOL, rtol=0)
-    layout = ex.layout
     for step in range(2):
         past = N + step
         with K.formats(False):
             c = compile_plan(model[0], Plan([f"decode:{past}x{B}"], ParallelMapping(), Policies()),
                              load_hw("gb200"))
             dx = E.lower_to_jax(c)
-            carried = K.carry_caches(caches, layout, dx)
+            carried = K.carry_caches(caches, dx)
             new_ids = E.init_ids(dx, seed=10 + step)
             out, caches = dx.fn(params, carried, new_ids)
-        layout = dx.layout
         seq = np.concatenate([seq, np.asarray(new_ids).reshape(B, 1)], axis=1)
         for b in range(B):
             ref = _ref(model, params, seq[b])[-1]
             np.testing.assert_allclose(np.asarray(out)[b], ref, atol=TOL, rtol=0)
+
+
+def _continue(model, params, caches, reqs, groups, seed):
+    with K.formats(False):
+        c = compile_plan(model[0], Plan(reqs, ParallelMapping(), Policies()), load_hw("gb200"))
+        dx = E.lower_to_jax(c)
+        kinds = [g.kind for g in dx.layout.groups]
+        ids = E.init_ids(dx, seed=seed)
+        out, caches = dx.fn(params, K.carry_caches(caches, dx, groups(kinds)), ids)
+    return dx, np.asarray(ids), np.asarray(out), caches
+
+
+def test_chunked_prefill_and_a_mixed_batch_equal_the_reference(model):
+    """A 23-token chunk (an odd length: the m=2 compressors carry a pending row), its next 17-token chunk
+    with the first resident (prefill:40@23), then one batch mixing a new 12-token prompt with a decode step
+    of the first request."""
+    _, params, ids1, _, caches = _run(model, ["prefill:23x1"])
+    dx, ids2, out, caches = _continue(model, params, caches, ["prefill:40x1@23:hbm"], lambda k: {0: 0}, 21)
+    seq = np.concatenate([ids1, ids2])
+    np.testing.assert_allclose(out[0], _ref(model, params, seq)[-1], atol=TOL, rtol=0)
+    dx, ids3, out, _ = _continue(model, params, caches, ["prefill:12x1", "decode:40x1"],
+                                 lambda k: {k.index("decode"): 0}, 22)
+    kinds = [g.kind for g in dx.layout.groups]
+    rows = {k: i for i, k in enumerate(kinds)}
+    new_prompt = ids3[:12] if kinds[0] == "prefill" else ids3[1:]
+    step = ids3[12:13] if kinds[0] == "prefill" else ids3[:1]
+    np.testing.assert_allclose(out[rows["prefill"]], _ref(model, params, new_prompt)[-1], atol=TOL, rtol=0)
+    np.testing.assert_allclose(out[rows["decode"]], _ref(model, params, np.concatenate([seq, step]))[-1],
+                               atol=TOL, rtol=0)
 
 
 def test_decoder_replay_equals_a_reference_that_runs_the_tail(model):

@@ -824,8 +824,8 @@ def _score(op, ctx, inputs, state, params):
     cand = None
     if li.candidate_limited:
         src = ctx.cfg.candidate_source_layer_id
-        cand = sel(ctx, Act(read_tensor(ctx, op, f"layers.{src}.candidates", "v41"),
-                            _v(ctx).cand_ts[src]), op.token_set)
+        cand = _rows_subset(ctx, _v(ctx).cand_ts[src], op.token_set,
+                            read_tensor(ctx, op, f"layers.{src}.candidates", "v41"))
     scale = 1.0 / math.sqrt(c.index_n_heads * c.index_head_dim)
     out = []
     for gi, s, b, pos in groups_of(ctx, op.token_set):
@@ -834,7 +834,7 @@ def _score(op, ctx, inputs, state, params):
         sc = jnp.einsum("the,th->te", jax.nn.relu(sc), w[s]) * scale
         vis = jnp.asarray(np.arange(k.shape[1])[None, :] < ((pos + 1) // m)[:, None])
         if cand is not None:
-            vis = vis & cand[gi]
+            vis = vis & cand[len(out)]
         out.append(jnp.where(vis, sc, -jnp.inf))
     return Act(tuple(out), op.token_set)
 
@@ -1133,18 +1133,23 @@ def init_caches(exe, seed: int = 1) -> dict:
     return out
 
 
-def carry_caches(prev: dict, prev_layout, exe) -> dict:
-    """Caches for ``exe`` whose request groups continue ``prev_layout``'s (same counts, past = old past +
-    new): the old contents copied in, room for the new positions (a real decode after a real prefill)."""
+def carry_caches(prev: dict, exe, groups: dict | None = None) -> dict:
+    """Caches for ``exe`` whose request groups continue earlier ones (``groups``: new group index -> the
+    previous forward's group index; default the same index for every group): the previous contents copied
+    in, room for the new positions — a real decode after a real prefill, a prompt's next chunk, a decode
+    inside a mixed batch. Groups not listed start from random history."""
     import jax.numpy as jnp
 
     fresh = init_caches(exe, 0)
+    groups = {gi: gi for gi in range(len(exe.layout.groups))} if groups is None else groups
     out = {}
     for name, per in fresh.items():
-        old = prev[name]
         new = []
         for gi, arr in enumerate(per):
-            o = old[gi]
+            if gi not in groups:
+                new.append(arr)
+                continue
+            o = prev[name][groups[gi]]
             if isinstance(arr, tuple):  # compressor pending rows: same shape
                 new.append(tuple(jnp.asarray(x) for x in o))
                 continue
