@@ -76,7 +76,7 @@ class Layout:
     def token_set_rows(self, ts) -> np.ndarray:
         """Row indices (into the 'all new positions' rows) a token set covers, per its rule per kind."""
         idx = []
-        for g, off in zip(self.groups, self.offsets()):
+        for gi, (g, off) in enumerate(zip(self.groups, self.offsets())):
             rule = ts.rule(g.kind)
             if rule.startswith("replay+"):  # a prefix on the device replays nothing (host/disk hits are refused)
                 rule = rule[len("replay+"):]
@@ -89,6 +89,10 @@ class Layout:
             elif rule.startswith(("tail:", "dtail:")):  # the last min(new, W) positions of each request
                 w = min(g.new, int(rule.split(":")[1]))
                 idx.append(off + (np.arange(g.count)[:, None] * g.new + np.arange(g.new - w, g.new)[None, :]).ravel())
+            elif rule.startswith("ahead:"):  # a draft block after the new positions: rows after all new ones
+                a = int(rule.split(":")[1])
+                base = self.rows + a * sum(h.count for h in self.groups[:gi])
+                idx.append(base + np.arange(g.count * a))
             elif rule == "one":
                 idx.append(off + np.arange(g.count) * g.new + g.new - 1)
             else:

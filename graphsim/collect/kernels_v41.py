@@ -215,6 +215,13 @@ class _V41:
             grp.append(np.full(g.count * g.new, gi))
             req.append(np.repeat(np.arange(g.count), g.new))
             pos.append(np.tile(np.arange(g.past, g.past + g.new), g.count))
+        # rows of a draft block (``ahead:A``) follow every new row, group-major (Layout.token_set_rows)
+        ahead = [int(r.split(":")[1]) for t in ctx.g.token_sets for r in (t.prefill, t.decode) if r.startswith("ahead:")]
+        self.ahead = max(ahead, default=0)
+        for gi, g in enumerate(lay.groups if self.ahead else ()):
+            grp.append(np.full(g.count * self.ahead, gi))
+            req.append(np.repeat(np.arange(g.count), self.ahead))
+            pos.append(np.tile(np.arange(g.past + g.new, g.past + g.new + self.ahead), g.count))
         cat = (lambda v: np.concatenate(v).astype(np.int64)) if grp else (lambda v: np.zeros(0, np.int64))
         self.grp, self.req, self.pos = cat(grp), cat(req), cat(pos)
         self.all_preds: dict[str, list[str]] = {op.name: [] for op in ctx.g.ops}
@@ -243,14 +250,21 @@ def is_v41(ctx) -> bool:
     return getattr(ctx.c.model, "family", "") == "deepseek_v41"
 
 
-def _leaf(op) -> str:
+def _split(op) -> int:
+    """How many leading parts of the op's name name its block: ``layers.7.`` or ``dspark.blocks.0.``."""
     parts = op.name.split(".")
-    return ".".join(parts[2:]) if parts[0] == "layers" else op.name
+    if parts[0] == "layers":
+        return 2
+    return 3 if parts[:2] == ["dspark", "blocks"] else 0
+
+
+def _leaf(op) -> str:
+    return ".".join(op.name.split(".")[_split(op):])
 
 
 def _prefix(op) -> str:
-    parts = op.name.split(".")
-    return ".".join(parts[:2]) + "." if parts[0] == "layers" else ""
+    k = _split(op)
+    return ".".join(op.name.split(".")[:k]) + "." if k else ""
 
 
 def find(ctx, op, name: str):
@@ -355,6 +369,23 @@ def find_mix(ctx, op):
     raise Unsupported(op, "no mHC mixing among its ancestors (a missing dependency edge)")
 
 
+def find_streams(ctx, op):
+    """The nearest ancestor output that is the residual streams [rows, n, d]."""
+    from collections import deque
+
+    seen, todo = {op.name}, deque(ctx.preds[op.name])
+    while todo:
+        p = todo.popleft()
+        if p in seen:
+            continue
+        seen.add(p)
+        o = ctx._state["out"].get(p)
+        if o is not None and not isinstance(o.x, (dict, tuple)) and getattr(o.x, "ndim", 0) == 3:
+            return o
+        todo.extend(ctx.preds[p])
+    raise Unsupported(op, "no residual streams among its ancestors (a missing dependency edge)")
+
+
 def _operand(ctx, op, name):
     pre = _prefix(op)
     a = find_any(ctx, op, [pre + n for n in (name,) + ALIASES.get(name, ())])
@@ -404,7 +435,7 @@ def _embed(op, ctx, inputs, state, params):
     ids = jnp.take(state["ids"], jnp.asarray(rows), axis=0)
     # the token history (Engram's n-grams continue it): this forward's ids at their positions
     toks = state["caches"].get("tokens")
-    if toks is not None and len(rows) == _v(ctx).grp.size:
+    if toks is not None and len(rows) == ctx.layout.rows:
         out, o = [], 0
         for gi, g in enumerate(ctx.layout.groups):
             n = g.count * g.new
@@ -440,7 +471,8 @@ OPERAND = {"attn.wq_a": "hc_attn.prenorm", "attn.wq_b": "attn.q_quant", "attn.wk
            "ffn.shared.w1": "hc_ffn.prenorm", "ffn.shared.w3": "hc_ffn.prenorm", "ffn.shared.w2": "ffn.shared.swiglu",
            "compressor.wkv": "hc_attn.prenorm", "compressor.wgate": "hc_attn.prenorm",
            "indexer.wq_b": "attn.q_quant", "indexer.weights_proj": "hc_attn.prenorm", "engram.proj": "engram.lookup",
-           "head": "final_norm"}
+           "head": "/final_norm", "attn.ctx_wkv": "/dspark.main_proj", "dspark.head": "/dspark.norm",
+           "dspark.markov.proj": "/dspark.markov.embed"}
 
 
 @v41("gemm")
@@ -455,7 +487,10 @@ def _gemm(op, ctx, inputs, state, params):
     src = OPERAND.get(leaf)
     if src is None:
         raise Unsupported(op, f"no operand known for GEMM {leaf!r}")
-    x = sel(ctx, find(ctx, op, src), op.token_set) if leaf == "head" else _operand(ctx, op, src)
+    if src.startswith("/"):  # a producer outside the op's block
+        x = sel(ctx, find(ctx, op, src[1:]), op.token_set)
+    else:
+        x = _operand(ctx, op, src)
     w = params[op.reads[0]]
     x = act_in(x, op.precision)
     if leaf == "attn.wo_a":  # block-diagonal per output group
@@ -468,7 +503,7 @@ def _gemm(op, ctx, inputs, state, params):
     return Act(y, op.token_set)
 
 
-@v41("norm", "attn.q_norm", "attn.kv_norm")
+@v41("norm", "attn.q_norm", "attn.kv_norm", "attn.ctx_kv_norm")
 def _norm(op, ctx, inputs, state, params):
     (a,) = inputs
     return Act(rms(sel(ctx, a, op.token_set), params[op.reads[0]], _v(ctx).eps), op.token_set)
@@ -502,6 +537,8 @@ def _sub(op) -> str:
 @v41("mhc", "hc_attn.coeff", "hc_ffn.coeff")
 def _coeff(op, ctx, inputs, state, params):
     (a,) = inputs  # the streams: the previous residual update, Engram, or the embedding
+    if isinstance(a.x, dict):  # a DSpark block: its context-KV ops come first in program order
+        a = find_streams(ctx, op)
     x = _streams(sel(ctx, a, op.token_set))
     flat = x.reshape(x.shape[0], -1)
     fn = params[op.reads[0]]
@@ -942,6 +979,8 @@ def _sparse_attention(op, ctx, inputs, state, params):
     import jax
     import jax.numpy as jnp
 
+    if op.name.startswith("dspark."):
+        return _draft_attention(op, ctx, inputs, state, params)
     c = ctx.cfg
     v = _v(ctx)
     li = v.layers[op.layer]
@@ -996,6 +1035,174 @@ def _swa_start(ctx, op):
     return out if any_ else None
 
 
+# ---- DSpark: commit, context, drafter blocks, heads -------------------------------------------------
+
+@v41("sampling", "commit.accept")
+def _accept(op, ctx, inputs, state, params):
+    """Greedy verification: the target's token at every verified position (all drafts accepted)."""
+    import jax.numpy as jnp
+
+    (a,) = inputs
+    return Act(jnp.argmax(sel(ctx, a, op.token_set), axis=-1).astype(jnp.int32), op.token_set)
+
+
+@v41("cache_write", "commit.swa", "commit.compressor_state")
+def _commit(op, ctx, inputs, state, params):
+    """State commit after verification: the caches were written in place and every verified position is
+    kept (greedy, all accepted), so nothing is rolled back."""
+    (a,) = inputs
+    return Act(a.x, a.ts)
+
+
+@v41("gemm", "dspark.main_proj")
+def _main_proj(op, ctx, inputs, state, params):
+    """The drafter's context: the target layers' attention inputs (their pre-mix), concatenated, projected."""
+    import jax.numpy as jnp
+
+    outs = ctx._state["out"]
+    xs = []
+    for L in ctx.cfg.dspark_target_layer_ids:
+        name = f"layers.{L}.hc_attn.premix"
+        alts = [n for n in (name, f"layers.{L}.hc_attn.fused", f"layers.{L}.hc_attn.pre") if n in ctx.preds[op.name]]
+        if not alts:
+            raise Unsupported(op, f"no data edge from {name} (a missing dependency edge)")
+        x = sel(ctx, outs[alts[0]], op.token_set)
+        xs.append(x["h"] if isinstance(x, dict) else x)
+    return Act(act_in(jnp.concatenate(xs, axis=-1), op.precision) @ params[op.reads[0]], op.token_set)
+
+
+def _next_tokens(ctx, op, head_name: str):
+    """Per request (group-major), the target's greedy token at its last new position."""
+    import jax.numpy as jnp
+
+    a = find(ctx, op, head_name)
+    logits = a.x
+    rows = ctx.rows[a.ts]
+    v = _v(ctx)
+    out = []
+    for gi, g in enumerate(ctx.layout.groups):
+        for r in range(g.count):
+            hit = np.nonzero((v.grp[rows] == gi) & (v.req[rows] == r) & (v.pos[rows] == g.past + g.new - 1))[0]
+            if not len(hit):
+                raise Unsupported(op, "the target's logits do not cover every request's last position")
+            out.append(jnp.argmax(logits[int(hit[0])]))
+    return jnp.stack(out).astype(jnp.int32)
+
+
+@v41("embedding", "dspark.embed")
+def _draft_embed(op, ctx, inputs, state, params):
+    """The draft block's input: the target's next token, then noise tokens (V41_FACTS §12)."""
+    import jax.numpy as jnp
+
+    raw = ctx.c.model.raw.get("text_config", ctx.c.model.raw)
+    noise = int(raw.get("dspark_noise_token_id", 0))
+    first = _next_tokens(ctx, op, "head")
+    A = _v(ctx).ahead
+    ids = jnp.concatenate([first[:, None], jnp.full((first.shape[0], A - 1), noise, jnp.int32)], axis=1).reshape(-1)
+    rows = ctx.rows[op.token_set]
+    if len(rows) != ids.shape[0]:
+        raise Unsupported(op, "a draft block over part of the requests")
+    e = jnp.take(params[op.reads[0]], ids, axis=0).astype(jnp.float32)
+    state.setdefault("v41", {})["dspark.ids"] = ids
+    return Act(jnp.repeat(e[:, None, :], ctx.cfg.hc_mult, axis=1), op.token_set)
+
+
+@v41("elementwise", "attn.ctx_rope")
+def _ctx_rope(op, ctx, inputs, state, params):
+    (a,) = inputs
+    pos = _v(ctx).pos[ctx.rows[op.token_set]]
+    return Act({"kv": rope(sel(ctx, a, op.token_set), pos, ctx.cfg.qk_rope_head_dim, _v(ctx).theta)}, op.token_set)
+
+
+@v41("cache_write", "attn.ctx_swa_write")
+def _ctx_swa_write(op, ctx, inputs, state, params):
+    return _swa_write(op, ctx, inputs, state, params)
+
+
+def _draft_attention(op, ctx, inputs, state, params):
+    """A drafter block (SWA-only): each draft position reads the block's SWA cache (the context written
+    this forward or before) inside the window, and the draft positions up to itself; a sink per head."""
+    import jax.numpy as jnp
+
+    c = ctx.cfg
+    W, H, D = c.sliding_window, c.num_attention_heads, c.head_dim
+    r = _operand(ctx, op, "attn.rope")
+    q, kvd = r["q"], r["kv"]
+    swa = read_tensor(ctx, op, op.reads[0])
+    sink = params[f"{_prefix(op)}attn.sink"]
+    outs = []
+    for gi, s, b, pos in groups_of(ctx, op.token_set):
+        g = ctx.layout.groups[gi]
+        end = g.past + g.new  # cache positions < end
+        bj = jnp.asarray(b)
+        kp = pos[:, None] - np.arange(W)[None, ::-1]
+        ok_c = (kp >= 0) & (kp < end)
+        kc = swa[gi][bj[:, None], jnp.asarray(np.clip(kp, 0, end - 1))]
+        # the draft positions of the same request, causal
+        same = (b[:, None] == b[None, :]) & (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - W)
+        kd = jnp.broadcast_to(kvd[s][None], (len(pos),) + kvd[s].shape)
+        k = jnp.concatenate([kc, kd], axis=1)
+        ok = jnp.asarray(np.concatenate([ok_c, same], axis=1))
+        lg = jnp.where(ok[:, None, :], jnp.einsum("thd,tsd->ths", q[s], k) / math.sqrt(D), -jnp.inf)
+        mx = jnp.maximum(jnp.max(lg, axis=-1), sink[None, :])
+        p = jnp.exp(lg - mx[..., None])
+        den = jnp.sum(p, axis=-1) + jnp.exp(sink[None, :] - mx)
+        outs.append((jnp.einsum("ths,tsd->thd", p, k) / den[..., None]).reshape(len(pos), H * D))
+    return Act(jnp.concatenate(outs, axis=0) if len(outs) > 1 else outs[0], op.token_set)
+
+
+@v41("mhc", "dspark.hc_final.premix")
+def _draft_premix(op, ctx, inputs, state, params):
+    return _final_premix(op, ctx, inputs, state, params)
+
+
+@v41("norm", "dspark.norm")
+def _draft_norm(op, ctx, inputs, state, params):
+    (a,) = inputs
+    return Act(rms(sel(ctx, a, op.token_set), params[op.reads[0]], _v(ctx).eps), op.token_set)
+
+
+def _draft_prev_tokens(ctx, op):
+    """Per draft position, the token before it: the block input at the first, the drafter's greedy token
+    at the one before otherwise (what the Markov head conditions on)."""
+    import jax.numpy as jnp
+
+    ids = ctx._state["v41"]["dspark.ids"]
+    logits = find(ctx, op, "dspark.head").x
+    A = _v(ctx).ahead
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32).reshape(-1, A)
+    prev = jnp.concatenate([ids.reshape(-1, A)[:, :1], greedy[:, :-1]], axis=1)
+    return prev.reshape(-1)
+
+
+@v41("embedding", "dspark.markov.embed")
+def _markov_embed(op, ctx, inputs, state, params):
+    import jax.numpy as jnp
+
+    return Act(jnp.take(params[op.reads[0]], _draft_prev_tokens(ctx, op), axis=0), op.token_set)
+
+
+@v41("sampling", "dspark.sample")
+def _draft_sample(op, ctx, inputs, state, params):
+    """Draft tokens: greedy over the drafter's logits plus the Markov head's."""
+    import jax.numpy as jnp
+
+    (a,) = inputs
+    logits = find(ctx, op, "dspark.head").x + sel(ctx, a, op.token_set)
+    return Act(jnp.argmax(logits, axis=-1).astype(jnp.int32), op.token_set)
+
+
+@v41("gemm", "dspark.confidence")
+def _confidence(op, ctx, inputs, state, params):
+    """a_j = sigmoid([hidden, Markov embedding] · w): each draft position's acceptance probability (fp32)."""
+    import jax
+    import jax.numpy as jnp
+
+    h = sel(ctx, find(ctx, op, "dspark.norm"), op.token_set)
+    m = sel(ctx, find(ctx, op, "dspark.markov.embed"), op.token_set)
+    return Act(jax.nn.sigmoid(jnp.concatenate([h, m], axis=-1) @ params[op.reads[0]]), op.token_set)
+
+
 # ---- MoE --------------------------------------------------------------------------------------------
 
 @v41("router", "ffn.route")
@@ -1008,7 +1215,8 @@ def _route(op, ctx, inputs, state, params):
     c = ctx.cfg
     logits = sel(ctx, a, op.token_set)
     sc = jnp.sqrt(jax.nn.softplus(logits))
-    _, ids = jax.lax.top_k(sc + params[op.reads[0]], c.num_experts_per_tok)
+    k = c.dspark_num_experts_per_tok if op.name.startswith("dspark.") else c.num_experts_per_tok
+    _, ids = jax.lax.top_k(sc + params[op.reads[0]], k)
     w = jnp.take_along_axis(sc, ids, axis=1)
     w = w / jnp.sum(w, axis=-1, keepdims=True) * c.routed_scaling_factor
     return Act((w, ids), op.token_set)
@@ -1126,6 +1334,8 @@ def init_caches(exe, seed: int = 1) -> dict:
             out[f"layers.{L}.index_k"] = per_group(lambda g: rnd((g.count, (g.past + g.new) // m, Di), "ik"))
             if m > 1:
                 out[f"layers.{L}.compressor.state"] = per_group(lambda g: (rnd((g.count, m, D)), rnd((g.count, m, D))))
+    for j in range(c.n_dspark_blocks):  # the drafter's SWA-only blocks (written only when DSpark runs)
+        out[f"dspark.blocks.{j}.swa"] = per_group(lambda g: rnd((g.count, g.past + g.new, c.kv_dim), "swa"))
     for op in exe.compiled.graph.ops:  # a cache this graph writes that has no layout here
         for t in op.writes:
             if t.endswith((".swa", ".kv", ".index_k")) and t not in out:
@@ -1160,6 +1370,6 @@ def carry_caches(prev: dict, exe, groups: dict | None = None) -> dict:
 
 
 for _kind in ("embedding", "norm", "gemm", "activation", "router", "moe_experts", "cache_write", "attention",
-              "host_copy", "mhc", "engram", "compressor", "indexer", "topk", "quant", "elementwise"):
+              "host_copy", "mhc", "engram", "compressor", "indexer", "topk", "quant", "elementwise", "sampling"):
     kernel(_kind)(_dispatch(_kind))
 ex.INITS["deepseek_v41"] = (init_params, init_caches)
