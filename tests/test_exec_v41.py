@@ -133,6 +133,15 @@ def test_single_pass_fusion_runs_the_same_forward(model):
     np.testing.assert_allclose(logits[0], _ref(model, params, ids)[-1], atol=TOL, rtol=0)
 
 
+def test_dspark_drafts_as_the_reference_drafter(model):
+    """DSpark on a prefill: the executed graph's last op (the confidence head over the 5 draft positions)
+    equals the reference drafter's, which runs after the reference forward of the same prompt."""
+    _, params, ids, conf, _ = _run(model, ["prefill:40x1"], Policies(dspark="on"))
+    _, ref_conf = R.draft(params, model[1], ids, emulate=False)
+    assert conf.shape == (5, 1)
+    np.testing.assert_allclose(conf, ref_conf, atol=TOL, rtol=0)
+
+
 def test_deleting_a_dependency_edge_fails(model):
     """A seeded sample of the graph's edges that no other path implies (not the empty restore copies'):
     without any one of them the executor cannot bind its operand and refuses the graph (Unsupported names

@@ -150,10 +150,10 @@ def _engram(P, t, layer, X, ids, f):
     return X + g[:, :, None] * V[:, None, :]
 
 
-def _experts(P, p, t, x, f, limit):
+def _experts(P, p, t, x, f, limit, k=None):
     logits = f.bf(x) @ P[f"{p}.gate.weight"]
     s = jnp.sqrt(jax.nn.softplus(logits))
-    k = t["num_experts_per_tok"]
+    k = k or t["num_experts_per_tok"]
     _, ids = jax.lax.top_k(s + P[f"{p}.gate.bias"], k)
     w = jnp.take_along_axis(s, ids, 1)
     w = w / w.sum(-1, keepdims=True) * t["routed_scaling_factor"]
@@ -173,9 +173,11 @@ def _experts(P, p, t, x, f, limit):
     return y + f.fp8(hs) @ P[f"{s_}.w2"]
 
 
-def forward(P, config: dict, ids, *, emulate: bool = True, swa_start: int = 0, layers_from: int | None = None):
+def forward(P, config: dict, ids, *, emulate: bool = True, swa_start: int = 0, layers_from: int | None = None,
+            taps: dict | None = None):
     """Logits [N, vocab] of one request's token ids [N] (positions 0..N-1). ``swa_start``: decoder layers
-    from ``layers_from`` on read no SWA entry before it (decoder bounded replay truncates their history)."""
+    from ``layers_from`` on read no SWA entry before it (decoder bounded replay truncates their history).
+    ``taps`` (a dict) receives each layer's attention input (its mHC pre-mix) under the layer number."""
     t = config.get("text_config", config)
     f = Fmt(emulate)
     ids = np.asarray(ids)
@@ -197,6 +199,8 @@ def forward(P, config: dict, ids, *, emulate: bool = True, swa_start: int = 0, l
         if L in t["engram_layer_ids"]:
             X = _engram(P, t, L, X, ids, f)
         hmix, post, M = _mhc_pre(P, f"{p}.hc_attn", X, iters)
+        if taps is not None:
+            taps[L] = hmix
         h = f.fp8(_rms(hmix, P[f"{p}.attn_norm"]))
         qr = f.fp8(_rms(f.fp8(h) @ P[f"{p}.attn.wq_a"], P[f"{p}.attn.q_norm"]))
         q = _rot((f.fp8(qr) @ P[f"{p}.attn.wq_b"]).reshape(T, H, D), pos, rd, theta)
@@ -264,3 +268,56 @@ def forward(P, config: dict, ids, *, emulate: bool = True, swa_start: int = 0, l
         X = _mhc_post(X, post, M, _experts(P, f"{p}.ffn", t, h2, f, limit))
     hf = _rms(X.mean(axis=1), P["norm.weight"])
     return f.bf(hf) @ P["head.weight"]
+
+
+def draft(P, config: dict, ids, *, emulate: bool = True):
+    """DSpark after a forward over ``ids``: the drafter's 5 positions after the prompt. Returns (draft tokens,
+    confidences). Context: the target layers' attention inputs at the last W positions, concatenated and
+    projected; block input: the target's greedy next token then noise tokens; 3 SWA-only blocks (context KV
+    from the projected context, draft positions causal among themselves), the trunk's head plus the Markov
+    head (vocab -> rank -> vocab on the previous draft token), the confidence head on [hidden, Markov]."""
+    t = config.get("text_config", config)
+    f = Fmt(emulate)
+    taps: dict = {}
+    logits = forward(P, config, ids, emulate=emulate, taps=taps)
+    N = len(ids)
+    n, d = t["hc_mult"], t["hidden_size"]
+    H, D, rd, W = t["num_attention_heads"], t["head_dim"], t["qk_rope_head_dim"], t["sliding_window"]
+    A = t["dspark_block_size"]
+    theta = t.get("rope_theta", 10000.0)
+    lo = N - min(N, W)
+    cpos = np.arange(lo, N)
+    ctx = jnp.concatenate([taps[L][lo:] for L in t["dspark_target_layer_ids"]], axis=-1)
+    ctx = f.bf(ctx) @ P["dspark.main_proj"]
+    tok = [int(jnp.argmax(logits[-1]))] + [t["dspark_noise_token_id"]] * (A - 1)
+    X = jnp.repeat(P["embed.weight"][jnp.asarray(tok)][:, None, :], n, axis=1)
+    dpos = np.arange(N, N + A)
+    limit = t.get("swiglu_limit", 0.0) or 0.0
+    for j in range(t["num_nextn_predict_layers"]):
+        p = f"dspark.blocks.{j}"
+        ck = f.fp8(_rot(_rms(f.bf(ctx) @ P[f"{p}.attn.wkv"], P[f"{p}.attn.kv_norm"]), cpos, rd, theta))
+        hmix, post, M = _mhc_pre(P, f"{p}.hc_attn", X, t["hc_sinkhorn_iters"])
+        h = f.fp8(_rms(hmix, P[f"{p}.attn_norm"]))
+        qr = f.fp8(_rms(f.fp8(h) @ P[f"{p}.attn.wq_a"], P[f"{p}.attn.q_norm"]))
+        q = _rot((f.fp8(qr) @ P[f"{p}.attn.wq_b"]).reshape(A, H, D), dpos, rd, theta)
+        kd = _rot(_rms(f.fp8(h) @ P[f"{p}.attn.wkv"], P[f"{p}.attn.kv_norm"]), dpos, rd, theta)
+        keys = jnp.concatenate([ck, kd], axis=0)
+        kpos = np.concatenate([cpos, dpos])
+        ok = (kpos[None, :] <= dpos[:, None]) & (kpos[None, :] > dpos[:, None] - W)
+        lg = jnp.where(ok[:, None, :], jnp.einsum("thd,sd->ths", q, keys) / math.sqrt(D), -jnp.inf)
+        sink = P[f"{p}.attn.sink"]
+        lg = jnp.concatenate([lg, jnp.broadcast_to(sink[None, :, None], (A, H, 1))], axis=-1)
+        o = jnp.einsum("ths,sd->thd", jax.nn.softmax(lg, axis=-1)[..., :-1], keys).reshape(A, H * D)
+        G = P[f"{p}.attn.wo_a"].shape[0]
+        oa = jnp.einsum("tgk,gkn->tgn", f.bf(o).reshape(A, G, -1), P[f"{p}.attn.wo_a"]).reshape(A, -1)
+        X = _mhc_post(X, post, M, f.fp8(oa) @ P[f"{p}.attn.wo_b"])
+        hmix, post, M = _mhc_pre(P, f"{p}.hc_ffn", X, t["hc_sinkhorn_iters"])
+        h2 = f.fp8(_rms(hmix, P[f"{p}.ffn_norm"]))
+        X = _mhc_post(X, post, M, _experts(P, f"{p}.ffn", t, h2, f, limit, k=t["dspark_num_experts_per_tok"]))
+    hn = _rms(X.mean(axis=1), P["dspark.norm"])
+    dl = f.bf(hn) @ P["head.weight"]
+    prev = jnp.concatenate([jnp.asarray(tok[:1]), jnp.argmax(dl[:-1], axis=-1)])
+    mk = P["dspark.markov.embed"][prev]
+    tokens = jnp.argmax(dl + f.bf(mk) @ P["dspark.markov.proj"], axis=-1)
+    conf = jax.nn.sigmoid(jnp.concatenate([hn, mk], axis=-1) @ P["dspark.confidence.proj"])
+    return np.asarray(tokens), np.asarray(conf)
