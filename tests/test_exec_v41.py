@@ -112,16 +112,18 @@ def test_chunked_prefill_and_a_mixed_batch_equal_the_reference(model):
                                atol=TOL, rtol=0)
 
 
-def test_decoder_replay_equals_a_reference_that_runs_the_tail(model):
-    """With SGLang's decoder bounded replay, layers after the last KV source run only each prompt's last W
-    tokens, their SWA history truncated at the tail: the logits equal a reference that does exactly that, and
-    differ from the full forward."""
+@pytest.mark.parametrize("replay", ["sglang", "paper"])
+def test_decoder_replay_equals_a_reference_that_runs_the_tail(model, replay):
+    """With decoder bounded replay, the replayed layers (SGLang: after the last KV source; paper: the whole
+    Decoder) run only each prompt's last W tokens, their SWA history truncated at the tail: the logits equal a
+    reference that does exactly that, and differ from the full forward."""
     m, _ = model
     N, B, W = 48, 2, 20
-    _, params, ids, logits, _ = _run(model, [f"prefill:{N}x{B}"], Policies(decoder_replay="sglang", replay_window=W))
+    first = m.cfg.replay_start_layer if replay == "sglang" else m.cfg.decoder_start
+    _, params, ids, logits, _ = _run(model, [f"prefill:{N}x{B}"], Policies(decoder_replay=replay, replay_window=W))
     seq = ids.reshape(B, N)
     for b in range(B):
-        tail = _ref(model, params, seq[b], swa_start=N - W, layers_from=m.cfg.replay_start_layer)[-1]
+        tail = _ref(model, params, seq[b], swa_start=N - W, layers_from=first)[-1]
         np.testing.assert_allclose(logits[b], tail, atol=TOL, rtol=0)
         assert np.abs(logits[b] - _ref(model, params, seq[b])[-1]).max() > 100 * TOL
 
