@@ -128,10 +128,11 @@ def test_decoder_replay_equals_a_reference_that_runs_the_tail(model, replay):
         assert np.abs(logits[b] - _ref(model, params, seq[b])[-1]).max() > 100 * TOL
 
 
-def test_single_pass_fusion_runs_the_same_forward(model):
-    """The single-pass mHC profile (fused residual + coefficients + pre-mix + pre-norm, fused q norm + quant)
-    is a different graph of the same model: the same logits."""
-    _, params, ids, logits, _ = _run(model, ["prefill:40x1"], Policies(fusion="single-pass"))
+@pytest.mark.parametrize("fusion", ["two-pass", "single-pass"])
+def test_fused_mhc_runs_the_same_forward(model, fusion):
+    """The fused mHC profiles (single-pass: residual + coefficients + pre-mix + pre-norm in one op, fused
+    q norm + quant) are different graphs of the same model: the same logits."""
+    _, params, ids, logits, _ = _run(model, ["prefill:40x1"], Policies(fusion=fusion))
     np.testing.assert_allclose(logits[0], _ref(model, params, ids)[-1], atol=TOL, rtol=0)
 
 
