@@ -13,7 +13,8 @@ walking the op's data predecessors back to the producer it needs (``attn.wkv`` r
 writer is an ancestor along some edge. A missing edge therefore raises :class:`Unsupported` (the
 edge-deletion test of ``tests/test_exec_v41.py``), it never silently reads a stale value.
 
-Numerics: everything computes in fp32; formats are *emulated* by rounding to the format's grid
+Numerics (the formats in :mod:`graphsim.collect.formats_v41`, DSpark's kernels in
+:mod:`graphsim.collect.kernels_dspark`): everything computes in fp32; formats are *emulated* by rounding to the format's grid
 (``EMULATE``, on by default): FP8 E4M3 with a UE8M0 (power-of-two) scale per 32 elements for activations
 entering FP8 GEMMs, 32x32 weight blocks for dense FP8 weights, FP4 E2M1 + UE8M0 per 32 for routed experts,
 FP4 E2M1 + E4M3 scale per 16 for the main KV, MXFP4 (E2M1 + E8M0 per 32) for index K and index Q, FP8 per 32
@@ -27,138 +28,15 @@ compressed entry sits at its group's first position (``compress_rope_theta``); i
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
 
 from . import execute as ex
 from .execute import KERNELS, Act, Unsupported, kernel
+from .formats_v41 import act_in, bf16, formats, fp4_e4m3_16, fp8_block, mxfp4, np_format, swa_format, weight_format
 
-#: emulate the storage/compute formats by rounding (tests switch it off to compare in plain fp32)
-EMULATE = True
-
-
-@contextlib.contextmanager
-def formats(on: bool):
-    """Trace (and init) with format emulation on or off."""
-    global EMULATE
-    old, EMULATE = EMULATE, bool(on)
-    try:
-        yield
-    finally:
-        EMULATE = old
-
-
-# ---- formats --------------------------------------------------------------------------------------
-
-def _pow2_scale(amax, top):
-    import jax.numpy as jnp
-
-    return jnp.where(amax > 0, jnp.exp2(jnp.ceil(jnp.log2(jnp.maximum(amax, 1e-30) / top))), 1.0)
-
-
-def _blocks(x, block):
-    """[..., n] -> [..., n/b, b] with b = min(block, n)."""
-    n = x.shape[-1]
-    b = min(block, n)
-    if n % b:
-        raise ValueError(f"width {n} is not a multiple of the block {b}")
-    return x.reshape(x.shape[:-1] + (n // b, b))
-
-
-def fp8_block(x, block: int = 32):
-    """FP8 E4M3 with a power-of-two (UE8M0) scale per ``block`` elements of the last axis."""
-    import jax.numpy as jnp
-
-    if not EMULATE:
-        return x.astype(jnp.float32)
-    xb = _blocks(x.astype(jnp.float32), block)
-    s = _pow2_scale(jnp.max(jnp.abs(xb), axis=-1, keepdims=True), 448.0)
-    return ((xb / s).astype(jnp.float8_e4m3fn).astype(jnp.float32) * s).reshape(x.shape)
-
-
-def fp4_e4m3_16(x):
-    """Main KV: FP4 E2M1 data, one E4M3 scale per 16 channels, no global scale (V41_FACTS §8)."""
-    import jax.numpy as jnp
-
-    if not EMULATE:
-        return x.astype(jnp.float32)
-    xb = _blocks(x.astype(jnp.float32), 16)
-    amax = jnp.max(jnp.abs(xb), axis=-1, keepdims=True)
-    s = (amax / 6.0).astype(jnp.float8_e4m3fn).astype(jnp.float32)
-    s = jnp.where(s > 0, s, 1.0)
-    q = jnp.clip(xb / s, -6.0, 6.0).astype(jnp.float4_e2m1fn).astype(jnp.float32)
-    return (q * s).reshape(x.shape)
-
-
-def mxfp4(x):
-    """MXFP4 (OCP MX): E2M1 data, E8M0 scale 2^(floor(log2 amax) - 2) per 32 elements, saturating."""
-    import jax.numpy as jnp
-
-    if not EMULATE:
-        return x.astype(jnp.float32)
-    xb = _blocks(x.astype(jnp.float32), 32)
-    amax = jnp.max(jnp.abs(xb), axis=-1, keepdims=True)
-    s = jnp.where(amax > 0, jnp.exp2(jnp.floor(jnp.log2(jnp.maximum(amax, 1e-30))) - 2.0), 1.0)
-    q = jnp.clip(xb / s, -6.0, 6.0).astype(jnp.float4_e2m1fn).astype(jnp.float32)
-    return (q * s).reshape(x.shape)
-
-
-def bf16(x):
-    import jax.numpy as jnp
-
-    return x.astype(jnp.bfloat16).astype(jnp.float32) if EMULATE else x.astype(jnp.float32)
-
-
-def act_in(x, precision: str):
-    """A GEMM's input at the op's precision."""
-    if precision == "fp8":
-        return fp8_block(x)
-    if precision in ("bf16", "fp16"):
-        return bf16(x)
-    return x
-
-
-def weight_format(w: np.ndarray, fmt: str) -> np.ndarray:
-    """A weight array rounded to its storage format (done once at init, on the host)."""
-    import ml_dtypes
-
-    class jnp:  # noqa: N801 - the numpy spelling of the dtypes below
-        float8_e4m3fn, float4_e2m1fn, float32 = ml_dtypes.float8_e4m3fn, ml_dtypes.float4_e2m1fn, np.float32
-
-        @staticmethod
-        def asarray(x):
-            return np.asarray(x)
-
-    if not EMULATE or fmt == "fp32":
-        return w.astype(np.float32)
-    if fmt == "bf16":
-        return w.astype(ml_dtypes.bfloat16).astype(np.float32)
-    if fmt.startswith("fp8_b") and "x" in fmt:  # 2-D blocks (32x32) with a power-of-two scale
-        bs = int(fmt[len("fp8_b"):].split("x")[0])
-        k, n = w.shape[-2:]
-        bk, bn = min(bs, k), min(bs, n)
-        t = w.reshape(w.shape[:-2] + (k // bk, bk, n // bn, bn))
-        amax = np.abs(t).max(axis=(-3, -1), keepdims=True)
-        s = np.where(amax > 0, np.exp2(np.ceil(np.log2(np.maximum(amax, 1e-30) / 448.0))), 1.0)
-        q = np.asarray(jnp.asarray(t / s).astype(jnp.float8_e4m3fn).astype(jnp.float32)) * s
-        return q.reshape(w.shape).astype(np.float32)
-    if fmt.startswith("fp4"):  # E2M1, UE8M0 scale per 32 along the input (k) axis
-        t = np.swapaxes(w, -1, -2)
-        tb = t.reshape(t.shape[:-1] + (t.shape[-1] // min(32, t.shape[-1]), min(32, t.shape[-1])))
-        amax = np.abs(tb).max(axis=-1, keepdims=True)
-        s = np.where(amax > 0, np.exp2(np.ceil(np.log2(np.maximum(amax, 1e-30) / 6.0))), 1.0)
-        q = np.asarray(jnp.asarray(tb / s).astype(jnp.float4_e2m1fn).astype(jnp.float32)) * s
-        return np.swapaxes(q.reshape(t.shape), -1, -2).astype(np.float32)
-    if fmt.startswith("fp8"):  # fp8 with a scale per 32 along the last axis (Engram tables, projections)
-        b = min(32, w.shape[-1])
-        t = w.reshape(w.shape[:-1] + (w.shape[-1] // b, b))
-        amax = np.abs(t).max(axis=-1, keepdims=True)
-        s = np.where(amax > 0, np.exp2(np.ceil(np.log2(np.maximum(amax, 1e-30) / 448.0))), 1.0)
-        return ((t / s).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) * s).reshape(w.shape).astype(np.float32)
-    raise Unsupported(None, f"a weight stored as {fmt}")
-
+__all__ = ["formats", "init_params", "init_caches", "carry_caches", "V41"]
 
 # ---- small math -----------------------------------------------------------------------------------
 
@@ -423,6 +301,12 @@ def _dispatch(kind: str):
 
     run.__name__ = f"v41_{kind}"
     return run
+
+
+def _draft_attention(op, ctx, inputs, state, params):
+    from .kernels_dspark import draft_attention
+
+    return draft_attention(op, ctx, inputs, state, params)
 
 
 # ---- embedding, head ------------------------------------------------------------------------------
@@ -730,10 +614,6 @@ def _rope(op, ctx, inputs, state, params):
     return Act({"q": q, "kv": rope(kv, pos, rd, th)}, op.token_set)
 
 
-def swa_format(x):
-    return fp8_block(x)
-
-
 @v41("cache_write", "attn.swa_write")
 def _swa_write(op, ctx, inputs, state, params):
     (a,) = inputs
@@ -1035,174 +915,6 @@ def _swa_start(ctx, op):
     return out if any_ else None
 
 
-# ---- DSpark: commit, context, drafter blocks, heads -------------------------------------------------
-
-@v41("sampling", "commit.accept")
-def _accept(op, ctx, inputs, state, params):
-    """Greedy verification: the target's token at every verified position (all drafts accepted)."""
-    import jax.numpy as jnp
-
-    (a,) = inputs
-    return Act(jnp.argmax(sel(ctx, a, op.token_set), axis=-1).astype(jnp.int32), op.token_set)
-
-
-@v41("cache_write", "commit.swa", "commit.compressor_state")
-def _commit(op, ctx, inputs, state, params):
-    """State commit after verification: the caches were written in place and every verified position is
-    kept (greedy, all accepted), so nothing is rolled back."""
-    (a,) = inputs
-    return Act(a.x, a.ts)
-
-
-@v41("gemm", "dspark.main_proj")
-def _main_proj(op, ctx, inputs, state, params):
-    """The drafter's context: the target layers' attention inputs (their pre-mix), concatenated, projected."""
-    import jax.numpy as jnp
-
-    outs = ctx._state["out"]
-    xs = []
-    for L in ctx.cfg.dspark_target_layer_ids:
-        name = f"layers.{L}.hc_attn.premix"
-        alts = [n for n in (name, f"layers.{L}.hc_attn.fused", f"layers.{L}.hc_attn.pre") if n in ctx.preds[op.name]]
-        if not alts:
-            raise Unsupported(op, f"no data edge from {name} (a missing dependency edge)")
-        x = sel(ctx, outs[alts[0]], op.token_set)
-        xs.append(x["h"] if isinstance(x, dict) else x)
-    return Act(act_in(jnp.concatenate(xs, axis=-1), op.precision) @ params[op.reads[0]], op.token_set)
-
-
-def _next_tokens(ctx, op, head_name: str):
-    """Per request (group-major), the target's greedy token at its last new position."""
-    import jax.numpy as jnp
-
-    a = find(ctx, op, head_name)
-    logits = a.x
-    rows = ctx.rows[a.ts]
-    v = _v(ctx)
-    out = []
-    for gi, g in enumerate(ctx.layout.groups):
-        for r in range(g.count):
-            hit = np.nonzero((v.grp[rows] == gi) & (v.req[rows] == r) & (v.pos[rows] == g.past + g.new - 1))[0]
-            if not len(hit):
-                raise Unsupported(op, "the target's logits do not cover every request's last position")
-            out.append(jnp.argmax(logits[int(hit[0])]))
-    return jnp.stack(out).astype(jnp.int32)
-
-
-@v41("embedding", "dspark.embed")
-def _draft_embed(op, ctx, inputs, state, params):
-    """The draft block's input: the target's next token, then noise tokens (V41_FACTS §12)."""
-    import jax.numpy as jnp
-
-    raw = ctx.c.model.raw.get("text_config", ctx.c.model.raw)
-    noise = int(raw.get("dspark_noise_token_id", 0))
-    first = _next_tokens(ctx, op, "head")
-    A = _v(ctx).ahead
-    ids = jnp.concatenate([first[:, None], jnp.full((first.shape[0], A - 1), noise, jnp.int32)], axis=1).reshape(-1)
-    rows = ctx.rows[op.token_set]
-    if len(rows) != ids.shape[0]:
-        raise Unsupported(op, "a draft block over part of the requests")
-    e = jnp.take(params[op.reads[0]], ids, axis=0).astype(jnp.float32)
-    state.setdefault("v41", {})["dspark.ids"] = ids
-    return Act(jnp.repeat(e[:, None, :], ctx.cfg.hc_mult, axis=1), op.token_set)
-
-
-@v41("elementwise", "attn.ctx_rope")
-def _ctx_rope(op, ctx, inputs, state, params):
-    (a,) = inputs
-    pos = _v(ctx).pos[ctx.rows[op.token_set]]
-    return Act({"kv": rope(sel(ctx, a, op.token_set), pos, ctx.cfg.qk_rope_head_dim, _v(ctx).theta)}, op.token_set)
-
-
-@v41("cache_write", "attn.ctx_swa_write")
-def _ctx_swa_write(op, ctx, inputs, state, params):
-    return _swa_write(op, ctx, inputs, state, params)
-
-
-def _draft_attention(op, ctx, inputs, state, params):
-    """A drafter block (SWA-only): each draft position reads the block's SWA cache (the context written
-    this forward or before) inside the window, and the draft positions up to itself; a sink per head."""
-    import jax.numpy as jnp
-
-    c = ctx.cfg
-    W, H, D = c.sliding_window, c.num_attention_heads, c.head_dim
-    r = _operand(ctx, op, "attn.rope")
-    q, kvd = r["q"], r["kv"]
-    swa = read_tensor(ctx, op, op.reads[0])
-    sink = params[f"{_prefix(op)}attn.sink"]
-    outs = []
-    for gi, s, b, pos in groups_of(ctx, op.token_set):
-        g = ctx.layout.groups[gi]
-        end = g.past + g.new  # cache positions < end
-        bj = jnp.asarray(b)
-        kp = pos[:, None] - np.arange(W)[None, ::-1]
-        ok_c = (kp >= 0) & (kp < end)
-        kc = swa[gi][bj[:, None], jnp.asarray(np.clip(kp, 0, end - 1))]
-        # the draft positions of the same request, causal
-        same = (b[:, None] == b[None, :]) & (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - W)
-        kd = jnp.broadcast_to(kvd[s][None], (len(pos),) + kvd[s].shape)
-        k = jnp.concatenate([kc, kd], axis=1)
-        ok = jnp.asarray(np.concatenate([ok_c, same], axis=1))
-        lg = jnp.where(ok[:, None, :], jnp.einsum("thd,tsd->ths", q[s], k) / math.sqrt(D), -jnp.inf)
-        mx = jnp.maximum(jnp.max(lg, axis=-1), sink[None, :])
-        p = jnp.exp(lg - mx[..., None])
-        den = jnp.sum(p, axis=-1) + jnp.exp(sink[None, :] - mx)
-        outs.append((jnp.einsum("ths,tsd->thd", p, k) / den[..., None]).reshape(len(pos), H * D))
-    return Act(jnp.concatenate(outs, axis=0) if len(outs) > 1 else outs[0], op.token_set)
-
-
-@v41("mhc", "dspark.hc_final.premix")
-def _draft_premix(op, ctx, inputs, state, params):
-    return _final_premix(op, ctx, inputs, state, params)
-
-
-@v41("norm", "dspark.norm")
-def _draft_norm(op, ctx, inputs, state, params):
-    (a,) = inputs
-    return Act(rms(sel(ctx, a, op.token_set), params[op.reads[0]], _v(ctx).eps), op.token_set)
-
-
-def _draft_prev_tokens(ctx, op):
-    """Per draft position, the token before it: the block input at the first, the drafter's greedy token
-    at the one before otherwise (what the Markov head conditions on)."""
-    import jax.numpy as jnp
-
-    ids = ctx._state["v41"]["dspark.ids"]
-    logits = find(ctx, op, "dspark.head").x
-    A = _v(ctx).ahead
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32).reshape(-1, A)
-    prev = jnp.concatenate([ids.reshape(-1, A)[:, :1], greedy[:, :-1]], axis=1)
-    return prev.reshape(-1)
-
-
-@v41("embedding", "dspark.markov.embed")
-def _markov_embed(op, ctx, inputs, state, params):
-    import jax.numpy as jnp
-
-    return Act(jnp.take(params[op.reads[0]], _draft_prev_tokens(ctx, op), axis=0), op.token_set)
-
-
-@v41("sampling", "dspark.sample")
-def _draft_sample(op, ctx, inputs, state, params):
-    """Draft tokens: greedy over the drafter's logits plus the Markov head's."""
-    import jax.numpy as jnp
-
-    (a,) = inputs
-    logits = find(ctx, op, "dspark.head").x + sel(ctx, a, op.token_set)
-    return Act(jnp.argmax(logits, axis=-1).astype(jnp.int32), op.token_set)
-
-
-@v41("gemm", "dspark.confidence")
-def _confidence(op, ctx, inputs, state, params):
-    """a_j = sigmoid([hidden, Markov embedding] · w): each draft position's acceptance probability (fp32)."""
-    import jax
-    import jax.numpy as jnp
-
-    h = sel(ctx, find(ctx, op, "dspark.norm"), op.token_set)
-    m = sel(ctx, find(ctx, op, "dspark.markov.embed"), op.token_set)
-    return Act(jax.nn.sigmoid(jnp.concatenate([h, m], axis=-1) @ params[op.reads[0]]), op.token_set)
-
-
 # ---- MoE --------------------------------------------------------------------------------------------
 
 @v41("router", "ffn.route")
@@ -1281,29 +993,6 @@ def init_params(compiled, seed: int = 0) -> dict:
     return out
 
 
-def _np_format(x: np.ndarray, kind: str) -> np.ndarray:
-    """Host-side rounding of random cache history to its format (the same grids as the kernels')."""
-    import ml_dtypes
-
-    if not EMULATE:
-        return x.astype(np.float32)
-    blk = {"swa": 32, "kv": 16, "ik": 32}[kind]
-    b = min(blk, x.shape[-1])
-    t = x.reshape(x.shape[:-1] + (x.shape[-1] // b, b)).astype(np.float32)
-    amax = np.abs(t).max(axis=-1, keepdims=True)
-    if kind == "swa":
-        s = np.where(amax > 0, np.exp2(np.ceil(np.log2(np.maximum(amax, 1e-30) / 448.0))), 1.0)
-        q = (t / s).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
-    elif kind == "kv":
-        s = (amax / 6.0).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
-        s = np.where(s > 0, s, 1.0)
-        q = np.clip(t / s, -6, 6).astype(ml_dtypes.float4_e2m1fn).astype(np.float32)
-    else:
-        s = np.where(amax > 0, np.exp2(np.floor(np.log2(np.maximum(amax, 1e-30))) - 2.0), 1.0)
-        q = np.clip(t / s, -6, 6).astype(ml_dtypes.float4_e2m1fn).astype(np.float32)
-    return (q * s).reshape(x.shape).astype(np.float32)
-
-
 def init_caches(exe, seed: int = 1) -> dict:
     """Random history for the cached positions (and room for the new ones), per request group: every
     layer's SWA KV (FP8), each KV owner's main KV (FP4) / index K (MXFP4) / pending compressor rows, and
@@ -1321,7 +1010,7 @@ def init_caches(exe, seed: int = 1) -> dict:
 
     def rnd(shape, kind=None):
         x = rng.standard_normal(shape).astype(np.float32)
-        return jnp.asarray(_np_format(x, kind) if kind else x)
+        return jnp.asarray(np_format(x, kind) if kind else x)
 
     out["tokens"] = per_group(lambda g: jnp.asarray(rng.integers(0, c.vocab_size, (g.count, g.past + g.new)), jnp.int32))
     D, Di = c.head_dim, c.index_head_dim
@@ -1373,3 +1062,5 @@ for _kind in ("embedding", "norm", "gemm", "activation", "router", "moe_experts"
               "host_copy", "mhc", "engram", "compressor", "indexer", "topk", "quant", "elementwise", "sampling"):
     kernel(_kind)(_dispatch(_kind))
 ex.INITS["deepseek_v41"] = (init_params, init_caches)
+
+from . import kernels_dspark  # noqa: E402,F401  (DSpark's kernels register into V41)
