@@ -23,9 +23,10 @@ where they differ from a production kernel is said there and here):
   ``B`` rows, each block multiplied by its expert's weights (gathered per block) — then the weighted combine.
 * A ``host_copy`` with no positions (no prefix in host memory) does nothing.
 
-DeepSeek-V4.1's kinds (mHC, Engram, compressors, indexer, Top-K, sparse attention, DSpark) dispatch to
-:mod:`graphsim.collect.kernels_v41`. Anything else — collectives (one device runs mapping 1), MLA, sparse attention, recurrent mixers, vision,
-DSpark — raises :class:`Unsupported` naming the op: the forward is recorded as an ``unsupported`` sample.
+A DeepSeek-V4.1 graph's ops (mHC, Engram, compressors, indexer, Top-K, sparse attention, DSpark) go to
+:mod:`graphsim.collect.kernels_v41`. Anything else — collectives (one device runs mapping 1), MLA, other
+sparse attention, recurrent mixers, vision — raises :class:`Unsupported` naming the op: the forward is
+recorded as an ``unsupported`` sample.
 """
 from __future__ import annotations
 
