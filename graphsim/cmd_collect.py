@@ -23,8 +23,11 @@ def cmd_collect(a) -> None:
             raise GraphsimError("grid", "required: the request mixes to time, e.g. 'decode:128,512x1,4;prefill:64x1,2'")
         if not a.hw:
             raise GraphsimError("hw", "required: the descriptor SOL is priced on (graphsim hw probe -o local.toml)")
+        from .pipeline import Policies
+
+        policies = Policies(decoder_replay=a.decoder_replay, fusion=a.fusion, dspark=a.dspark)
         collect_forward(a.model, parse_grid(a.grid), a.hw, a.output, warmup=a.warmup, reps=a.reps, seed=a.seed,
-                        mapping=(a.tp, a.dp, a.ep, a.pp, a.cp), weights=a.weights, log=print)
+                        mapping=(a.tp, a.dp, a.ep, a.pp, a.cp), weights=a.weights, policies=policies, log=print)
         return
     raise GraphsimError("what", f"must be ops or forward, got {a.what!r}")
 
@@ -60,6 +63,12 @@ def register(sub) -> None:
     g.add_argument("--seed", type=int, default=0, help="forward: random weights and token ids")
     for ax in ("tp", "dp", "ep", "pp", "cp"):
         g.add_argument(f"--{ax}", type=int, default=1, metavar="N", help=f"forward: {ax} degree (one device runs 1)")
+    g.add_argument("--decoder-replay", default="off", choices=("off", "sglang", "paper"),
+                   help="forward: DeepSeek-V4.1 decoder bounded replay of prefills (as graphsim estimate)")
+    g.add_argument("--fusion", default="unfused", choices=("unfused", "two-pass", "single-pass"),
+                   help="forward: mHC fusion profile of the graph that runs (as graphsim estimate)")
+    g.add_argument("--dspark", default="off", choices=("off", "on"),
+                   help="forward: DSpark speculative decoding (DeepSeek-V4.1)")
     g = p.add_argument_group("output")
     g.add_argument("-o", "--output", required=True, metavar="DIR|FILE",
                    help="ops: folder of measured tables; forward: the samples file (.parquet)")

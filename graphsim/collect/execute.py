@@ -23,8 +23,10 @@ where they differ from a production kernel is said there and here):
   ``B`` rows, each block multiplied by its expert's weights (gathered per block) — then the weighted combine.
 * A ``host_copy`` with no positions (no prefix in host memory) does nothing.
 
-Anything else — collectives (one device runs mapping 1), MLA, sparse attention, recurrent mixers, vision,
-DSpark — raises :class:`Unsupported` naming the op: the forward is recorded as an ``unsupported`` sample.
+A DeepSeek-V4.1 graph's ops (mHC, Engram, compressors, indexer, Top-K, sparse attention, DSpark) go to
+:mod:`graphsim.collect.kernels_v41`. Anything else — collectives (one device runs mapping 1), MLA, other
+sparse attention, recurrent mixers, vision — raises :class:`Unsupported` naming the op: the forward is
+recorded as an ``unsupported`` sample.
 """
 from __future__ import annotations
 
@@ -76,12 +78,23 @@ class Layout:
     def token_set_rows(self, ts) -> np.ndarray:
         """Row indices (into the 'all new positions' rows) a token set covers, per its rule per kind."""
         idx = []
-        for g, off in zip(self.groups, self.offsets()):
+        for gi, (g, off) in enumerate(zip(self.groups, self.offsets())):
             rule = ts.rule(g.kind)
+            if rule.startswith("replay+"):  # a prefix on the device replays nothing (host/disk hits are refused)
+                rule = rule[len("replay+"):]
             if rule == "none" or rule.startswith("cached"):
                 continue  # cached positions are not new rows: a restore with an HBM prefix copies nothing
             if rule == "all":
                 idx.append(off + np.arange(g.count * g.new))
+            elif rule == "text":  # text-only forwards: every new position is text
+                idx.append(off + np.arange(g.count * g.new))
+            elif rule.startswith(("tail:", "dtail:")):  # the last min(new, W) positions of each request
+                w = min(g.new, int(rule.split(":")[1]))
+                idx.append(off + (np.arange(g.count)[:, None] * g.new + np.arange(g.new - w, g.new)[None, :]).ravel())
+            elif rule.startswith("ahead:"):  # a draft block after the new positions: rows after all new ones
+                a = int(rule.split(":")[1])
+                base = self.rows + a * sum(h.count for h in self.groups[:gi])
+                idx.append(base + np.arange(g.count * a))
             elif rule == "one":
                 idx.append(off + np.arange(g.count) * g.new + g.new - 1)
             else:
@@ -156,6 +169,8 @@ def _layer(op: Op, cfg):
 
 #: op kind -> kernel(op, ctx, inputs: list[Act], state: dict, params: dict) -> Act | None
 KERNELS: dict[str, Callable] = {}
+#: model family -> (init_params, init_caches) for models whose weights / caches are laid out their own way
+INITS: dict[str, tuple] = {}
 
 
 def kernel(*kinds: str):
@@ -416,6 +431,8 @@ def init_params(compiled, seed: int = 0) -> dict:
     import jax
     import jax.numpy as jnp
 
+    if getattr(compiled.model, "family", "") in INITS:
+        return INITS[compiled.model.family][0](compiled, seed)
     g = compiled.graph
     key = jax.random.PRNGKey(seed)
     params: dict = {}
@@ -460,6 +477,8 @@ def init_caches(ex: Executable, seed: int = 1) -> dict:
     import jax
     import jax.numpy as jnp
 
+    if getattr(ex.compiled.model, "family", "") in INITS:
+        return INITS[ex.compiled.model.family][1](ex, seed)
     g = ex.compiled.graph
     key = jax.random.PRNGKey(seed)
     out = {}
@@ -485,4 +504,9 @@ def init_ids(ex: Executable, seed: int = 2):
     import jax
     import jax.numpy as jnp
 
-    return jax.random.randint(jax.random.PRNGKey(seed), (ex.layout.rows,), 0, ex.compiled.model.cfg.vocab, jnp.int32)
+    cfg = ex.compiled.model.cfg
+    vocab = getattr(cfg, "vocab", None) or cfg.vocab_size  # V4.1's config names it as HF does
+    return jax.random.randint(jax.random.PRNGKey(seed), (ex.layout.rows,), 0, vocab, jnp.int32)
+
+
+from . import kernels_v41  # noqa: E402,F401  (registers the DeepSeek-V4.1 kernels; imports this module)

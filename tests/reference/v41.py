@@ -1,0 +1,323 @@
+"""An independent reference forward of DeepSeek-V4.1-Flash (tiny configs), written from V41_FACTS.md and the
+model description — it shares no code with graphsim's graph or its executor (``graphsim.collect``).
+
+One request at a time, the whole token sequence 0..N-1 at once (no cache: a decode step is the last position
+of the sequence that includes it), layer by layer as the model is described:
+
+  embed -> 4 residual streams; per layer: [Engram] -> mHC pre (attention) -> low-rank Q, shared latent KV,
+  RoPE -> [KV owner: CSA2 compressor (softmax-gated groups of m, or the plain m=1 projection) -> main KV
+  (FP4) and index K (MXFP4)] -> [index source: index Q (MXFP4), head weights, scores Σ relu(q·k)·w over the
+  visible entries — on the Decoder's candidate source also block max and the candidate pool, in the
+  Decoder's Reindex layers scores on the pool only — and Top-K] -> SWA window + Top-K entries of the KV
+  owner (Top-K of the latest producer for Reuse layers) with a per-head sink -> grouped wo_a, wo_b -> mHC
+  post -> mHC pre (FFN) -> sqrt-softplus routed MoE + shared expert -> mHC post; head: mean of the streams,
+  RMSNorm, LM head.
+
+The [reconstructed] choices (hashes, mHC parameterisation, positions of compressed entries) are the ones
+graphsim's executor documents; formats are emulated by rounding when ``emulate`` is true.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class Fmt:
+    """Rounding to the V4.1 formats (or nothing)."""
+
+    def __init__(self, on: bool):
+        self.on = on
+
+    @staticmethod
+    def _grid(x, width, scale_of, dtype, lim=None):
+        shp = x.shape
+        b = min(width, shp[-1])
+        t = x.reshape(shp[:-1] + (shp[-1] // b, b))
+        s = scale_of(jnp.abs(t).max(axis=-1, keepdims=True))
+        y = t / s
+        if lim is not None:
+            y = jnp.clip(y, -lim, lim)
+        return (y.astype(dtype).astype(jnp.float32) * s).reshape(shp)
+
+    def fp8(self, x):  # E4M3, power-of-two scale per 32
+        if not self.on:
+            return x
+        return self._grid(x, 32, lambda a: jnp.where(a > 0, 2.0 ** jnp.ceil(jnp.log2(jnp.maximum(a, 1e-30) / 448.0)), 1.0),
+                          jnp.float8_e4m3fn)
+
+    def kv4(self, x):  # E2M1 + E4M3 scale per 16
+        if not self.on:
+            return x
+
+        def sc(a):
+            s = (a / 6.0).astype(jnp.float8_e4m3fn).astype(jnp.float32)
+            return jnp.where(s > 0, s, 1.0)
+        return self._grid(x, 16, sc, jnp.float4_e2m1fn, 6.0)
+
+    def mx4(self, x):  # MXFP4: E2M1 + E8M0 2^(floor(log2 amax) - 2) per 32
+        if not self.on:
+            return x
+        return self._grid(x, 32, lambda a: jnp.where(a > 0, 2.0 ** (jnp.floor(jnp.log2(jnp.maximum(a, 1e-30))) - 2.0), 1.0),
+                          jnp.float4_e2m1fn, 6.0)
+
+    def bf(self, x):
+        return x.astype(jnp.bfloat16).astype(jnp.float32) if self.on else x
+
+
+def _rms(x, w=None, eps=1e-6):
+    y = x / jnp.sqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + eps)
+    return y if w is None else y * w
+
+
+def _rot(x, pos, rd, theta):
+    half = rd // 2
+    freq = 1.0 / (theta ** (np.arange(half, dtype=np.float64) * 2.0 / rd))
+    ang = jnp.asarray(pos, jnp.float32)[:, None] * jnp.asarray(freq, jnp.float32)[None, :]
+    if x.ndim == 3:
+        ang = ang[:, None, :]
+    c, s = jnp.cos(ang), jnp.sin(ang)
+    x1, x2 = x[..., -rd:-half], x[..., -half:]
+    return jnp.concatenate([x[..., :-rd], x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
+
+
+def _roles(t):
+    """Layer roles from the config lists alone: (path, kv owner, top-k producer) per trunk layer."""
+    n = t["num_hidden_layers"]
+    ratios = t["compress_ratios"][:n]
+    kv, idx = t["kv_source_layer_ids"], t["index_source_layer_ids"]
+    out = []
+    for L in range(n):
+        if ratios[L] == 0:
+            out.append(("swa", None, None))
+            continue
+        owner = max(i for i in kv if i <= L)
+        if L in kv:
+            out.append(("full", L, L))
+        elif L in idx:
+            out.append(("reindex", owner, L))
+        else:
+            out.append(("reuse", owner, max(i for i in idx if owner <= i <= L)))
+    return out
+
+
+def _mhc_pre(P, p, X, iters):
+    n = X.shape[1]
+    flat = X.reshape(X.shape[0], -1)
+    z = (flat @ P[f"{p}.fn"].T) / jnp.sqrt(jnp.mean(flat * flat, axis=-1, keepdims=True) + 1e-6)
+    a, b = P[f"{p}.scale"], P[f"{p}.base"]
+    pre = jax.nn.sigmoid(z[:, :n] * a[0] + b[:n])
+    post = 2 * jax.nn.sigmoid(z[:, n:2 * n] * a[1] + b[n:2 * n])
+    Z = (z[:, 2 * n:] * a[2] + b[2 * n:]).reshape(-1, n, n)
+    M = jnp.exp(Z - Z.max(axis=(1, 2), keepdims=True))
+    for _ in range(iters):
+        M = M / M.sum(axis=2, keepdims=True)
+        M = M / M.sum(axis=1, keepdims=True)
+    return (pre[:, :, None] * X).sum(axis=1), post, M
+
+
+def _mhc_post(X, post, M, y):
+    return jnp.einsum("tij,tjd->tid", M, X) + post[:, :, None] * y[:, None, :]
+
+
+def _engram(P, t, layer, X, ids, f):
+    orders = range(2, t["engram_max_ngram_size"] + 1)
+    heads, N = t["engram_n_heads"], t["engram_max_ngram_size"]
+    rows = t["engram_num_embeddings"][t["engram_layer_ids"].index(layer)]
+    vc, pad = t["engram_compressed_vocab_size"], t.get("engram_pad_token_id", 0)
+    T = ids.shape[0]
+    hist = np.full((T, N), pad, np.int64)
+    for k in range(N):
+        hist[k:, k] = np.asarray(ids)[:T - k] if k else np.asarray(ids)
+    hist = (hist % vc).astype(np.uint64)
+    keys = []
+    for o in orders:
+        for h in range(heads):
+            acc = np.zeros(T, np.uint64)
+            for k in range(o):
+                mult = ((2654435761 * (1 + 31 * o + 131 * h + 17 * k)) & 0xFFFFFFFF) | 1
+                acc = (acc + hist[:, k] * mult) & 0xFFFFFFFF
+            keys.append(acc % rows)
+    p = f"layers.{layer}.engram"
+    e = P[f"{p}.table"][jnp.asarray(np.stack(keys, 1).astype(np.int32))].reshape(T, -1)
+    proj = f.fp8(e) @ P[f"{p}.wkv"]
+    n, d = X.shape[1], X.shape[2]
+    K, V = proj[:, :n * d].reshape(T, n, d), proj[:, n * d:]
+    gn = P[f"{p}.gate_norm"]
+    g = jax.nn.sigmoid((_rms(X, gn[0]) * _rms(K, gn[1])).sum(-1) / math.sqrt(d))
+    return X + g[:, :, None] * V[:, None, :]
+
+
+def _experts(P, p, t, x, f, limit, k=None):
+    logits = f.bf(x) @ P[f"{p}.gate.weight"]
+    s = jnp.sqrt(jax.nn.softplus(logits))
+    k = k or t["num_experts_per_tok"]
+    _, ids = jax.lax.top_k(s + P[f"{p}.gate.bias"], k)
+    w = jnp.take_along_axis(s, ids, 1)
+    w = w / w.sum(-1, keepdims=True) * t["routed_scaling_factor"]
+    xq = f.fp8(x)
+
+    def glu(a, b):
+        if limit:
+            a, b = jnp.minimum(a, limit), jnp.clip(b, -limit, limit)
+        return jax.nn.silu(a) * b
+    y = 0.0
+    for j in range(k):
+        e = ids[:, j]
+        h = glu(jnp.einsum("td,tdf->tf", xq, P[f"{p}.experts.w1"][e]), jnp.einsum("td,tdf->tf", xq, P[f"{p}.experts.w3"][e]))
+        y = y + w[:, j:j + 1] * jnp.einsum("tf,tfd->td", f.fp8(h), P[f"{p}.experts.w2"][e])
+    s_ = f"{p}.shared_experts"
+    hs = glu(xq @ P[f"{s_}.w1"], xq @ P[f"{s_}.w3"])
+    return y + f.fp8(hs) @ P[f"{s_}.w2"]
+
+
+def forward(P, config: dict, ids, *, emulate: bool = True, swa_start: int = 0, layers_from: int | None = None,
+            taps: dict | None = None):
+    """Logits [N, vocab] of one request's token ids [N] (positions 0..N-1). ``swa_start``: decoder layers
+    from ``layers_from`` on read no SWA entry before it (decoder bounded replay truncates their history).
+    ``taps`` (a dict) receives each layer's attention input (its mHC pre-mix) under the layer number."""
+    t = config.get("text_config", config)
+    f = Fmt(emulate)
+    ids = np.asarray(ids)
+    T = ids.shape[0]
+    pos = np.arange(T)
+    n, d = t["hc_mult"], t["hidden_size"]
+    H, D, rd = t["num_attention_heads"], t["head_dim"], t["qk_rope_head_dim"]
+    W, K = t["sliding_window"], t["index_topk"]
+    Hi, Di = t["index_n_heads"], t["index_head_dim"]
+    theta, ctheta = t.get("rope_theta", 10000.0), t.get("compress_rope_theta", t.get("rope_theta", 10000.0))
+    iters, limit = t["hc_sinkhorn_iters"], t.get("swiglu_limit", 0.0) or 0.0
+    cand_src, B, C = t["candidate_source_layer_id"], t["candidate_block_size"], t["candidate_topk_blocks"]
+    roles = _roles(t)
+    ratios = t["compress_ratios"]
+    X = jnp.repeat(P["embed.weight"][jnp.asarray(ids)][:, None, :], n, axis=1)
+    owner_kv, owner_ik, topk_of, pool = {}, {}, {}, None
+    for L, (path, owner, prod) in enumerate(roles):
+        p = f"layers.{L}"
+        if L in t["engram_layer_ids"]:
+            X = _engram(P, t, L, X, ids, f)
+        hmix, post, M = _mhc_pre(P, f"{p}.hc_attn", X, iters)
+        if taps is not None:
+            taps[L] = hmix
+        h = f.fp8(_rms(hmix, P[f"{p}.attn_norm"]))
+        qr = f.fp8(_rms(f.fp8(h) @ P[f"{p}.attn.wq_a"], P[f"{p}.attn.q_norm"]))
+        q = _rot((f.fp8(qr) @ P[f"{p}.attn.wq_b"]).reshape(T, H, D), pos, rd, theta)
+        kv = _rot(_rms(f.fp8(h) @ P[f"{p}.attn.wkv"], P[f"{p}.attn.kv_norm"]), pos, rd, theta)
+        swa = f.fp8(kv)
+        if path == "full":
+            m = ratios[L]
+            c = f"{p}.attn.compressor"
+            if m > 1:
+                e = T // m
+                ck = (h @ P[f"{c}.wkv"])[:e * m].reshape(e, m, D)
+                cg = (h @ P[f"{c}.wgate"])[:e * m].reshape(e, m, D)
+                ent = (jax.nn.softmax(cg, axis=1) * ck).sum(1)
+            else:
+                e = T
+                ent = f.bf(h) @ P[f"{c}.wkv"]
+            ent = f.kv4(_rot(ent, np.arange(e) * m, rd, ctheta))
+            owner_kv[L] = ent
+            ix = f"{p}.attn.indexer"
+            owner_ik[L] = f.mx4(_rms(f.bf(ent) @ P[f"{ix}.wk"], P[f"{ix}.k_norm"]))
+        if path in ("full", "reindex"):
+            ix = f"{p}.attn.indexer"
+            m = ratios[owner]
+            qi = f.mx4(f.fp8(qr) @ P[f"{ix}.wq_b"]).reshape(T, Hi, Di)
+            wi = f.bf(h) @ P[f"{ix}.weights_proj"]
+            ik = owner_ik[owner]
+            E = ik.shape[0]
+            sc = (jax.nn.relu(jnp.einsum("thd,ed->the", qi, ik)) * wi[:, :, None]).sum(1) / math.sqrt(Hi * Di)
+            visible = np.arange(E)[None, :] < ((pos + 1) // m)[:, None]
+            if path == "reindex" and L > cand_src:
+                visible = jnp.asarray(visible) & pool
+            sc = jnp.where(visible, sc, -jnp.inf)
+            if L == cand_src:  # block max, candidate pool (newest visible block always kept)
+                nb = -(-E // B)
+                bm = jnp.pad(sc, ((0, 0), (0, nb * B - E)), constant_values=-jnp.inf).reshape(T, nb, B).max(-1)
+                newest = ((pos + 1) // m - 1) // B
+                bm = jnp.where(np.arange(nb)[None, :] == newest[:, None], jnp.inf, bm)
+                top, bi = jax.lax.top_k(bm, min(C, nb))
+                keep = jnp.zeros((T, nb), bool).at[np.arange(T)[:, None], bi].set(top > -jnp.inf)
+                pool = jnp.repeat(keep, B, axis=1)[:, :E]
+            top, ti = jax.lax.top_k(sc, min(K, E))
+            topk_of[L] = (ti, top > -jnp.inf)
+        # attention: the SWA window + the selected compressed entries, a sink per head
+        start = swa_start if (layers_from is not None and L >= layers_from) else 0
+        kp = pos[:, None] - np.arange(W)[None, ::-1]
+        ok_w = kp >= max(start, 0)
+        keys = [swa[np.maximum(kp, 0)]]
+        oks = [jnp.asarray(ok_w)]
+        if owner is not None:
+            ti, tv = topk_of[prod]
+            keys.append(owner_kv[owner][ti])
+            oks.append(tv)
+        Kx = jnp.concatenate(keys, 1)
+        ok = jnp.concatenate(oks, 1)
+        lg = jnp.where(ok[:, None, :], jnp.einsum("thd,tsd->ths", q, Kx) / math.sqrt(D), -jnp.inf)
+        sink = P[f"{p}.attn.sink"]
+        lg_all = jnp.concatenate([lg, jnp.broadcast_to(sink[None, :, None], (T, H, 1))], axis=-1)
+        pr = jax.nn.softmax(lg_all, axis=-1)[..., :-1]
+        o = jnp.einsum("ths,tsd->thd", pr, Kx).reshape(T, H * D)
+        G = P[f"{p}.attn.wo_a"].shape[0]
+        oa = jnp.einsum("tgk,gkn->tgn", f.bf(o).reshape(T, G, -1), P[f"{p}.attn.wo_a"]).reshape(T, -1)
+        X = _mhc_post(X, post, M, f.fp8(oa) @ P[f"{p}.attn.wo_b"])
+        hmix, post, M = _mhc_pre(P, f"{p}.hc_ffn", X, iters)
+        h2 = f.fp8(_rms(hmix, P[f"{p}.ffn_norm"]))
+        X = _mhc_post(X, post, M, _experts(P, f"{p}.ffn", t, h2, f, limit))
+    hf = _rms(X.mean(axis=1), P["norm.weight"])
+    return f.bf(hf) @ P["head.weight"]
+
+
+def draft(P, config: dict, ids, *, emulate: bool = True):
+    """DSpark after a forward over ``ids``: the drafter's 5 positions after the prompt. Returns (draft tokens,
+    confidences). Context: the target layers' attention inputs at the last W positions, concatenated and
+    projected; block input: the target's greedy next token then noise tokens; 3 SWA-only blocks (context KV
+    from the projected context, draft positions causal among themselves), the trunk's head plus the Markov
+    head (vocab -> rank -> vocab on the previous draft token), the confidence head on [hidden, Markov]."""
+    t = config.get("text_config", config)
+    f = Fmt(emulate)
+    taps: dict = {}
+    logits = forward(P, config, ids, emulate=emulate, taps=taps)
+    N = len(ids)
+    n, d = t["hc_mult"], t["hidden_size"]
+    H, D, rd, W = t["num_attention_heads"], t["head_dim"], t["qk_rope_head_dim"], t["sliding_window"]
+    A = t["dspark_block_size"]
+    theta = t.get("rope_theta", 10000.0)
+    lo = N - min(N, W)
+    cpos = np.arange(lo, N)
+    ctx = jnp.concatenate([taps[L][lo:] for L in t["dspark_target_layer_ids"]], axis=-1)
+    ctx = f.bf(ctx) @ P["dspark.main_proj"]
+    tok = [int(jnp.argmax(logits[-1]))] + [t["dspark_noise_token_id"]] * (A - 1)
+    X = jnp.repeat(P["embed.weight"][jnp.asarray(tok)][:, None, :], n, axis=1)
+    dpos = np.arange(N, N + A)
+    limit = t.get("swiglu_limit", 0.0) or 0.0
+    for j in range(t["num_nextn_predict_layers"]):
+        p = f"dspark.blocks.{j}"
+        ck = f.fp8(_rot(_rms(f.bf(ctx) @ P[f"{p}.attn.wkv"], P[f"{p}.attn.kv_norm"]), cpos, rd, theta))
+        hmix, post, M = _mhc_pre(P, f"{p}.hc_attn", X, t["hc_sinkhorn_iters"])
+        h = f.fp8(_rms(hmix, P[f"{p}.attn_norm"]))
+        qr = f.fp8(_rms(f.fp8(h) @ P[f"{p}.attn.wq_a"], P[f"{p}.attn.q_norm"]))
+        q = _rot((f.fp8(qr) @ P[f"{p}.attn.wq_b"]).reshape(A, H, D), dpos, rd, theta)
+        kd = _rot(_rms(f.fp8(h) @ P[f"{p}.attn.wkv"], P[f"{p}.attn.kv_norm"]), dpos, rd, theta)
+        keys = jnp.concatenate([ck, kd], axis=0)
+        kpos = np.concatenate([cpos, dpos])
+        ok = (kpos[None, :] <= dpos[:, None]) & (kpos[None, :] > dpos[:, None] - W)
+        lg = jnp.where(ok[:, None, :], jnp.einsum("thd,sd->ths", q, keys) / math.sqrt(D), -jnp.inf)
+        sink = P[f"{p}.attn.sink"]
+        lg = jnp.concatenate([lg, jnp.broadcast_to(sink[None, :, None], (A, H, 1))], axis=-1)
+        o = jnp.einsum("ths,sd->thd", jax.nn.softmax(lg, axis=-1)[..., :-1], keys).reshape(A, H * D)
+        G = P[f"{p}.attn.wo_a"].shape[0]
+        oa = jnp.einsum("tgk,gkn->tgn", f.bf(o).reshape(A, G, -1), P[f"{p}.attn.wo_a"]).reshape(A, -1)
+        X = _mhc_post(X, post, M, f.fp8(oa) @ P[f"{p}.attn.wo_b"])
+        hmix, post, M = _mhc_pre(P, f"{p}.hc_ffn", X, t["hc_sinkhorn_iters"])
+        h2 = f.fp8(_rms(hmix, P[f"{p}.ffn_norm"]))
+        X = _mhc_post(X, post, M, _experts(P, f"{p}.ffn", t, h2, f, limit, k=t["dspark_num_experts_per_tok"]))
+    hn = _rms(X.mean(axis=1), P["dspark.norm"])
+    dl = f.bf(hn) @ P["head.weight"]
+    prev = jnp.concatenate([jnp.asarray(tok[:1]), jnp.argmax(dl[:-1], axis=-1)])
+    mk = P["dspark.markov.embed"][prev]
+    tokens = jnp.argmax(dl + f.bf(mk) @ P["dspark.markov.proj"], axis=-1)
+    conf = jax.nn.sigmoid(jnp.concatenate([hn, mk], axis=-1) @ P["dspark.confidence.proj"])
+    return np.asarray(tokens), np.asarray(conf)
