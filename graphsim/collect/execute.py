@@ -156,14 +156,23 @@ def _layer(op: Op, cfg):
 
 #: op kind -> kernel(op, ctx, inputs: list[Act], state: dict, params: dict) -> Act | None
 KERNELS: dict[str, Callable] = {}
+#: model family (the Model class's ``family``) -> op kind -> kernel: a family's own kernels, bound before the
+#: generic ones for that family's graphs (graphsim.collect.kernels_mla registers DeepSeek-V3's)
+FAMILY_KERNELS: dict[str, dict[str, Callable]] = {}
+#: model family -> {"params": init_params(compiled, seed), "caches": init_caches(ex, seed)}
+FAMILY_INITS: dict[str, dict[str, Callable]] = {}
 
 
-def kernel(*kinds: str):
+def kernel(*kinds: str, family: str = ""):
     def deco(fn):
         for k in kinds:
-            KERNELS[k] = fn
+            (FAMILY_KERNELS.setdefault(family, {}) if family else KERNELS)[k] = fn
         return fn
     return deco
+
+
+def _family(compiled) -> str:
+    return getattr(type(compiled.model), "family", "")
 
 
 @kernel("embedding")
@@ -383,25 +392,28 @@ def lower_to_jax(compiled, layout: Layout | None = None) -> Executable:
     if (m.tp, m.dp, m.ep, m.pp, m.cp) != (1, 1, 1, 1, 1):
         raise Unsupported(None, f"mapping tp{m.tp} dp{m.dp} ep{m.ep} pp{m.pp} cp{m.cp}: the local executor "
                           "runs one device (every degree 1)")
-    steps = []
+    steps, fns = [], []
+    own = FAMILY_KERNELS.get(_family(compiled), {})
     for op in compiled.graph.ops:
         if op.stream == "comm":
             raise Unsupported(op, "collectives (one device)")
-        if op.kind not in KERNELS:
+        fn = own.get(op.kind) or KERNELS.get(op.kind)
+        if fn is None:
             raise Unsupported(op, f"no executor kernel for {op.kind} ops")
         steps.append(Step(op, op.kind))
+        fns.append(fn)
     steps = tuple(steps)
     ctx = _Ctx(compiled, layout)
 
     def forward(params, caches, ids):
         state = {"ids": ids, "caches": {k: list(v) for k, v in caches.items()}, "out": {}}
         last = None
-        for st in steps:
+        for st, fn in zip(steps, fns):
             op = st.op
             inputs = [state["out"][p] for p in ctx.preds[op.name] if p in state["out"]]
             if not inputs and op.kind not in ("embedding", "host_copy"):
                 raise Unsupported(op, "no data input")
-            out = KERNELS[st.kernel](op, ctx, inputs, state, params)
+            out = fn(op, ctx, inputs, state, params)
             if out is not None:
                 state["out"][op.name] = out
                 last = out
@@ -416,6 +428,8 @@ def init_params(compiled, seed: int = 0) -> dict:
     import jax
     import jax.numpy as jnp
 
+    if _family(compiled) in FAMILY_INITS:
+        return FAMILY_INITS[_family(compiled)]["params"](compiled, seed)
     g = compiled.graph
     key = jax.random.PRNGKey(seed)
     params: dict = {}
@@ -460,6 +474,8 @@ def init_caches(ex: Executable, seed: int = 1) -> dict:
     import jax
     import jax.numpy as jnp
 
+    if _family(ex.compiled) in FAMILY_INITS:
+        return FAMILY_INITS[_family(ex.compiled)]["caches"](ex, seed)
     g = ex.compiled.graph
     key = jax.random.PRNGKey(seed)
     out = {}
@@ -486,3 +502,6 @@ def init_ids(ex: Executable, seed: int = 2):
     import jax.numpy as jnp
 
     return jax.random.randint(jax.random.PRNGKey(seed), (ex.layout.rows,), 0, ex.compiled.model.cfg.vocab, jnp.int32)
+
+
+from . import kernels_mla  # noqa: E402,F401 - registers the DeepSeek-V3 family's kernels (MLA, DSA, V3 routing)
