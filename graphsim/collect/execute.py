@@ -33,7 +33,7 @@ from typing import Callable
 import attrs
 import numpy as np
 
-from graphsim.errors import GraphsimError
+from graphsim.errors import GraphsimError, require
 from graphsim.ir import Op
 
 from .kernels import DTYPES, activation_fn, gated, gqa_attention, grouped_experts, matmul, rmsnorm
@@ -375,6 +375,7 @@ class Executable:
     layout: Layout
     steps: tuple
     fn: Callable  # jitted (params, caches, ids) -> (logits, caches); caches donated
+    numerics: str = "emulate"  #: see lower_to_jax
 
     def init(self, seed: int = 0):
         """(params, caches, ids): random weights of every weight tensor the graph reads, caches with random
@@ -382,11 +383,15 @@ class Executable:
         return init_params(self.compiled, seed), init_caches(self, seed + 1), init_ids(self, seed + 2)
 
 
-def lower_to_jax(compiled, layout: Layout | None = None) -> Executable:
+def lower_to_jax(compiled, layout: Layout | None = None, numerics: str = "emulate") -> Executable:
     """Bind every op of ``compiled.graph`` to a kernel (raises :class:`Unsupported` naming the first op
-    that has none) and trace the forward as one jitted function."""
+    that has none) and trace the forward as one jitted function. ``numerics``: "emulate" rounds activations
+    and caches to the formats the graph says (what is timed); "exact" keeps them in fp32 where a kernel
+    family supports it (weights stay as stored) — for equality checks against a reference, where one
+    rounding flipped by a last-bit difference would otherwise decide a Top-K."""
     import jax
 
+    require(numerics in ("emulate", "exact"), "numerics", f"must be 'emulate' or 'exact', got {numerics!r}")
     layout = layout or layout_of(compiled.plan)
     m = compiled.plan.mapping
     if (m.tp, m.dp, m.ep, m.pp, m.cp) != (1, 1, 1, 1, 1):
@@ -404,6 +409,7 @@ def lower_to_jax(compiled, layout: Layout | None = None) -> Executable:
         fns.append(fn)
     steps = tuple(steps)
     ctx = _Ctx(compiled, layout)
+    ctx.numerics = numerics
 
     def forward(params, caches, ids):
         state = {"ids": ids, "caches": {k: list(v) for k, v in caches.items()}, "out": {}}
@@ -419,7 +425,7 @@ def lower_to_jax(compiled, layout: Layout | None = None) -> Executable:
                 last = out
         return last.x, {k: tuple(v) for k, v in state["caches"].items()}
 
-    return Executable(compiled, layout, steps, jax.jit(forward, donate_argnums=(1,)))
+    return Executable(compiled, layout, steps, jax.jit(forward, donate_argnums=(1,)), numerics)
 
 
 def init_params(compiled, seed: int = 0) -> dict:

@@ -116,12 +116,17 @@ def dense(params, name):
     return w * full
 
 
-def _linear(x, params, name):
+def _q(ctx, x):
+    """Activations into an FP8 GEMM: e4m3 per 1x128 (``numerics="exact"``: as they are)."""
+    return quant_e4m3(x) if ctx.numerics == "emulate" else x
+
+
+def _linear(ctx, x, params, name):
     import jax.numpy as jnp
 
     x = x.astype(jnp.float32)
     if name + ".scale" in params:
-        x = quant_e4m3(x)
+        x = _q(ctx, x)
     return _mm(x, dense(params, name))
 
 
@@ -234,12 +239,12 @@ def _norm(op, ctx, inputs, state, params):
 
 
 def _plain(op, ctx, inputs, state, params):
-    return _flow(op, _linear(_x(ctx, op, inputs), params, op.reads[0]), _carry(inputs))
+    return _flow(op, _linear(ctx, _x(ctx, op, inputs), params, op.reads[0]), _carry(inputs))
 
 
 def _wq_b(op, ctx, inputs, state, params):
     c = ctx.cfg
-    q = _linear(_x(ctx, op, inputs), params, op.reads[0]).reshape(-1, c.heads, c.qk_dim)
+    q = _linear(ctx, _x(ctx, op, inputs), params, op.reads[0]).reshape(-1, c.heads, c.qk_dim)
     q = q.at[..., c.nope:].set(rope(q[..., c.nope:], _positions(ctx, op.token_set), c.rope_theta))
     q = q.reshape(-1, c.heads * c.qk_dim)
     return _flow(op, q, {**_carry(inputs), "q": Act(q, op.token_set)})
@@ -249,7 +254,7 @@ def _wkv_a(op, ctx, inputs, state, params):  # reads the layer's normalised inpu
     carry = _carry(inputs)
     if "h" not in carry:
         raise Unsupported(op, "no normalised layer input on its data edge")
-    return _flow(op, _linear(ctx.select(carry["h"], op.token_set), params, op.reads[0]), carry)
+    return _flow(op, _linear(ctx, ctx.select(carry["h"], op.token_set), params, op.reads[0]), carry)
 
 
 def _wkv_b(op, ctx, inputs, state, params):
@@ -261,8 +266,8 @@ def _wkv_b(op, ctx, inputs, state, params):
     for gi, g, _, _ in _groups(ctx, op, op.token_set):
         lat = caches[gi].astype("float32")  # [b, S, kv_lora + rope]
         c_kv = lat[..., :c.kv_lora]
-        if op.info.weight_format and params.get(op.reads[0] + ".scale") is not None:
-            c_kv = quant_e4m3(c_kv)
+        if op.reads[0] + ".scale" in params:
+            c_kv = _q(ctx, c_kv)
         kv = _mm(c_kv, w).reshape(g.count, g.past + g.new, c.heads, c.nope + c.v_dim)
         up[gi] = (kv[..., :c.nope], kv[..., c.nope:], lat[..., c.kv_lora:])
     q = ctx.select(carry["q"], op.token_set)
@@ -307,7 +312,7 @@ def _wo(op, ctx, inputs, state, params):
     if not parts:
         raise Unsupported(op, "no attention output on its data edge")
     o = _assemble(ctx, op, parts, op.token_set)
-    return _flow(op, _linear(o, params, op.reads[0]), {"resid": carry["resid"]})
+    return _flow(op, _linear(ctx, o, params, op.reads[0]), {"resid": carry["resid"]})
 
 
 def _router_logits(op, ctx, inputs, state, params):
@@ -440,12 +445,12 @@ def _moe_experts(op, ctx, inputs, state, params):
     order = jnp.argsort(flat, stable=True)
     counts = jnp.bincount(flat, length=E).astype(jnp.int32)
     token = order // k
-    xs = jnp.take(quant_e4m3(x) if fp8 else x, token, axis=0)
+    xs = jnp.take(_q(ctx, x) if fp8 else x, token, axis=0)
     hp = jax.lax.Precision.HIGHEST
     h = jax.lax.ragged_dot(xs, wu, counts, precision=hp)
     inter = h.shape[1] // 2
     h = jax.nn.silu(h[:, :inter]) * h[:, inter:]
-    y = jax.lax.ragged_dot(quant_e4m3(h) if fp8 else h, wd, counts, precision=hp)
+    y = jax.lax.ragged_dot(_q(ctx, h) if fp8 else h, wd, counts, precision=hp)
     y = y * w.reshape(-1)[order][:, None]
     out = jnp.zeros((T, x.shape[1]), jnp.float32).at[token].add(y)
     return _flow(op, out, {"resid": carry["resid"]})
@@ -470,22 +475,25 @@ def _indexer(op, ctx, inputs, state, params):
     c, name, carry, ts = ctx.cfg, _local(op), _carry(inputs), op.token_set
     pos = _positions(ctx, ts)
     if name == "indexer.wq_b":
-        q = _linear(ctx.select(carry["cq"], ts), params, op.reads[0]).reshape(-1, c.index_heads, c.index_dim)
-        qf = quant_e4m3(_index_qk(q, pos, c))
+        q = _linear(ctx, ctx.select(carry["cq"], ts), params, op.reads[0]).reshape(-1, c.index_heads, c.index_dim)
+        qf = _q(ctx, _index_qk(q, pos, c))
         return _flow(op, qf.reshape(qf.shape[0], -1), {**carry, "iq": Act(qf.reshape(qf.shape[0], -1), ts)})
     if name == "indexer.weights_proj":
         h = ctx.select(carry["h"], ts)
         wts = _mm(h, params[op.reads[0]].astype(jnp.float32)) * (c.index_heads ** -0.5 * c.index_dim ** -0.5)
         return _flow(op, wts, {**carry, "iw": Act(wts, ts)})
     if name == "indexer.k_write":  # k = LayerNorm(h wk), rotated, FP8 + scale into the index-key cache
-        k = _linear(ctx.select(carry["h"], ts), params, op.reads[0])
+        k = _linear(ctx, ctx.select(carry["h"], ts), params, op.reads[0])
         mu = jnp.mean(k, axis=-1, keepdims=True)
         var = jnp.mean(jnp.square(k - mu), axis=-1, keepdims=True)
         k = (k - mu) / jnp.sqrt(var + 1e-6) * params[f"{op.name}.gamma"] + params[f"{op.name}.beta"]
         k = _index_qk(k, pos, c)
-        s = jnp.maximum(jnp.max(jnp.abs(k), axis=-1, keepdims=True), 1e-12) / E4M3_MAX
-        kq = (k / s).astype(jnp.float8_e4m3fn)
         caches = state["caches"][op.writes[0]]
+        if ctx.numerics == "emulate":
+            s = jnp.maximum(jnp.max(jnp.abs(k), axis=-1, keepdims=True), 1e-12) / E4M3_MAX
+            kq = (k / s).astype(caches[0][0].dtype)
+        else:
+            s, kq = jnp.ones((k.shape[0], 1), jnp.float32), k
         for gi, g, a, b in _groups(ctx, op, ts):
             kc, sc = caches[gi]
             caches[gi] = (kc.at[:, g.past:g.past + g.new].set(kq[a:b].reshape(g.count, g.new, -1)),
@@ -614,7 +622,7 @@ def init_params(compiled, seed: int = 0) -> dict:
 def init_caches(ex, seed: int = 1) -> dict:
     """Per layer and request group: the latent cache [b, past + new, kv_lora + rope] in its storage dtype and,
     with DSA, the index keys (FP8 [b, S, index_dim] + fp32 scale [b, S]), random in every position (the new
-    ones are overwritten by the forward)."""
+    ones are overwritten by the forward). ``numerics="exact"``: both in fp32 (scales 1)."""
     import jax
     import jax.numpy as jnp
 
@@ -633,11 +641,15 @@ def init_caches(ex, seed: int = 1) -> dict:
             if is_kv:
                 fmt = g.tensor_map[name].format.name
                 dt = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}.get(fmt)
+                dt = jnp.float32 if ex.numerics == "exact" and dt is not None else dt
                 if dt is None:
                     raise Unsupported(op, f"a latent cache stored as {fmt} (the MLA executor holds bf16 / fp16)")
                 per.append(jax.random.normal(key, (grp.count, S, c.latent), jnp.float32).astype(dt))
             else:
                 k = jax.random.normal(key, (grp.count, S, c.index_dim), jnp.float32)
+                if ex.numerics == "exact":
+                    per.append((k, jnp.ones((grp.count, S), jnp.float32)))
+                    continue
                 s = jnp.max(jnp.abs(k), axis=-1) / E4M3_MAX
                 per.append(((k / s[..., None]).astype(jnp.float8_e4m3fn), s))
         out[name] = tuple(per)
