@@ -552,55 +552,57 @@ def _shapes(cfg) -> dict:
 
 
 def quantize_blocks(w):
-    """FP8 e4m3 values and one fp32 scale (amax / 448) per 128x128 block of the last two axes."""
-    import jax.numpy as jnp
+    """FP8 e4m3 values and one fp32 scale (amax / 448) per 128x128 block of the last two axes (NumPy: made once
+    per weight, at init)."""
+    import ml_dtypes
 
+    w = np.asarray(w, np.float32)
     k, n = w.shape[-2:]
     pk, pn = -k % BLOCK, -n % BLOCK
-    wp = jnp.pad(w, [(0, 0)] * (w.ndim - 2) + [(0, pk), (0, pn)])
+    wp = np.pad(w, [(0, 0)] * (w.ndim - 2) + [(0, pk), (0, pn)])
     lead = w.shape[:-2]
     blocks = wp.reshape(*lead, (k + pk) // BLOCK, BLOCK, (n + pn) // BLOCK, BLOCK)
-    s = jnp.maximum(jnp.max(jnp.abs(blocks), axis=(-3, -1)), 1e-12) / E4M3_MAX  # [..., kb, nb]
-    full = jnp.repeat(jnp.repeat(s, BLOCK, axis=-2), BLOCK, axis=-1)[..., :k, :n]
-    return (w / full).astype(jnp.float8_e4m3fn), s.astype(jnp.float32)
+    s = (np.maximum(np.abs(blocks).max(axis=(-3, -1)), 1e-12) / E4M3_MAX).astype(np.float32)  # [..., kb, nb]
+    full = np.repeat(np.repeat(s, BLOCK, axis=-2), BLOCK, axis=-1)[..., :k, :n]
+    return (w / full).astype(ml_dtypes.float8_e4m3fn), s
 
 
-def _key(seed: int, name: str):
-    import jax
-
-    return jax.random.fold_in(jax.random.PRNGKey(seed), zlib.crc32(name.encode()) & 0x7FFFFFFF)
+def _rng(seed: int, name: str) -> np.random.Generator:
+    """A generator per (seed, tensor name): the same weights for a tensor whatever the plan."""
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
 
 
 def init_params(compiled, seed: int = 0) -> dict:
     """Random weights keyed by tensor name (the same weights for every plan of a model): normal / sqrt(fan-in),
     stored in the tensor's format (FP8 block-quantized with their scales, BF16, FP32); norm scales near 1; the
-    router's score-correction bias; the indexer key norm's scale and shift."""
-    import jax
+    router's score-correction bias; the indexer key norm's scale and shift. Made in NumPy (one host pass)."""
     import jax.numpy as jnp
+    import ml_dtypes
 
     c, g = compiled.model.cfg, compiled.graph
     shapes = _shapes(c)
     params: dict = {}
 
     def put(name, shape, fan_in, fmt, op=None):
-        w = jax.random.normal(_key(seed, name), shape, jnp.float32) / np.sqrt(fan_in)
+        w = (_rng(seed, name).standard_normal(shape, np.float32) / np.sqrt(fan_in)).astype(np.float32)
         if fmt in ("fp8_b128x128", "fp8"):
             params[name], params[name + ".scale"] = quantize_blocks(w)
         elif fmt in ("bf16", "fp32"):
-            params[name] = w.astype(jnp.bfloat16 if fmt == "bf16" else jnp.float32)
+            params[name] = w.astype(ml_dtypes.bfloat16 if fmt == "bf16" else np.float32)
         else:
             raise Unsupported(op, f"weights stored as {fmt} (the MLA executor holds bf16 / fp32 / fp8 blocks)")
 
+    def near(name, n, mean=1.0, sd=0.1):
+        params[name] = (mean + sd * _rng(seed, name).standard_normal(n, np.float32)).astype(np.float32)
+
     for op in g.ops:
         if op.kind == "norm":
-            params[f"{op.name}.gamma"] = 1.0 + 0.1 * jax.random.normal(_key(seed, op.name), (op.info.elems,))
+            near(f"{op.name}.gamma", op.info.elems)
         if op.kind == "indexer" and op.name.endswith("indexer.k_write"):
-            k1, k2 = jax.random.split(_key(seed, op.name))
-            params[f"{op.name}.gamma"] = 1.0 + 0.1 * jax.random.normal(k1, (c.index_dim,))
-            params[f"{op.name}.beta"] = 0.1 * jax.random.normal(k2, (c.index_dim,))
+            near(f"{op.name}.gamma", c.index_dim)
+            near(f"{op.name}.beta", c.index_dim, 0.0)
         if op.kind == "router":
-            name = f"{_prefix(op)}moe.router_bias"
-            params[name] = 0.05 * jax.random.normal(_key(seed, name), (c.experts,))
+            near(f"{_prefix(op)}moe.router_bias", c.experts, 0.0, 0.05)
         for t in op.reads:
             if t in params or g.tensor_map[t].role != "weight":
                 continue
@@ -616,15 +618,15 @@ def init_params(compiled, seed: int = 0) -> dict:
                 raise Unsupported(op, f"no shape for weight {t!r}")
             k, n = shapes[local]
             put(t, (k, n), 1.0 if op.kind == "embedding" else k, fmt, op)
-    return {k: v for k, v in params.items() if v is not True}
+    return {k: jnp.asarray(v) for k, v in params.items() if v is not True}
 
 
 def init_caches(ex, seed: int = 1) -> dict:
     """Per layer and request group: the latent cache [b, past + new, kv_lora + rope] in its storage dtype and,
     with DSA, the index keys (FP8 [b, S, index_dim] + fp32 scale [b, S]), random in every position (the new
     ones are overwritten by the forward). ``numerics="exact"``: both in fp32 (scales 1)."""
-    import jax
     import jax.numpy as jnp
+    import ml_dtypes
 
     c, g = ex.compiled.model.cfg, ex.compiled.graph
     out = {}
@@ -636,22 +638,22 @@ def init_caches(ex, seed: int = 1) -> dict:
         name = op.writes[0]
         per = []
         for gi, grp in enumerate(ex.layout.groups):
-            key = jax.random.fold_in(_key(seed, name), gi)
+            rng = _rng(seed, f"{name}/{gi}")
             S = grp.past + grp.new
             if is_kv:
                 fmt = g.tensor_map[name].format.name
-                dt = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}.get(fmt)
-                dt = jnp.float32 if ex.numerics == "exact" and dt is not None else dt
+                dt = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "fp32": np.float32}.get(fmt)
                 if dt is None:
                     raise Unsupported(op, f"a latent cache stored as {fmt} (the MLA executor holds bf16 / fp16)")
-                per.append(jax.random.normal(key, (grp.count, S, c.latent), jnp.float32).astype(dt))
-            else:
-                k = jax.random.normal(key, (grp.count, S, c.index_dim), jnp.float32)
-                if ex.numerics == "exact":
-                    per.append((k, jnp.ones((grp.count, S), jnp.float32)))
-                    continue
-                s = jnp.max(jnp.abs(k), axis=-1) / E4M3_MAX
-                per.append(((k / s[..., None]).astype(jnp.float8_e4m3fn), s))
+                dt = np.float32 if ex.numerics == "exact" else dt
+                per.append(jnp.asarray(rng.standard_normal((grp.count, S, c.latent), np.float32).astype(dt)))
+                continue
+            k = rng.standard_normal((grp.count, S, c.index_dim), np.float32)
+            if ex.numerics == "exact":
+                per.append((jnp.asarray(k), jnp.ones((grp.count, S), jnp.float32)))
+                continue
+            s = (np.abs(k).max(axis=-1) / E4M3_MAX).astype(np.float32)
+            per.append((jnp.asarray((k / s[..., None]).astype(ml_dtypes.float8_e4m3fn)), jnp.asarray(s)))
         out[name] = tuple(per)
     return out
 
