@@ -23,7 +23,11 @@ where they differ from a production kernel is said there and here):
   ``B`` rows, each block multiplied by its expert's weights (gathered per block) — then the weighted combine.
 * A ``host_copy`` with no positions (no prefix in host memory) does nothing.
 
-Anything else — collectives (one device runs mapping 1), MLA, sparse attention, recurrent mixers, vision,
+A model family may bring its own kernels and initialisers (``kernel(..., family=)``, :data:`FAMILY_INITS`),
+bound before the generic ones: DeepSeek-V3 / V3.2 (MLA, DSA, V3 routing, FP8 blocks) in
+:mod:`graphsim.collect.kernels_mla`.
+
+Anything else — collectives (one device runs mapping 1), other sparse attention, recurrent mixers, vision,
 DSpark — raises :class:`Unsupported` naming the op: the forward is recorded as an ``unsupported`` sample.
 """
 from __future__ import annotations

@@ -585,8 +585,13 @@ def init_params(compiled, seed: int = 0) -> dict:
 
     def put(name, shape, fan_in, fmt, op=None):
         w = (_rng(seed, name).standard_normal(shape, np.float32) / np.sqrt(fan_in)).astype(np.float32)
-        if fmt in ("fp8_b128x128", "fp8"):
+        if fmt == "fp8_b128x128":
             params[name], params[name + ".scale"] = quantize_blocks(w)
+        elif fmt == "fp8":  # one scale per tensor: the block grid filled with the tensor's amax / 448
+            _, s = quantize_blocks(w)
+            s = np.full_like(s, s.max(axis=(-2, -1), keepdims=True))
+            params[name], params[name + ".scale"] = (w / np.repeat(np.repeat(s, BLOCK, -2), BLOCK, -1)
+                                                     [..., :shape[-2], :shape[-1]]).astype(ml_dtypes.float8_e4m3fn), s
         elif fmt in ("bf16", "fp32"):
             params[name] = w.astype(ml_dtypes.bfloat16 if fmt == "bf16" else np.float32)
         else:
