@@ -216,3 +216,18 @@ def test_deleting_a_data_edge_fails_or_diverges():
             assert str(err)
             continue
         assert np.abs(out - base).max() > 1e-3 * np.abs(base).max(), f"deleting {e.src} -> {e.dst} changed nothing"
+
+
+@pytest.mark.parametrize("model", [V3, V32])
+def test_collect_forward_runs_every_mix(model, tmp_path):
+    """`graphsim collect forward` on the tiny models: every mix (decode, prefill, mixed with a prefix hit) is an
+    ok sample, none unsupported; an FP8 latent cache is an unsupported row, not a crash."""
+    from graphsim import Policies
+    from graphsim.collect.forward import collect_forward, parse_grid
+
+    mixes = parse_grid("decode:96x1,2;prefill:80x1@16+decode:70x1")
+    df = collect_forward(model, mixes, "gb200", tmp_path / "s.parquet", warmup=0, reps=1)
+    assert list(df["status"]) == ["ok"] * 3, df["error"].tolist()
+    df = collect_forward(model, [["decode:64x1"]], "gb200", tmp_path / "f.parquet", warmup=0, reps=1,
+                         policies=Policies(attention_precision="fp8"))
+    assert list(df["status"]) == ["unsupported"] and "fp8" in df["error"][0]

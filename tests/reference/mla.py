@@ -122,11 +122,12 @@ def moe(x, L, cfg, q8=True):
     """Every expert on every token, weighted by the (sparse) gates, + the shared expert."""
     gates = route(x, L, cfg)
     out = swiglu_mlp(x, L["shared_w1w3"], L["shared_w2"], q8)
+    def expert(w, e):  # expert e's slice of a stacked weight (FP8 pairs: values and scales)
+        return (w[0][e], w[1][e]) if isinstance(w, tuple) else w[e]
+
     for e in range(cfg["n_routed_experts"]):
-        w1w3 = (L["experts_w1w3"][0][e], L["experts_w1w3"][1][e]) if isinstance(L["experts_w1w3"], tuple) \
-            else L["experts_w1w3"][e]
-        w2 = (L["experts_w2"][0][e], L["experts_w2"][1][e]) if isinstance(L["experts_w2"], tuple) else L["experts_w2"][e]
-        out = out + gates[:, e:e + 1] * swiglu_mlp(x, w1w3, w2, q8)
+        y = swiglu_mlp(x, expert(L["experts_w1w3"], e), expert(L["experts_w2"], e), q8)
+        out = out + gates[:, e:e + 1] * y
     return out
 
 
