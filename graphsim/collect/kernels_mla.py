@@ -30,6 +30,11 @@ What each op computes (everything in fp32; the rounding the model has is emulate
   FP8 + scale); scores ``sum_j w_j relu(q_j . k)``; ``topk`` keeps the best ``index_topk`` visible positions
   per query; both MLA paths attend over those only.
 
+``lower_to_jax(..., numerics="exact")`` skips the dynamic roundings (activations, index Q/K) and keeps the
+caches in fp32 — the weights keep their FP8 values — so a reference check is not decided by a last-bit flip.
+GEMMs run at ``Precision.HIGHEST`` (fp32; on a GPU that is not the BF16 / FP8 tensor-core path a serving
+engine takes: the timings are this emulation's).
+
 Not executed (``Unsupported``, a row with its category): MTP drafting, FP8 / FP4 latent caches, weight formats
 other than BF16 / FP32 / FP8, rope scaling (YaRN) — the tiny configs carry none.
 """
