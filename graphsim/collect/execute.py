@@ -23,10 +23,13 @@ where they differ from a production kernel is said there and here):
   ``B`` rows, each block multiplied by its expert's weights (gathered per block) — then the weighted combine.
 * A ``host_copy`` with no positions (no prefix in host memory) does nothing.
 
-A DeepSeek-V4.1 graph's ops (mHC, Engram, compressors, indexer, Top-K, sparse attention, DSpark) go to
-:mod:`graphsim.collect.kernels_v41`. Anything else — collectives (one device runs mapping 1), MLA, other
-sparse attention, recurrent mixers, vision — raises :class:`Unsupported` naming the op: the forward is
-recorded as an ``unsupported`` sample.
+A model family may bring its own kernels and initialisers (``kernel(..., family=)``, :data:`FAMILY_INITS`),
+bound before the generic ones: DeepSeek-V3 / V3.2 (MLA, DSA, V3 routing, FP8 blocks) in
+:mod:`graphsim.collect.kernels_mla`; a DeepSeek-V4.1 graph's ops (mHC, Engram, compressors, indexer, Top-K, sparse
+attention, DSpark) in :mod:`graphsim.collect.kernels_v41`.
+
+Anything else — collectives (one device runs mapping 1), other sparse attention, recurrent mixers, vision — raises
+:class:`Unsupported` naming the op: the forward is recorded as an ``unsupported`` sample.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from typing import Callable
 import attrs
 import numpy as np
 
-from graphsim.errors import GraphsimError
+from graphsim.errors import GraphsimError, require
 from graphsim.ir import Op
 
 from .kernels import DTYPES, activation_fn, gated, gqa_attention, grouped_experts, matmul, rmsnorm
@@ -169,16 +172,23 @@ def _layer(op: Op, cfg):
 
 #: op kind -> kernel(op, ctx, inputs: list[Act], state: dict, params: dict) -> Act | None
 KERNELS: dict[str, Callable] = {}
-#: model family -> (init_params, init_caches) for models whose weights / caches are laid out their own way
-INITS: dict[str, tuple] = {}
+#: model family (the Model class's ``family``) -> op kind -> kernel: a family's own kernels, bound before the
+#: generic ones for that family's graphs (graphsim.collect.kernels_mla registers DeepSeek-V3's)
+FAMILY_KERNELS: dict[str, dict[str, Callable]] = {}
+#: model family -> {"params": init_params(compiled, seed), "caches": init_caches(ex, seed)}
+FAMILY_INITS: dict[str, dict[str, Callable]] = {}
 
 
-def kernel(*kinds: str):
+def kernel(*kinds: str, family: str = ""):
     def deco(fn):
         for k in kinds:
-            KERNELS[k] = fn
+            (FAMILY_KERNELS.setdefault(family, {}) if family else KERNELS)[k] = fn
         return fn
     return deco
+
+
+def _family(compiled) -> str:
+    return getattr(type(compiled.model), "family", "")
 
 
 @kernel("embedding")
@@ -381,6 +391,7 @@ class Executable:
     layout: Layout
     steps: tuple
     fn: Callable  # jitted (params, caches, ids) -> (logits, caches); caches donated
+    numerics: str = "emulate"  #: see lower_to_jax
 
     def init(self, seed: int = 0):
         """(params, caches, ids): random weights of every weight tensor the graph reads, caches with random
@@ -388,41 +399,49 @@ class Executable:
         return init_params(self.compiled, seed), init_caches(self, seed + 1), init_ids(self, seed + 2)
 
 
-def lower_to_jax(compiled, layout: Layout | None = None) -> Executable:
+def lower_to_jax(compiled, layout: Layout | None = None, numerics: str = "emulate") -> Executable:
     """Bind every op of ``compiled.graph`` to a kernel (raises :class:`Unsupported` naming the first op
-    that has none) and trace the forward as one jitted function."""
+    that has none) and trace the forward as one jitted function. ``numerics``: "emulate" rounds activations
+    and caches to the formats the graph says (what is timed); "exact" keeps them in fp32 where a kernel
+    family supports it (weights stay as stored) — for equality checks against a reference, where one
+    rounding flipped by a last-bit difference would otherwise decide a Top-K."""
     import jax
 
+    require(numerics in ("emulate", "exact"), "numerics", f"must be 'emulate' or 'exact', got {numerics!r}")
     layout = layout or layout_of(compiled.plan)
     m = compiled.plan.mapping
     if (m.tp, m.dp, m.ep, m.pp, m.cp) != (1, 1, 1, 1, 1):
         raise Unsupported(None, f"mapping tp{m.tp} dp{m.dp} ep{m.ep} pp{m.pp} cp{m.cp}: the local executor "
                           "runs one device (every degree 1)")
-    steps = []
+    steps, fns = [], []
+    own = FAMILY_KERNELS.get(_family(compiled), {})
     for op in compiled.graph.ops:
         if op.stream == "comm":
             raise Unsupported(op, "collectives (one device)")
-        if op.kind not in KERNELS:
+        fn = own.get(op.kind) or KERNELS.get(op.kind)
+        if fn is None:
             raise Unsupported(op, f"no executor kernel for {op.kind} ops")
         steps.append(Step(op, op.kind))
+        fns.append(fn)
     steps = tuple(steps)
     ctx = _Ctx(compiled, layout)
+    ctx.numerics = numerics
 
     def forward(params, caches, ids):
         state = {"ids": ids, "caches": {k: list(v) for k, v in caches.items()}, "out": {}}
         last = None
-        for st in steps:
+        for st, fn in zip(steps, fns):
             op = st.op
             inputs = [state["out"][p] for p in ctx.preds[op.name] if p in state["out"]]
             if not inputs and op.kind not in ("embedding", "host_copy"):
                 raise Unsupported(op, "no data input")
-            out = KERNELS[st.kernel](op, ctx, inputs, state, params)
+            out = fn(op, ctx, inputs, state, params)
             if out is not None:
                 state["out"][op.name] = out
                 last = out
         return last.x, {k: tuple(v) for k, v in state["caches"].items()}
 
-    return Executable(compiled, layout, steps, jax.jit(forward, donate_argnums=(1,)))
+    return Executable(compiled, layout, steps, jax.jit(forward, donate_argnums=(1,)), numerics)
 
 
 def init_params(compiled, seed: int = 0) -> dict:
@@ -431,8 +450,8 @@ def init_params(compiled, seed: int = 0) -> dict:
     import jax
     import jax.numpy as jnp
 
-    if getattr(compiled.model, "family", "") in INITS:
-        return INITS[compiled.model.family][0](compiled, seed)
+    if _family(compiled) in FAMILY_INITS:
+        return FAMILY_INITS[_family(compiled)]["params"](compiled, seed)
     g = compiled.graph
     key = jax.random.PRNGKey(seed)
     params: dict = {}
@@ -477,8 +496,8 @@ def init_caches(ex: Executable, seed: int = 1) -> dict:
     import jax
     import jax.numpy as jnp
 
-    if getattr(ex.compiled.model, "family", "") in INITS:
-        return INITS[ex.compiled.model.family][1](ex, seed)
+    if _family(ex.compiled) in FAMILY_INITS:
+        return FAMILY_INITS[_family(ex.compiled)]["caches"](ex, seed)
     g = ex.compiled.graph
     key = jax.random.PRNGKey(seed)
     out = {}
@@ -509,4 +528,5 @@ def init_ids(ex: Executable, seed: int = 2):
     return jax.random.randint(jax.random.PRNGKey(seed), (ex.layout.rows,), 0, vocab, jnp.int32)
 
 
-from . import kernels_v41  # noqa: E402,F401  (registers the DeepSeek-V4.1 kernels; imports this module)
+from . import kernels_mla  # noqa: E402,F401 - registers the DeepSeek-V3 family's kernels (MLA, DSA, V3 routing)
+from . import kernels_v41  # noqa: E402,F401 - registers the DeepSeek-V4.1 kernels (imports this module)

@@ -1061,6 +1061,6 @@ def carry_caches(prev: dict, exe, groups: dict | None = None) -> dict:
 for _kind in ("embedding", "norm", "gemm", "activation", "router", "moe_experts", "cache_write", "attention",
               "host_copy", "mhc", "engram", "compressor", "indexer", "topk", "quant", "elementwise", "sampling"):
     kernel(_kind)(_dispatch(_kind))
-ex.INITS["deepseek_v41"] = (init_params, init_caches)
+ex.FAMILY_INITS["deepseek_v41"] = {"params": init_params, "caches": init_caches}
 
 from . import kernels_dspark  # noqa: E402,F401  (DSpark's kernels register into V41)

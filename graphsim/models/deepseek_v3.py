@@ -43,6 +43,12 @@ class V3Config:
     index_dim: int = field("int", 0, hf="index_head_dim")
     index_topk: int = field("int", 0, hf="index_topk")
     mtp_layers: int = field("int", 0, hf="num_nextn_predict_layers", lo=0)  #: shipped MTP modules
+    #: the routing and RoPE facts the executor (graphsim.collect.kernels_mla) needs; the cost model does not
+    n_group: int = field("int", 1, hf="n_group")  #: expert groups (top ``topk_group`` groups kept per token)
+    topk_group: int = field("int", 1, hf="topk_group")
+    routed_scale: float = field("float", 1.0, hf="routed_scaling_factor")
+    norm_topk: bool = field("bool", True, hf="norm_topk_prob")
+    rope_theta: float = field("float", 10000.0, hf="rope_theta")
 
     def __attrs_post_init__(self):
         require(self.dense_layers <= self.layers, "config.first_k_dense_replace",
