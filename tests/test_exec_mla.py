@@ -11,6 +11,11 @@ import jax
 import numpy as np
 import pytest
 
+#: the whole set of execution checks compiles many ~650-op programs (minutes on 2 cores); the suite runs the core
+#: equalities and the edge deletion, GRAPHSIM_EXEC_FULL=1 the policy and format variants too
+FULL_ONLY = pytest.mark.skipif(not __import__("os").environ.get("GRAPHSIM_EXEC_FULL"),
+                               reason="a variant of the execution checks: GRAPHSIM_EXEC_FULL=1 runs it")
+
 import graphsim as gs
 from graphsim.collect.execute import Unsupported, lower_to_jax
 from graphsim.collect.kernels_mla import dense, quant_e4m3, quantize_blocks
@@ -116,6 +121,7 @@ def test_executed_graph_equals_the_reference(model, reqs):
     _check(_cfg(model), reqs)
 
 
+@FULL_ONLY
 @pytest.mark.parametrize("model", [V3, V32])
 def test_bf16_checkpoints_execute_too(model):
     """Without a quantization_config the weights are BF16 and no GEMM quantizes its input."""
@@ -146,6 +152,7 @@ def test_dsa_selects_fewer_positions_than_it_sees():
     np.testing.assert_allclose(c, d, rtol=RTOL, atol=ATOL * np.abs(c).max())
 
 
+@FULL_ONLY
 @pytest.mark.parametrize("model", [V3, V32])
 def test_chunked_prefill_equals_one_pass(model):
     """A 96-token prompt run as two chunks of 48 (the second reading the first's caches) gives the logits the

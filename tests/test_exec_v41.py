@@ -17,6 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+#: the whole set of execution checks compiles many ~650-op programs (minutes on 2 cores); the suite runs the core
+#: equalities and the edge deletion, GRAPHSIM_EXEC_FULL=1 the policy and format variants too
+FULL_ONLY = pytest.mark.skipif(not __import__("os").environ.get("GRAPHSIM_EXEC_FULL"),
+                               reason="a variant of the execution checks: GRAPHSIM_EXEC_FULL=1 runs it")
+
 jax = pytest.importorskip("jax")
 
 from graphsim import ParallelMapping, Plan, Policies, compile_plan  # noqa: E402
@@ -97,6 +102,7 @@ def _continue(model, params, caches, reqs, groups, seed):
     return dx, np.asarray(ids), np.asarray(out), caches
 
 
+@FULL_ONLY
 def test_chunked_prefill_and_a_mixed_batch_equal_the_reference(model):
     """A 23-token chunk (an odd length: the m=2 compressors carry a pending row), its next 17-token chunk
     with the first resident (prefill:40@23), then one batch mixing a new 12-token prompt with a decode step
@@ -116,6 +122,7 @@ def test_chunked_prefill_and_a_mixed_batch_equal_the_reference(model):
                                atol=TOL, rtol=0)
 
 
+@FULL_ONLY
 @pytest.mark.parametrize("replay", ["sglang", "paper"])
 def test_decoder_replay_equals_a_reference_that_runs_the_tail(model, replay):
     """With decoder bounded replay, the replayed layers (SGLang: after the last KV source; paper: the whole
@@ -132,6 +139,7 @@ def test_decoder_replay_equals_a_reference_that_runs_the_tail(model, replay):
         assert np.abs(logits[b] - _ref(model, params, seq[b])[-1]).max() > 100 * TOL
 
 
+@FULL_ONLY
 @pytest.mark.parametrize("fusion", ["two-pass", "single-pass"])
 def test_fused_mhc_runs_the_same_forward(model, fusion):
     """The fused mHC profiles (single-pass: residual + coefficients + pre-mix + pre-norm in one op, fused
