@@ -36,9 +36,10 @@ def test_the_compiled_matcher_is_the_pattern_by_pattern_rule():
     pats = _patterns()
     assert len(pats) > 1000  # the bundled configs' exclusions (GLM-5-FP8 alone lists hundreds)
     every = _matcher(tuple(pats))
+    some = pats[::7]  # one pattern in seven one by one (the slow reference is the cost); all of them together
     for n in NAMES:
         assert every(n) == any(_match(n, p) for p in pats), n
-        for p in pats:
+        for p in some:
             assert _matcher((p,))(n) == _match(n, p), (n, p)
 
 

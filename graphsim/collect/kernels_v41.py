@@ -145,23 +145,28 @@ def _prefix(op) -> str:
     return ".".join(op.name.split(".")[:k]) + "." if k else ""
 
 
-def find(ctx, op, name: str):
-    """The output of the nearest data-edge ancestor of ``op`` called ``name`` (raises if none)."""
+def _nearest(ctx, op, take, why: str):
+    """The output of the nearest data-edge ancestor of ``op`` (breadth first) for which ``take(name, output)`` holds;
+    :class:`Unsupported` naming ``why`` when none does — a kernel never reads a value no edge brings."""
     from collections import deque
 
     seen, todo = {op.name}, deque(ctx.preds[op.name])
-    state = ctx._state
+    out = ctx._state["out"]
     while todo:
         p = todo.popleft()
         if p in seen:
             continue
         seen.add(p)
-        if p == name:
-            if p not in state["out"]:
-                break
-            return state["out"][p]
+        o = out.get(p)
+        if o is not None and take(p, o):
+            return o
         todo.extend(ctx.preds[p])
-    raise Unsupported(op, f"no data path from {name} (a missing dependency edge)")
+    raise Unsupported(op, f"{why} (a missing dependency edge)")
+
+
+def find(ctx, op, name: str):
+    """The output of the nearest data-edge ancestor of ``op`` called ``name`` (raises if none)."""
+    return _nearest(ctx, op, lambda p, o: p == name, f"no data path from {name}")
 
 
 def _reaches(ctx, op, target: str) -> bool:
@@ -215,53 +220,19 @@ ALIASES = {"hc_attn.prenorm": ("hc_attn.fused", "hc_attn.pre"), "hc_ffn.prenorm"
 
 def find_any(ctx, op, names):
     """The output of the nearest data-edge ancestor whose name is one of ``names``."""
-    from collections import deque
-
     want = set(names)
-    seen, todo = {op.name}, deque(ctx.preds[op.name])
-    while todo:
-        p = todo.popleft()
-        if p in seen:
-            continue
-        seen.add(p)
-        if p in want and p in ctx._state["out"]:
-            return ctx._state["out"][p]
-        todo.extend(ctx.preds[p])
-    raise Unsupported(op, f"no data path from {sorted(want)} (a missing dependency edge)")
+    return _nearest(ctx, op, lambda p, o: p in want, f"no data path from {sorted(want)}")
 
 
 def find_mix(ctx, op):
     """The nearest ancestor's mHC mixing (streams and their pre/post/res coefficients)."""
-    from collections import deque
-
-    seen, todo = {op.name}, deque(ctx.preds[op.name])
-    while todo:
-        p = todo.popleft()
-        if p in seen:
-            continue
-        seen.add(p)
-        o = ctx._state["out"].get(p)
-        if o is not None and isinstance(o.x, dict) and "res" in o.x:
-            return o
-        todo.extend(ctx.preds[p])
-    raise Unsupported(op, "no mHC mixing among its ancestors (a missing dependency edge)")
+    return _nearest(ctx, op, lambda p, o: isinstance(o.x, dict) and "res" in o.x, "no mHC mixing among its ancestors")
 
 
 def find_streams(ctx, op):
     """The nearest ancestor output that is the residual streams [rows, n, d]."""
-    from collections import deque
-
-    seen, todo = {op.name}, deque(ctx.preds[op.name])
-    while todo:
-        p = todo.popleft()
-        if p in seen:
-            continue
-        seen.add(p)
-        o = ctx._state["out"].get(p)
-        if o is not None and not isinstance(o.x, (dict, tuple)) and getattr(o.x, "ndim", 0) == 3:
-            return o
-        todo.extend(ctx.preds[p])
-    raise Unsupported(op, "no residual streams among its ancestors (a missing dependency edge)")
+    return _nearest(ctx, op, lambda p, o: not isinstance(o.x, (dict, tuple)) and getattr(o.x, "ndim", 0) == 3,
+                    "no residual streams among its ancestors")
 
 
 def _operand(ctx, op, name):
