@@ -16,12 +16,16 @@ The engine (one per replica, as SGLang / vLLM schedule a replica):
 - DeepSeek-V4.1: a hit without its SWA state (no tier kept it) replays the last min(hit, W) positions through the
   decoder (encoder bounded replay, W = the policies' replay window), or with ``encoder_replay=off`` recomputes the
   whole prompt; a prefill runs the 20 encoder layers (CED) because graphsim's V4.1 program does;
-- each step: every decoding request advances one position, then prefill chunks fill the rest of the budget in
-  admission order; a prompt's last chunk emits its first token; a decode step that cannot grow the KV preempts the
-  newest running request (its KV is released; it is readmitted to recompute its prompt and the tokens it emitted);
+- each step: every decoding request advances one position (with speculative decoding: verifies 1 + K and gains the
+  expected emitted tokens), then prefill chunks fill the rest of the budget in admission order; a prompt's last
+  chunk emits its first token; a decode step that cannot grow the KV preempts the newest running request (its KV is
+  released; it is readmitted to recompute its prompt and the tokens it emitted);
 - a finished request's prompt blocks stay in HBM (LRU) and its KV is written through to the tiers that keep each
-  kind: global blocks at the end of its prefill, its SWA state (keyed by its last full prompt block, and by its
-  session) at the end.
+  kind: global blocks at the end of its prefill, its SWA state (keyed by its session, else by its last full prompt
+  block) at the end;
+- disaggregated deployments: prefill replicas hand each request's KV to the least loaded decode replica
+  (graphsim.disagg's hand-over), which admits it when its pool has room and swaps instead of recomputing;
+- a prediction with an engine pays its host terms and each step's hottest EP rank (:mod:`.steps`).
 
 Runs of pure decode steps between events are evaluated in one vectorized call. Every replica integrates the
 requests it holds over its own clock, so Little's law (L = λ·W) checks the simulator's bookkeeping against the
