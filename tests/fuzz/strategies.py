@@ -29,8 +29,10 @@ def rare(draw, n: int) -> bool:
 small = st.integers(-3, 300)
 ints = st.one_of(small, small, st.integers(-(2**70), 2**70), st.sampled_from([2**53 + 1, 10**200, 4294967296]))
 anything = st.one_of(ints, weird, st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12))
+HF_IDS = ("deepseek-ai/DeepSeek-V3", "meta-llama/Llama-3.1-70B-Instruct", "Qwen/Qwen3-VL-2B-Instruct", "nobody/none",
+          "DeepSeek-AI/deepseek-v3", "a/b/c", "/x", "org/")
 name = st.one_of(st.sampled_from(MODELS), st.sampled_from(MODELS), st.just("x" * 300), st.text(max_size=10),
-                 st.just("../../etc/passwd"), st.just("deepseek-v3.json"))
+                 st.just("../../etc/passwd"), st.just("deepseek-v3.json"), st.sampled_from(HF_IDS))
 hw_name = st.one_of(st.sampled_from(HWS), st.sampled_from(HWS), st.text(max_size=8), st.just("/"), st.just("x.toml"))
 num_text = st.one_of(ints.map(str), st.sampled_from(["", "abc", "1e3", "1_000", "1,000", "-0", "9" * 200, "0x1F",
                                                       " 5", "½", "inf", "nan", "2.5"]))
@@ -215,8 +217,10 @@ def cli_case(draw) -> dict:
                 "--decode", draw(st.sampled_from(["dp=8,ep=8", "tp=4", "tp=3", "q=1"]))]
     elif cmd == "plot":
         files["r.csv"] = RESULTS_CSV
-        argv = ["plot", "{tmp}/r.csv", "--kind", draw(st.sampled_from(["latency", "pareto", "kinds", "memory", "nope"])),
-                "-o", draw(st.sampled_from(OUTPUTS))]
+        kind = draw(st.sampled_from(["latency", "pareto", "kinds", "memory", "roofline", "nope"]))
+        argv = ["plot", "{tmp}/r.csv", "--kind", kind, "-o", draw(st.sampled_from(OUTPUTS))]
+        if kind == "roofline" or rare(draw, 6):  # a results row's roofline (its plan rebuilt)
+            argv += ["--row", draw(st.sampled_from(["0", "1", "-1", "100000", "x"]))]
         if draw(st.booleans()):
             argv += ["--where", draw(st.sampled_from(WHERE))]
     elif cmd == "sweep":
@@ -233,6 +237,8 @@ def cli_case(draw) -> dict:
             argv = ["measured", "import", draw(st.sampled_from(["aiconfigurator", "aiconfigurator", "x"])),
                     "--from", draw(st.sampled_from(["{tmp}", "{tmp}/nope", MEASURED])),
                     "-o", draw(st.sampled_from(["{tmp}/o", "{tmp}", "{tmp}/missing/o", "/dev/full"]))]
+    elif cmd == "models":
+        argv = ["models"] + draw(st.sampled_from([[], ["--hub"], ["--hub", "-o", "{tmp}/m.txt"], ["--hubb"]]))
     elif cmd == "--version":
         argv = ["--version"]
     else:
@@ -669,7 +675,8 @@ def lengths_csv(draw):
 
 
 SEARCH_BREAKS = ("gpus", "isl", "osl", "batch", "modes", "refine", "ttft", "tpot", "min-user-tps", "tpot-stat",
-                 "kv-margin", "acceptance", "lengths+isl", "engine", "engine-set")
+                 "kv-margin", "acceptance", "lengths+isl", "engine", "engine-set", "rate", "concurrency", "executor",
+                 "launch-dir")
 
 
 @st.composite
@@ -740,6 +747,19 @@ def search_case(draw) -> dict:
             if brk == "engine-set" else ["step_tokens=4096", "max_running=none", "launch_us=4", "chunked_prefill=false",
                                          "graph_max_batch=0", "step_overhead_us=50", "eplb=true",
                                          "moe_load_ratio=1.2"]))]
+    # capacity planning, launch files, the executor (local only here: a Ray cluster is the slow test's)
+    if brk == "rate" or rare(draw, 5):
+        argv += ["--rate", draw(st.sampled_from(["0", "-1", "nan", "inf", "x"] if brk == "rate" else ["1", "50", "1e6"]))]
+    if brk == "concurrency" or rare(draw, 6):
+        argv += ["--concurrency", draw(st.sampled_from(["0", "-3", "1.5", "x"] if brk == "concurrency" else
+                                                       ["1", "256", "100000"]))]
+    if brk == "executor":
+        argv += ["--executor", draw(st.sampled_from(["dask", "", "RAY"]))]
+    if brk == "launch-dir" or rare(draw, 6):
+        argv += ["--launch-dir", draw(st.sampled_from(["{tmp}/t.parquet", "/dev/full", "{tmp}/x/../"] if
+                                                      brk == "launch-dir" else ["{tmp}/L", "{tmp}/new/L"]))]
+        if draw(st.booleans()):
+            argv.append("--launch")
     if rare(draw, 6):  # a prediction from the shipped tables, ranked beside its SOL twin
         argv += ["--measured", MEASURED, "--backend", draw(st.sampled_from(["trtllm@1.3.0rc20", "trtllm@9"]))]
     if seeded or draw(st.booleans()):
@@ -1035,7 +1055,24 @@ def serve_sim_case(draw) -> dict:
         fname, text, rank = draw(search_output())
         files[fname] = text
         argv += ["--from", "{tmp}/" + fname, "--rank", rank]
-    brk = draw(st.sampled_from(sorted(SERVE_FLAGS) + ["tier", "price", "output"])) if draw(st.booleans()) else None
+    brk = draw(st.sampled_from(sorted(SERVE_FLAGS) + ["tier", "price", "output", "prefill", "spec", "grid", "row"])) \
+        if draw(st.booleans()) else None
+    if brk == "prefill" or rare(draw, 6):  # a disaggregated deployment: a prefill pool of the deployment's mapping
+        pre = ",".join(f"{mapping[i][2:]}={mapping[i + 1]}" for i in range(0, len(mapping) - 1, 2)) or "tp=1"
+        argv += ["--prefill", draw(st.sampled_from(["tp=3,ep=9", "x", ""] if brk == "prefill" else [pre])),
+                 "--prefill-replicas", draw(st.sampled_from(["0", "-1", "x"] if brk == "prefill" and
+                                                            draw(st.booleans()) else ["1", "2"]))]
+    if brk == "spec" or rare(draw, 6):  # speculative decoding: MTP on V3, DSpark on V4.1, or a missing acceptance
+        spec = {"deepseek-v3": ["--mtp", "1", "--acceptance", "0.8"],
+                "deepseek-v4.1-flash": ["--dspark", "on", "--acceptance", "0.9,0.8,0.7,0.6,0.5"]}.get(model, ["--mtp", "1"])
+        argv += spec[:2] if brk == "spec" else spec
+    if brk == "grid" or rare(draw, 8):  # a grid: every point a simulation, rows to -o
+        argv += ["--grid", draw(st.sampled_from(["replicas=1,x", "nope=1", "replicas=", "mapping=tp3"] if brk == "grid"
+                                                else ["replicas=1,2", "cache_design=hbm,host-disk", "router=prefix"]))]
+    if brk == "row":  # a search table names a row, not a rank
+        fname, text, _ = draw(search_output())
+        files[fname] = text
+        argv += ["--from", "{tmp}/" + fname, "--row", draw(st.sampled_from(["0", "-1", "99999", "x"]))]
     for flag, (good, bad) in SERVE_FLAGS.items():
         if brk == flag or rare(draw, 3):
             argv += [flag, draw(st.sampled_from(bad if brk == flag else good))]
@@ -1057,6 +1094,12 @@ def serve_sim_case(draw) -> dict:
         argv += ["--validate", draw(st.sampled_from(["0", "8", "8", "256"]))]
     if draw(st.integers(0, 3)):
         argv.append("--json")
+    if "--grid" in argv:  # a grid writes its rows to one -o table (the last -o wins: keep only that one)
+        k = 0
+        while "-o" in argv[k:]:
+            k = argv.index("-o", k)
+            del argv[k:k + 2]
+        argv += ["-o", "{tmp}/grid.csv"]
     return {"argv": argv + ["--no-progress"], "files": files}
 
 
