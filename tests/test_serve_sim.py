@@ -522,3 +522,22 @@ def test_dspark_steps_are_priced_with_their_verify_positions(excerpt):
     _little(res)
     base = simulate(excerpt.head(60), V41, validate=0)
     assert res.summary["latency"]["tpot_ms"]["mean"] < base.summary["latency"]["tpot_ms"]["mean"]
+
+
+def test_restores_are_priced_as_the_programs_prefix_restore():
+    """restore_seconds is the prefix_restore rule's links at the descriptor's rates: a 1-token prefill after K cached
+    positions in host memory (or on disk) takes the program at least the copy and at most the copy plus the
+    forward with them in HBM (the program issues every layer's copy up front and overlaps it with the compute)."""
+    from graphsim.memory import kv_per_device
+    from graphsim.serving.sim import restore_seconds
+
+    hw = gs.load_hw("gb200")
+    m = gs.ParallelMapping(tp=8, ep=8)
+    model = gs.load_model("deepseek-v3")
+    k = 65536
+    nbytes = kv_per_device(model, k, m, gs.Policies())
+    fwd = {t: gs.compile_plan(model, gs.Plan([f"prefill:{k + 1}@{k}:{t}"], m), hw).report().forward_s
+           for t in ("hbm", "host", "disk")}
+    for t, (hb, db) in {"host": (nbytes, 0.0), "disk": (0.0, nbytes)}.items():
+        copy = float(restore_seconds(hb, db, hw.rates()))
+        assert copy * (1 - 1e-9) <= fwd[t] <= copy + fwd["hbm"], t

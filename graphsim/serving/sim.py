@@ -49,7 +49,7 @@ ROUTERS = ("prefix", "least-loaded", "round-robin")
 #: tokens per step when the engine documents none (vLLM's max_num_batched_tokens and SGLang's
 #: --chunked-prefill-size are both 8,192 on large GPUs)
 DEFAULT_TOKEN_BUDGET = 8192
-WAIT, RESTORE, PREFILL, DECODE, DONE, REJECTED, TRANSFER = range(7)
+WAIT, PREFILL, DECODE, DONE, REJECTED, TRANSFER = range(6)  # a request's phase (a restore: PREFILL not yet ready)
 _HIST_EDGES = np.logspace(-6, 2, 1601)  # step-time histogram: 1 µs .. 100 s, 200 bins per decade
 _EDGES = _HIST_EDGES.tolist()
 
@@ -140,12 +140,19 @@ def kv_terms(model, policies) -> tuple[float, float]:
     return float(g), float(max(ka - g * a, 0.0))
 
 
-def restore_seconds(host_bytes, disk_bytes, hw) -> np.ndarray:
-    """Seconds to copy a prefix hit's bytes per device into HBM: graphsim's ``prefix_restore`` rule
-    (:data:`graphsim.rules.RESTORE_LINKS`): host hits cross the host link (C2C / PCIe), disk hits NVMe then the
-    same link; one copy stream, each link at its bandwidth (the slowest bounds)."""
-    host_bytes, disk_bytes = np.asarray(host_bytes, np.float64), np.asarray(disk_bytes, np.float64)
-    return np.maximum((host_bytes + disk_bytes) / hw.c2c_bw, disk_bytes / hw.disk_bw)
+def restore_seconds(host_bytes, disk_bytes, rates: dict) -> np.ndarray:
+    """Seconds to copy a prefix hit's bytes per device into HBM as graphsim's ``prefix_restore`` rule prices it: each
+    tier's bytes on every link :data:`graphsim.rules.RESTORE_LINKS` lists for it (host: C2C / PCIe; disk: NVMe then
+    the same link), one copy op whose time is its slowest link's; ``rates``: the descriptor's rates under the
+    deployment's profile (``HardwareSpec.rates``)."""
+    from ..rules import RESTORE_LINKS
+
+    by_tier = {"host": np.asarray(host_bytes, np.float64), "disk": np.asarray(disk_bytes, np.float64)}
+    on_link: dict = {}
+    for tier, links in RESTORE_LINKS.items():
+        for link in links:
+            on_link[link] = on_link.get(link, 0.0) + by_tier[tier]
+    return np.maximum.reduce([b / rates[link] for link, b in on_link.items()])
 
 
 # ---- the simulation ---------------------------------------------------------------------------------------------
@@ -165,7 +172,7 @@ class _PoolConfig:
 
 
 class _Replica:
-    __slots__ = ("idx", "cfg", "pool", "waiting", "running", "t", "link", "held", "area", "busy_s", "steps")
+    __slots__ = ("idx", "cfg", "pool", "waiting", "running", "t", "link", "held", "busy_s")
 
     def __init__(self, idx, cfg: _PoolConfig):
         self.idx, self.cfg, self.pool = idx, cfg, HBMPool(cfg.capacity)
@@ -174,9 +181,7 @@ class _Replica:
         self.t = 0.0
         self.link = 0.0  # when the copy link is free
         self.held = 0.0  # ∫ requests held dt (Little's law)
-        self.area = 0.0
         self.busy_s = 0.0
-        self.steps = 0
 
     def load(self) -> int:
         return len(self.waiting) + len(self.running)
@@ -188,10 +193,11 @@ class _Replica:
 
 
 class _Sim:
-    def __init__(self, trace, dep: Deployment, pools, *, too_long, tiers, router, seed, validate, sample_s, progress,
+    def __init__(self, trace, pools, *, too_long, tiers, router, seed, validate, sample_s, progress,
                  kv, window, swa_model, encoder_replay, hw, model, chunked=True, decode_in_budget=True,
-                 emit: float = 1.0):
-        self.tr, self.dep, self.hw, self.model = trace, dep, hw, model
+                 emit: float = 1.0, rates_profile=None):
+        self.hw, self.model = hw, model
+        self.rates = hw.rates(rates_profile)  # the copy links at the deployment's profile (restores, swaps)
         self.router, self.progress = router, progress
         self.g, self.s = kv
         self.window = window
@@ -403,7 +409,7 @@ class _Sim:
             self.hit_tokens[i] = hit
         self.replay[i] = replay
         self.pending_replay[i] = replay > 0
-        dr = float(restore_seconds(host_b * r.cfg.per_device, disk_b * r.cfg.per_device, self.hw)) \
+        dr = float(restore_seconds(host_b * r.cfg.per_device, disk_b * r.cfg.per_device, self.rates)) \
             if host_b + disk_b > 0 else 0.0
         self.restore_s[i] = dr
         self.ready[i] = now
@@ -460,7 +466,7 @@ class _Sim:
         self.preempted[i] += 1
         if r.cfg.role == "decode":
             self.phase[i] = TRANSFER
-            self.ready[i] = float(restore_seconds(nbytes * r.cfg.per_device, 0.0, self.hw))  # the swap-in to come
+            self.ready[i] = float(restore_seconds(nbytes * r.cfg.per_device, 0.0, self.rates))  # the swap-in to come
         else:
             self.phase[i] = WAIT
         r.waiting.appendleft(i)
@@ -605,7 +611,6 @@ class _Sim:
         t_end = now + float(dts.sum())
         r.advance(t_end)
         r.busy_s += float(dts.sum())
-        r.steps += dts.size
         m = dts.size
         # decodes emit m tokens each
         if B:
@@ -880,11 +885,11 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
     require(all(isinstance(t, TierSpec) for t in tiers), "tiers", "give TierSpec records")
     arr = np.asarray(trace.arrival_s, np.float64)
     span = float(arr[-1] - arr[0]) if len(trace) > 1 else 1.0
-    sim = _Sim(trace, dep, pools, too_long=too_long, tiers=tiers, router=router, seed=seed, validate=validate,
+    sim = _Sim(trace, pools, too_long=too_long, tiers=tiers, router=router, seed=seed, validate=validate,
                sample_s=max(span, 1e-3) / max(samples, 1) if samples else 0.0, progress=progress,
                kv=(g, s), window=policies.replay_window, swa_model=swa_model,
                encoder_replay=policies.encoder_replay == "on", hw=hw, model=model, chunked=chunked,
-               decode_in_budget=decode_in_budget, emit=emit)
+               decode_in_budget=decode_in_budget, emit=emit, rates_profile=dep.profile)
     sim.over_budget = over_budget
     sim.run()
     return _result(sim, trace, dep, model, hw, pools, policies, eng, tiers, sla, classes, router, design)
