@@ -952,7 +952,7 @@ def _pool_config(role, mapping, policies, *, model, hw, dep, eng, serving, view,
                 moe = (info.top_k, info.experts, mapping.ep, serving.moe_load_ratio, serving.eplb)
         steps = StepTimes(prog, max_batch=b_max, max_context=max_ctx, budget=budget,
                           replay_window=policies.replay_window, swa=swa_model, exact_program=exact, serving=serving,
-                          hot_program=hot, moe=moe, verify=verify)
+                          hot_program=hot, moe=moe, verify=verify, role=role)
     return _PoolConfig(role, steps, budget, max_running, capacity, mapping.dp / split, mapping, policies)
 
 

@@ -108,7 +108,8 @@ class StepTimes:
     request, in that order, at the deployment's mapping and policies, in any view)."""
 
     def __init__(self, compiled, *, max_batch: int, max_context: int, budget: int, replay_window: int = 128,
-                 swa: bool = False, exact_program=None, serving=None, hot_program=None, moe=None, verify: int = 0):
+                 swa: bool = False, exact_program=None, serving=None, hot_program=None, moe=None, verify: int = 0,
+                 role: str = "mixed"):
         require(compiled.plan.kinds == ("prefill", "decode"), "compiled", "the step program is one prefill and one "
                                                                           "decode request")
         self.c, self.exact_program = compiled, exact_program
@@ -127,10 +128,17 @@ class StepTimes:
         self.d_grids = (_geom(1, max(self.max_batch, 2), 1.5), _geom(16, cmax, 1.5))
         self.m_grids = (_geom(1, max(self.max_batch, 2), 2.0, zero=True), _geom(64, cmax, 4.0),
                         _geom(1, max(self.budget, 2), 1.5), _geom(256, cmax, 4.0, zero=True))
+        # a disaggregated pool prices only its own steps: a decode replica never prefills, a prefill replica never
+        # decodes (its mixed steps have B = 0)
+        if role == "prefill":
+            self.d_grids = (np.array([0.0, 1.0]), np.array([16.0, 32.0]))
+            self.m_grids = (np.array([0.0, 1.0]),) + self.m_grids[1:]
+        if role == "decode":
+            self.m_grids = tuple(np.array([g[0], g[-1]]) for g in self.m_grids)
         self.d_table = self._surface(self.d_grids, decode_only=True)
         self.m_table = self._surface(self.m_grids, decode_only=False)
         self.r_grids = (_geom(1, max(self.budget, 2), 2.0), _geom(1, cmax, 2.0))
-        self.r_table = self._replay_table(self.r_grids) if self.swa else None
+        self.r_table = self._replay_table(self.r_grids) if self.swa and role != "decode" else None
         self._d1, self._m1 = _Point(self.d_grids, self.d_table), _Point(self.m_grids, self.m_table)
         self._r1 = _Point(self.r_grids, self.r_table) if self.r_table is not None else None
         # MoE load imbalance (a prediction's engine term, graphsim.serving.moe): the same surfaces with the hottest
