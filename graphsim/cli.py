@@ -87,6 +87,15 @@ def _view_args(p: argparse.ArgumentParser) -> None:
                         "framework (older, reported per op) or uncovered (none)")
 
 
+def reserve_arg(g) -> None:
+    """``--reserve-gib``: the runtime reserve per GPU the memory checks keep back (its default printed as a value)."""
+    from .limits import DEFAULT_RESERVE_GIB
+
+    g.add_argument("--reserve-gib", type=float, default=None, metavar="GIB",
+                   help=f"runtime reserve per GPU in the memory check (default {DEFAULT_RESERVE_GIB:g} GiB: CUDA "
+                        "context, NCCL/DeepEP buffers, workspaces)")
+
+
 def model_hw_args(p, *, weights: bool = True, profile: bool = True):
     """The ``model & hardware`` group: ``--model`` (+ ``--weights``/``--redundant-experts``), ``--hw`` and
     ``--profile``; returns the group for a command's own additions."""

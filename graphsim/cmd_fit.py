@@ -6,8 +6,7 @@ GiB = 2.0**30
 
 
 def register(sub) -> None:
-    from .cli import add_command, mapping_args, model_hw_args, output_args
-    from .limits import DEFAULT_RESERVE_GIB
+    from .cli import add_command, mapping_args, model_hw_args, output_args, reserve_arg
 
     p = add_command(sub, "fit", help="memory per device: fits or not, largest batch and context",
                     description="Memory per device for one mapping: weights by group, KV cache, workspace and "
@@ -24,9 +23,7 @@ def register(sub) -> None:
                    help="tokens per request (default 131072)")
     g.add_argument("--batch", type=int, default=1, metavar="N", help="decode requests in the replica (default 1)")
     g = p.add_argument_group("policies")
-    g.add_argument("--reserve-gib", type=float, default=None, metavar="GIB",
-                   help=f"runtime reserve per GPU in GiB (default {DEFAULT_RESERVE_GIB:g} GiB: CUDA context, NCCL/DeepEP buffers, "
-                        "workspaces)")
+    reserve_arg(g)
     g.add_argument("--engram", default="both", choices=("both", "hbm", "host"),
                    help="Engram table residency to report: hbm, host, or both side by side (default; only when "
                         "the model has tables)")

@@ -36,8 +36,7 @@ def _policies(items: list[str]):
 
 
 def register(sub) -> None:
-    from .cli import _view_args, add_command, model_hw_args, output_args
-    from .limits import DEFAULT_RESERVE_GIB
+    from .cli import _view_args, add_command, model_hw_args, output_args, reserve_arg
 
     p = add_command(
         sub, "search", help="find the best deployment under an SLA: agg/disagg, mappings, batches, policies",
@@ -56,9 +55,7 @@ def register(sub) -> None:
     g.add_argument("--gpus", type=int, required=True, metavar="N",
                    help="GPUs to deploy on: floor(N / replica size) aggregated replicas, or prefill + decode pools of "
                         "at most N; tokens/s per GPU counts the GPUs a deployment uses")
-    g.add_argument("--reserve-gib", type=float, default=None, metavar="GIB",
-                   help=f"runtime reserve per GPU in the memory check (default {DEFAULT_RESERVE_GIB:g} GiB: CUDA context, NCCL/DeepEP buffers, "
-                        "workspaces)")
+    reserve_arg(g)
     g.add_argument("--kv-margin", type=float, default=None, metavar="SIGMAS",
                    help="memory holds each decode request at the steady-state mean context isl + osl/2 plus this many "
                         "standard deviations of a DP rank's summed context (default 3: positions uniform over "

@@ -13,8 +13,7 @@ TABLE_SUFFIXES = (".parquet", ".csv")
 
 
 def register(sub) -> None:
-    from .cli import _plan_args, add_command, output_args
-    from .limits import DEFAULT_RESERVE_GIB
+    from .cli import _plan_args, add_command, output_args, reserve_arg
 
     p = add_command(
         sub, "serve-sim", help="simulate a request trace on a deployment: latency percentiles, goodput, KV tiers",
@@ -59,9 +58,7 @@ def register(sub) -> None:
                    help="tokens per step (decodes + prefill chunks; default the engine's, else 8192)")
     d.add_argument("--hbm-kv-gib", type=float, default=None, metavar="GIB",
                    help="KV pool of one replica in GiB instead of what the memory model leaves (inf: unbounded)")
-    d.add_argument("--reserve-gib", type=float, default=None, metavar="GIB",
-                   help=f"runtime reserve per GPU (default {DEFAULT_RESERVE_GIB:g} GiB: CUDA context, NCCL/DeepEP buffers, "
-                        "workspaces)")
+    reserve_arg(d)
     d.add_argument("--router", default="prefix", choices=("prefix", "least-loaded", "round-robin"),
                    help="which replica takes a request: the longest HBM prefix match (default), the least loaded, "
                         "or in turn")
