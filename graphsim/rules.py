@@ -349,6 +349,26 @@ def lm_head(b: GraphBuilder, ts: str, hidden: int, vocab: int, weight: str) -> s
                   comm=(gathered_logits(ts, vocab),))
 
 
+@rule("residual", "x + f(x): 1 FLOP, two BF16 vectors read and one written per element")
+def residual(b: GraphBuilder, name: str, ts: str, h: int) -> str:
+    return b.elementwise(name, ts, h, bytes_in=4.0, bytes_out=2.0, flops_per_elem=1, split=("dp",))
+
+
+@rule("vit_attention", "a ViT block's attention half over an image's patches: RMSNorm, fused QKV GEMM, 2-D RoPE on "
+      "q and k (4 FLOPs per element), bidirectional attention (4h FLOPs per (query, key) pair of one image), the "
+      "output GEMM with its TP all-reduce, the residual")
+def vit_attention(b: GraphBuilder, ts: str, h: int, heads: int, precision: str, *, prefix: str, norm: str, qkv: str,
+                  out: str, note: str, split=("tp", "dp")) -> str:
+    rmsnorm(b, "norm1", ts, h, reads=(f"{prefix}.{norm}",))
+    b.gemm(f"attn.{qkv}", ts, h, 3 * h, weight=f"{prefix}.attn.{qkv}", split=split)
+    b.elementwise("attn.rope2d", ts, 2 * h, bytes_in=2.0, bytes_out=2.0, flops_per_elem=4, split=split)
+    b.attention("attn.core", ts, pairs=Feature("full_pairs", ts), flops_per_pair=4.0 * h, heads=heads,
+                precision=precision, q_bytes_per_token=(3 * h + h) * 2.0, split=split,
+                params={"attn": "encoder", "head_dim": h // heads})
+    b.gemm(f"attn.{out}", ts, h, h, weight=f"{prefix}.attn.{out}", split=split, comm=(all_reduce_tp(ts, h, note=note),))
+    return residual(b, "attn.residual", ts, h)
+
+
 #: Where a prefix-cache hit is copied from, and the links its bytes cross: host memory over C2C/PCIe; local
 #: NVMe, then the same host link (a GPUDirect read crosses the same PCIe/C2C port). HBM hits copy nothing.
 RESTORE_LINKS = {"host": ("bytes_c2c",), "disk": ("bytes_disk", "bytes_c2c")}
@@ -387,5 +407,6 @@ def mla_kv_up(b: GraphBuilder, name: str, ts: str, *, rank: int, up: int, weight
 
 __all__ = ["RULES", "Rule", "rule", "linear", "rmsnorm", "mlp", "gqa_attention", "recurrent_mixer", "moe",
            "dsa_indexer", "embedding", "gathered_logits", "lm_head", "restore_copy", "mla_kv_up", "RESTORE_LINKS",
+           "residual", "vit_attention",
            "AttentionShape", "RecurrentShape", "MoEShape", "all_reduce_tp", "MOE_OUT", "GATED", "act_for", "tokens",
            "activation"]

@@ -47,8 +47,7 @@ import copy
 import attrs
 
 from ..errors import require
-from ..ir import Feature
-from ..rules import GATED, embedding, gathered_logits
+from ..rules import GATED, embedding, gathered_logits, residual, vit_attention
 from ..rules_v4 import dspark_commit_caches
 from . import deepseek_v41 as sem
 from .base import all_reduce_tp, rmsnorm
@@ -78,24 +77,16 @@ def vision_stage(model, b, kinds, policies, requests) -> None:
         for i in range(v.num_hidden_layers):
             p = f"vision.blocks.{i}"
             with b.layer(None, prefix=f"{p}."):
-                rmsnorm(b, "norm1", P, h, reads=(f"{p}.norm1",))
-                b.gemm("attn.wqkv", P, h, 3 * h, weight=f"{p}.attn.wqkv", split=tp)
-                # 2-D RoPE: rotate q and k by (row, column) of the patch
-                b.elementwise("attn.rope2d", P, 2 * h, bytes_in=BF16, bytes_out=BF16, flops_per_elem=4, split=tp)
-                # bidirectional within the image: QK and PV over all heads = 4h flops per (query, key) pair
-                b.attention("attn.core", P, pairs=Feature("full_pairs", P), flops_per_pair=4.0 * h,
-                            heads=v.num_attention_heads, precision=attention_precision(b),
-                            q_bytes_per_token=(3 * h + h) * BF16, split=tp,
-                            params={"attn": "encoder", "head_dim": h // v.num_attention_heads})
-                b.gemm("attn.wo", P, h, h, weight=f"{p}.attn.wo", split=tp, comm=(all_reduce_tp(P, h, note="ViT wo"),))
-                _residual(b, "attn.residual", P, h)
+                # 2-D RoPE on q and k by (row, column) of the patch; bidirectional attention within the image
+                vit_attention(b, P, h, v.num_attention_heads, attention_precision(b), prefix=p, norm="norm1",
+                              qkv="wqkv", out="wo", note="ViT wo", split=tp)
                 rmsnorm(b, "norm2", P, h, reads=(f"{p}.norm2",))
                 b.gemm("mlp.w1", P, h, f, weight=f"{p}.mlp.w1", split=tp)
                 b.gemm("mlp.w3", P, h, f, weight=f"{p}.mlp.w3", split=tp)
                 b.elementwise("mlp.swiglu", P, f, bytes_in=2 * BF16, bytes_out=BF16, flops_per_elem=4,
                               kind="activation", split=tp, exps=f, params={"role": GATED})
                 b.gemm("mlp.w2", P, f, h, weight=f"{p}.mlp.w2", split=tp, comm=(all_reduce_tp(P, h, note="ViT w2"),))
-                _residual(b, "mlp.residual", P, h)
+                residual(b, "mlp.residual", P, h)
         rmsnorm(b, "vision.norm", P, h, reads=("vision.norm",))
         # r×r unfold of the grid padded to multiples of r: every image token gathers r² patch features
         # (padding included), so the traffic is per image token, exactly 9216 bf16 in and out.
@@ -108,11 +99,6 @@ def vision_stage(model, b, kinds, policies, requests) -> None:
                       comm=(all_reduce_tp(I, d, note="aligner fc2"),))
     # The trunk's embedding writes the image features into the image positions of the residual streams.
     b.depends(last, "embed")
-
-
-def _residual(b, name: str, ts: str, h: int) -> str:
-    """x + f(x): read two bf16 vectors, write one."""
-    return b.elementwise(name, ts, h, bytes_in=2 * BF16, bytes_out=BF16, flops_per_elem=1, split=("dp",))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -236,7 +222,7 @@ def _post(model, rb, slot: int, sub: str, ts: str) -> None:
     if model.cfg.dspark_has_mhc:
         model._mhc_post(rb, slot, sub, ts)
     else:
-        _residual(rb, f"{sub}.residual", ts, model.cfg.hidden_size)
+        residual(rb, f"{sub}.residual", ts, model.cfg.hidden_size)
 
 
 class _Renamed:

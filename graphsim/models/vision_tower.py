@@ -50,8 +50,8 @@ import attrs
 
 from ..config import need
 from ..errors import require
-from ..ir import Feature, Tensor
-from ..rules import activation, all_reduce_tp, rmsnorm
+from ..ir import Tensor
+from ..rules import activation, all_reduce_tp, residual, rmsnorm, vit_attention
 
 #: token sets: the ViT's patches and the image tokens the mergers emit (none in decode: the tower runs at prefill)
 VIS_PATCHES, VIS_IMAGE = "vis_patches", "vis_image"
@@ -176,23 +176,15 @@ class VisionTower:
             for i in range(self.depth):
                 p = f"vision.blocks.{i}"
                 with b.layer(None, prefix=f"{p}."):
-                    rmsnorm(b, "norm1", P, h, reads=(f"{p}.norms",))
-                    b.gemm("attn.qkv", P, h, 3 * h, weight=f"{p}.attn.qkv", split=tp)
-                    b.elementwise("attn.rope2d", P, 2 * h, bytes_in=BF16, bytes_out=BF16, flops_per_elem=4, split=tp)
-                    # bidirectional within the image: QK and PV over all heads = 4h flops per (query, key) pair
-                    b.attention("attn.core", P, pairs=Feature("full_pairs", P), flops_per_pair=4.0 * h,
-                                heads=self.heads, precision=prec, q_bytes_per_token=(3 * h + h) * BF16, split=tp,
-                                params={"attn": "encoder", "head_dim": hd})
-                    b.gemm("attn.proj", P, h, h, weight=f"{p}.attn.proj", split=tp,
-                           comm=(all_reduce_tp(P, h, note="ViT attn.proj"),))
-                    _residual(b, "attn.residual", P, h)
+                    vit_attention(b, P, h, self.heads, prec, prefix=p, norm="norms", qkv="qkv", out="proj",
+                                  note="ViT attn.proj", split=tp)
                     rmsnorm(b, "norm2", P, h, reads=(f"{p}.norms",))
                     b.gemm("mlp.linear_fc1", P, h, f, weight=f"{p}.mlp.linear_fc1", split=tp)
                     b.elementwise("mlp.act", P, f, bytes_in=BF16, bytes_out=BF16, flops_per_elem=8,
                                   kind="activation", split=tp, exps=exps * f)
                     b.gemm("mlp.linear_fc2", P, f, h, weight=f"{p}.mlp.linear_fc2", split=tp,
                            comm=(all_reduce_tp(P, h, note="ViT linear_fc2"),))
-                    _residual(b, "mlp.residual", P, h)
+                    residual(b, "mlp.residual", P, h)
             if self.final_norm:
                 rmsnorm(b, "vision.final_norm", P, h, reads=("vision.final_norm",))
             last = None
@@ -209,10 +201,6 @@ class VisionTower:
                               comm=(all_reduce_tp(I, self.out_hidden, note="merger linear_fc2"),))
         return last
 
-
-def _residual(b, name: str, ts: str, h: int) -> str:
-    """x + f(x): read two bf16 vectors, write one."""
-    return b.elementwise(name, ts, h, bytes_in=2 * BF16, bytes_out=BF16, flops_per_elem=1, split=("dp",))
 
 
 def tower(cfg: Mapping) -> VisionTower | None:
