@@ -287,6 +287,28 @@ def test_v4_rules_closed_forms():
     assert coef(o["commit.compressor_state"], "bytes_kv", "requests") == 2 * 20 * 1024.0
 
 
+def test_vit_attention_and_residual_closed_forms():
+    from graphsim.rules import residual, vit_attention
+
+    b = builder()
+    h, heads = 64, 4
+    b.weight("v.attn.qkv", h * 3 * h, "bf16")
+    b.weight("v.attn.proj", h * h, "bf16")
+    b.weight("v.norms", 2 * h, "bf16")
+    with b.stage("s"):
+        vit_attention(b, "all", h, heads, "bf16", prefix="v", norm="norms", qkv="qkv", out="proj", note="t")
+        residual(b, "r", "all", h)
+    o = ops(b)
+    flops = lambda op: sum(v for c, terms in ((c, op.cost.component(c)) for c in ("flops_bf16", "flops_fp32"))  # noqa
+                           for _, v in terms)
+    assert flops(o["attn.qkv"]) == 2 * h * 3 * h  # 2·k·n per token
+    assert flops(o["attn.core"]) == 4.0 * h  # 4h per (query, key) pair: QK and PV over all heads
+    assert flops(o["attn.rope2d"]) == 4 * 2 * h  # 2-D RoPE: 4 FLOPs per element of q and k
+    assert coef(o["r"], "bytes_act") == 3 * 2 * h  # two BF16 vectors read, one written
+    assert o["attn.proj"].comm and [n for n in o] == ["norm1", "attn.qkv", "attn.rope2d", "attn.core", "attn.proj",
+                                                      "attn.residual", "r"]
+
+
 def test_every_registered_rule_is_tested_here():
     import inspect
     import sys
