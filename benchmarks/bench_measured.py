@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 import graphsim as gs
-from graphsim.measured.view import ViewSpec
+from graphsim.views.measured.view import ViewSpec
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "measured"
 

@@ -14,7 +14,7 @@ import argparse
 import time
 from pathlib import Path
 
-from graphsim.measured import check
+from graphsim.views.measured import check
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "measured"
 

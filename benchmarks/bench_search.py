@@ -1,6 +1,6 @@
 """Deployment search against aiconfigurator: best configurations, throughput and wall time (tables, no assertions).
 
-1. DeepSeek-V3 on 8x GB200, ISL 4000 / OSL 1000, TTFT <= 2000 ms, TPOT <= 30 ms: ``graphsim.search.search``
+1. DeepSeek-V3 on 8x GB200, ISL 4000 / OSL 1000, TTFT <= 2000 ms, TPOT <= 30 ms: ``graphsim.serving.search.search``
    in-process and ``graphsim search --json`` in a fresh process (wall clock of each), and — with
    ``--aic-python`` — ``aiconfigurator cli default`` on the same case in a subprocess (its SOL database mode;
    when SOL cannot run for this system/model, its default database mode, labelled as such). The top 3 of each
@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 
-from graphsim.search import DEFAULT_BATCHES, SLA, Space, Traffic, search
+from graphsim.serving.search import DEFAULT_BATCHES, SLA, Space, Traffic, search
 
 CASE = {"isl": 4000, "osl": 1000, "ttft": 2000.0, "tpot": 30.0, "gpus": 8}
 V3 = {"graphsim": ("deepseek-v3", "gb200"), "aic": ("deepseek-ai/DeepSeek-V3", "gb200")}
@@ -315,7 +315,7 @@ def main():
     tools = [("graphsim SOL", gs_top(res), {m: gs_top(res, m, 1) for m in ("agg", "disagg")}, gs_wall),
              ("graphsim SOL, FP8 KV", gs_top(res_fp8), {m: gs_top(res_fp8, m, 1) for m in ("agg", "disagg")},
               f"{t_fp8:.1f} (API)")]
-    notes = [f"graphsim: `graphsim.search.search('{model}', '{hw}', gpus=8, ...)` in-process {t_api:.2f} s "
+    notes = [f"graphsim: `graphsim.serving.search.search('{model}', '{hw}', gpus=8, ...)` in-process {t_api:.2f} s "
              f"({res.stats['programs_compiled']} programs, {res.stats['rows']:,} points); fresh "
              f"`graphsim search ... --json` process {t_cli:.2f} s" + (f" ({cli_err})" if cli_err else "") +
              "; `FP8 KV` = the same search with `--policy attention_precision=auto,fp8` (FP8 KV cache and "

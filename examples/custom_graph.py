@@ -1,7 +1,7 @@
 """Describe a toy two-stage pipeline by hand with the builder API: a GEMM stage whose all-reduce overlaps the
 next chunk's compute, then a second stage. Same passes, lowering, scheduler and exports as the shipped models."""
 import graphsim as gs
-from graphsim.ir import Cost, Feature
+from graphsim.core.ir import Cost, Feature
 from graphsim.lowering.evaluate import evaluate_reference, unit_time
 from graphsim.lowering.program import lower
 from graphsim.passes.overlap import two_batch_overlap

@@ -4,7 +4,7 @@ and on, for a high- and a low-acceptance drafter, at batch 1, 16, 64, 256 and 8K
 Mapping: one replica on 4 GB200 GPUs, tp=4 with the routed experts over the same 4 GPUs (ep=4): decode at
 these batches is bound by weight and expert traffic, and TP gives every GPU a quarter of it.
 
-With DSpark on, the verify length k of each batch is chosen by ``graphsim.speculative.schedule_verify`` on
+With DSpark on, the verify length k of each batch is chosen by ``graphsim.serving.speculative.schedule_verify`` on
 the step-time curve of one compiled program (verify forward + commit + drafter); E = expected tokens a request
 emits per step (accepted drafts + the target's own token). Both programs are compiled once and serve every
 batch size: the batch is a workload array, not a new graph.
@@ -12,7 +12,7 @@ batch size: the batch is a workload array, not a new graph.
 from __future__ import annotations
 
 import graphsim as gs
-from graphsim.speculative import DecodeBatch, StepCurve, price_verify, schedule_verify
+from graphsim.serving.speculative import DecodeBatch, StepCurve, price_verify, schedule_verify
 
 CONTEXT = 8192
 BATCHES = (1, 16, 64, 256)

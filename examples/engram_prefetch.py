@@ -1,7 +1,7 @@
 """Engram tables on the host (Grace memory) vs in HBM, DeepSeek-V4.1-Flash on GB200 (TP4): is the row
 prefetch over NVLink-C2C hidden under compute, and by how much is it exposed, as prefetch distance varies?"""
 import graphsim as gs
-from graphsim.studies import prefetch_study
+from graphsim.serving.studies import prefetch_study
 
 mapping = gs.ParallelMapping(tp=4)
 for label, reqs in (("prefill 32K", ["prefill:32768"]), ("decode 64 x 8K", ["decode:8192x64"])):

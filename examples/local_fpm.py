@@ -14,12 +14,12 @@ import argparse
 import pathlib
 import time
 
-from graphsim.collect.forward import collect_forward, parse_grid
-from graphsim.collect.ops import collect_ops
-from graphsim.collect.probe import probe, to_toml
-from graphsim.fpm.evaluate import evaluate, to_text
-from graphsim.fpm.fit import fit
-from graphsim.measured.view import ViewSpec
+from graphsim.views.collect.forward import collect_forward, parse_grid
+from graphsim.views.collect.ops import collect_ops
+from graphsim.views.collect.probe import probe, to_toml
+from graphsim.views.fpm.evaluate import evaluate, to_text
+from graphsim.views.fpm.fit import fit
+from graphsim.views.measured.view import ViewSpec
 
 HERE = pathlib.Path(__file__).resolve().parent
 MODEL = str(HERE / "configs" / "tiny-llama.json")

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 import graphsim as gs
-from graphsim.measured.view import ViewSpec
+from graphsim.views.measured.view import ViewSpec
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "measured"
 

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from graphsim.exports.plots import plot_pareto
-from graphsim.search import SLA, Traffic, search
+from graphsim.serving.search import SLA, Traffic, search
 
 r = search("deepseek-v3", "gb200", gpus=8, traffic=Traffic.of(4000, 1000), sla=SLA(ttft_ms=2000, tpot_ms=30), top=3)
 print(f"{r.stats['rows']:,} deployment x batch points in {r.stats['wall_s']:.1f} s; "

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 import graphsim as gs
-from graphsim.measured.view import ViewSpec
+from graphsim.views.measured.view import ViewSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from validate_published import CASES, v3_model  # noqa: E402
@@ -112,7 +112,7 @@ def main():
                         view=ViewSpec("hybrid", a.measured, BACKEND))
     r = c.report()
     print(f"\nDeepSeek-V4.1-Flash hybrid, GB200 TP4/EP4, decode 1024 x 16: forward {r.forward_s * 1e3:.3f} ms")
-    from graphsim.report import coverage_text
+    from graphsim.driver.report import coverage_text
 
     print("\n".join(coverage_text(r.coverage)))
 

@@ -107,7 +107,7 @@ def throughput(case: Case, model, profile=None, compiled=None) -> float:
 
 def v3_model(experts: int = 256):
     """DeepSeek-V3 with ``experts`` physical routed experts (redundant copies included)."""
-    from graphsim.config import load_config
+    from graphsim.core.config import load_config
 
     cfg = load_config("deepseek-v3")
     return gs.load_model({**cfg, "n_routed_experts": experts, "_name": "deepseek-v3"})

@@ -133,7 +133,7 @@ def aiconfigurator_estimate(sc: ServingCase, exe: str) -> tuple[float | None, st
 
 
 def validate(cases=SERVING, measured: str | None = None, aiconfigurator: str | None = None) -> list[Row]:
-    from graphsim.measured.view import ViewSpec
+    from graphsim.views.measured.view import ViewSpec
 
     prof = gs.load_profile("practitioner")
     rows = []

@@ -20,13 +20,23 @@ __version__ = "0.1.0"
 # ``from graphsim import X`` work as before; each name's module is imported on first use
 # (tests/test_light_imports.py).
 _LAZY = {
-    "GraphBuilder": ".builder", "GraphsimError": ".errors",
+    "GraphBuilder": ".core.builder", "GraphsimError": ".core.errors",
     "EfficiencyProfile": ".hw", "HardwareSpec": ".hw", "list_hw": ".hw", "load_hw": ".hw", "load_profile": ".hw",
-    "ONE": ".ir", "CommSpec": ".ir", "Cost": ".ir", "Edge": ".ir", "Feature": ".ir", "Graph": ".ir", "Op": ".ir",
-    "StorageFormat": ".ir", "Tensor": ".ir", "TokenSet": ".ir",
-    "ViewSpec": ".measured.view", "list_models": ".models", "load_model": ".models",
-    "Compiled": ".pipeline", "Plan": ".pipeline", "Policies": ".pipeline", "compile_plan": ".pipeline",
-    "ParallelMapping": ".plan", "Request": ".plan", "Report": ".report", "Workload": ".workload",
+    "ONE": ".core.ir", "CommSpec": ".core.ir", "Cost": ".core.ir", "Edge": ".core.ir", "Feature": ".core.ir",
+    "Graph": ".core.ir", "Op": ".core.ir", "StorageFormat": ".core.ir", "Tensor": ".core.ir", "TokenSet": ".core.ir",
+    "ViewSpec": ".views.measured.view", "list_models": ".models", "load_model": ".models",
+    "Compiled": ".driver.pipeline", "Plan": ".driver.pipeline", "Policies": ".driver.pipeline",
+    "compile_plan": ".driver.pipeline", "ParallelMapping": ".core.plan", "Request": ".core.plan",
+    "Report": ".driver.report", "Workload": ".core.workload",
+}
+#: modules users reach as attributes (``gs.ir.COMPONENTS``, ``gs.search``) by their place in the layer packages
+_MODULES = {
+    **{m: f".core.{m}" for m in ("errors", "limits", "features", "ir", "workload", "plan", "builder", "rules",
+                                 "rules_v4", "quant", "config", "vision", "identity", "outputs")},
+    **{m: f".driver.{m}" for m in ("pipeline", "report", "metrics", "memory", "ledger")},
+    **{m: f".views.{m}" for m in ("measured", "fpm", "collect")},
+    **{m: f".serving.{m}" for m in ("search", "disagg", "speculative", "fit", "studies")},
+    "hub": ".models.hub", "dspark": ".models.dspark",
 }
 
 
@@ -38,6 +48,10 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(mod, __name__), name)
         globals()[name] = value  # once resolved, a plain attribute
         return value
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name], __name__)
+        globals()[name] = value
+        return value
     if not name.startswith("__"):  # a subpackage used as an attribute (``gs.sweep``) before anyone imported it
         try:
             return importlib.import_module(f"{__name__}.{name}")
@@ -48,7 +62,7 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_MODULES))
 
 
 __all__ = [

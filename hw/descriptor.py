@@ -16,7 +16,7 @@ try:
 except ImportError:  # Python 3.10: the tomli backport (a dependency there)
     import tomli as tomllib
 
-from ..errors import GraphsimError, require
+from ..core.errors import GraphsimError, require
 
 PRECISIONS = ("fp4", "fp8", "bf16", "tf32", "fp32", "int8")
 #: Every chip runs these natively; the others may be absent and fall back (see ``HardwareSpec.peak``).
@@ -187,7 +187,7 @@ class HardwareSpec:
     nvls_bw: float = attrs.field(default=0.0, converter=_as_float, validator=_number(0.0, lo_open=False, unit="B/s"))
     #: last-level (L2) cache per GPU. Not a term of the SOL of a forward (a layer's weights and KV are read from
     #: HBM once per step); it is the data identity of a measured table's row: a collector replays one op on the
-    #: same operands, which stay in L2 when they fit (graphsim.measured.check). 0 = unknown
+    #: same operands, which stay in L2 when they fit (graphsim.views.measured.check). 0 = unknown
     l2_bytes: float = attrs.field(default=0.0, converter=_as_float, validator=_number(0.0, lo_open=False, unit="bytes"))
 
     def resolve_precision(self, precision: str) -> str:

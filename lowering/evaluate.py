@@ -18,9 +18,9 @@ from typing import Mapping
 import attrs
 import numpy as np
 
-from graphsim.errors import GraphsimError
-from graphsim.ir import COMPONENT_INDEX, COMPONENTS, Graph
-from graphsim.workload import Workload
+from graphsim.core.errors import GraphsimError
+from graphsim.core.ir import COMPONENT_INDEX, COMPONENTS, Graph
+from graphsim.core.workload import Workload
 
 from . import kernel as K
 from .features import feature_matrix
@@ -58,7 +58,7 @@ class Schedule:
     components: np.ndarray  # (P, ops, K) raw component totals (FLOPs, bytes, hops)
     unit_time: np.ndarray  # (P, K)
     argpred: np.ndarray  # (P, ops): the predecessor that set the start (-1 if none)
-    #: measured views: each op's SOL duration and where its duration came from (graphsim.measured.view
+    #: measured views: each op's SOL duration and where its duration came from (graphsim.views.measured.view
     #: SOURCE_NAMES codes); None in the SOL view
     sol_duration: np.ndarray | None = None
     source: np.ndarray | None = None
@@ -326,7 +326,7 @@ class Evaluator:
     program: CostProgram
     kinds: tuple
     chunk: int = 65536
-    view: object = None  # a bound measured view (graphsim.measured.view.BoundView) or None (SOL)
+    view: object = None  # a bound measured view (graphsim.views.measured.view.BoundView) or None (SOL)
     precision: str = attrs.field(default="exact")
     numpy_points: int = NUMPY_POINTS
     _layout: object = None

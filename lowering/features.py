@@ -1,15 +1,15 @@
 """Workload features over the points of a workload, written once for any array module (NumPy or jax.numpy):
-token-set intervals per request group, the registry's per-request closed forms (graphsim.features) summed
+token-set intervals per request group, the registry's per-request closed forms (graphsim.core.features) summed
 with request counts, and the batch-level kinds (``one``, ``active``, ``experts_touched``).
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-from graphsim.errors import GraphsimError
-from graphsim.features import FEATURES, WINDOW_KINDS, s_causal, s_chunk, s_floor, s_floor_capped, s_window  # noqa: F401
-from graphsim.ir import Feature, TokenSet
-from graphsim.workload import TIERS
+from graphsim.core.errors import GraphsimError
+from graphsim.core.features import FEATURES, WINDOW_KINDS, s_causal, s_chunk, s_floor, s_floor_capped, s_window  # noqa: F401
+from graphsim.core.ir import Feature, TokenSet
+from graphsim.core.workload import TIERS
 
 
 def interval(rule: str, a: dict, g: int, xp):
@@ -53,7 +53,7 @@ def interval(rule: str, a: dict, g: int, xp):
 
 def per_request(kind: str, params: tuple, lo, hi, xp):
     """Value of a per-request feature for one group (before weighting by request count): the registry's
-    closed form (graphsim.features)."""
+    closed form (graphsim.core.features)."""
     rule = FEATURES.get(kind)
     if rule is None or rule.per_request is None:
         raise GraphsimError("feature.kind", f"no per-request closed form for {kind!r}")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from graphsim.ir import COMPONENT_INDEX
+from graphsim.core.ir import COMPONENT_INDEX
 
 from .features import feature_column
 from .program import COMPONENT_GROUP, GROUPS, LATENCY, CostProgram

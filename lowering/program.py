@@ -12,8 +12,8 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from graphsim.errors import GraphsimError
-from graphsim.ir import COMPONENT_INDEX, COMPONENTS, Graph
+from graphsim.core.errors import GraphsimError
+from graphsim.core.ir import COMPONENT_INDEX, COMPONENTS, Graph
 
 #: Roofline groups: components in one group add up; groups take the max; "latency" (last) adds on top.
 GROUPS = ("compute", "sfu", "hbm", "nvlink", "scaleout", "c2c", "disk", "latency")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import attrs
 
-from graphsim.errors import GraphsimError
-from graphsim.ir import Cost, Edge, Feature, Graph, Op, OpInfo, replace_op
+from graphsim.core.errors import GraphsimError
+from graphsim.core.ir import Cost, Edge, Feature, Graph, Op, OpInfo, replace_op
 
 from .pipeline import NO_CONTEXT, PassContext
 

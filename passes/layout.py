@@ -26,7 +26,7 @@ import functools
 
 import attrs
 
-from graphsim.ir import Cost, CommSpec, Feature, Graph, Op
+from graphsim.core.ir import Cost, CommSpec, Feature, Graph, Op
 
 #: Ops sequence parallelism shards by token: per-token, weights (if any) replicated across TP.
 SP_KINDS = ("norm", "mhc", "elementwise", "quant")

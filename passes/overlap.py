@@ -14,14 +14,14 @@ one batch, its own communication and compute overlapped — the fastest schedule
 * :func:`prefetch_engram` — host-resident Engram tables: the rows a block looks up are copied host→device
   over NVLink-C2C on the host_copy stream, up to ``distance`` blocks ahead, and the lookup waits for them.
 The analyses of what a prefetch hides (per-copy exposure, studies over distances) are in
-:mod:`graphsim.studies`.
+:mod:`graphsim.serving.studies`.
 """
 from __future__ import annotations
 
 import attrs
 
-from graphsim.errors import require
-from graphsim.ir import Cost, Edge, Graph, Op, map_cost
+from graphsim.core.errors import require
+from graphsim.core.ir import Cost, Edge, Graph, Op, map_cost
 
 from .pipeline import NO_CONTEXT, PassContext
 

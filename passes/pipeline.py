@@ -14,8 +14,8 @@ from typing import Callable, Sequence
 
 import attrs
 
-from graphsim.errors import GraphsimError, require
-from graphsim.ir import Graph
+from graphsim.core.errors import GraphsimError, require
+from graphsim.core.ir import Graph
 
 
 @attrs.frozen

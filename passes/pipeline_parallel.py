@@ -31,8 +31,8 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from graphsim.errors import GraphsimError, require
-from graphsim.ir import Cost, Edge, Feature, Graph, Op, OpInfo, map_cost
+from graphsim.core.errors import GraphsimError, require
+from graphsim.core.ir import Cost, Edge, Feature, Graph, Op, OpInfo, map_cost
 
 from .overlap import chunk_batch, scale_batch
 from .pipeline import PassContext

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import attrs
 
-from graphsim.errors import GraphsimError
-from graphsim.ir import Graph, TokenSet
+from graphsim.core.errors import GraphsimError
+from graphsim.core.ir import Graph, TokenSet
 
 from .pipeline import NO_CONTEXT, PassContext
 

@@ -19,10 +19,10 @@ import math
 
 import attrs
 
-from graphsim.features import QUERY_FEATURES  # context parallelism divides these (the registry's flag)
-from graphsim.errors import GraphsimError, require
-from graphsim.ir import ONE, CommSpec, Cost, Edge, Graph, Op, OpInfo, replace_op
-from graphsim.plan import ParallelMapping
+from graphsim.core.features import QUERY_FEATURES  # context parallelism divides these (the registry's flag)
+from graphsim.core.errors import GraphsimError, require
+from graphsim.core.ir import ONE, CommSpec, Cost, Edge, Graph, Op, OpInfo, replace_op
+from graphsim.core.plan import ParallelMapping
 
 from .layout import OpLayout, plan_layout
 from .pipeline import PassContext

@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 
 import graphsim as gs
-from graphsim.builder import GraphBuilder
-from graphsim.ir import COMPONENTS, ONE, Cost, Feature
+from graphsim.core.builder import GraphBuilder
+from graphsim.core.ir import COMPONENTS, ONE, Cost, Feature
 from graphsim.lowering.evaluate import Evaluator, evaluate_reference, unit_time
 from graphsim.lowering.program import COMPONENT_GROUP, GROUPS, LATENCY, lower
 from graphsim.passes.sharding import apply_mapping, link_alternatives

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import graphsim as gs
-from graphsim.errors import GraphsimError
-from graphsim.ir import COMPONENTS
+from graphsim.core.errors import GraphsimError
+from graphsim.core.ir import COMPONENTS
 
 N = 131072
 PAIRS = N * (N + 1) // 2
@@ -80,7 +80,7 @@ def test_fp8_attention_reads_an_fp8_cache():
 
 
 def test_checkpoint_kv_dtype_sets_the_default():
-    from graphsim.config import load_config
+    from graphsim.core.config import load_config
 
     cfg = load_config("deepseek-v3")
     fp8 = {**cfg, "quantization_config": {**cfg["quantization_config"], "kv_cache_quant_algo": "FP8"}}
@@ -117,8 +117,8 @@ def test_v41_indexer_scores_at_the_fp4_rate_or_fp8_without_it(hw, rate):
 def test_builder_attention_counts_scores_and_sink_logits():
     """One exponential per (query, key, head) score plus, with sinks, one per (query, head) sink logit:
     a 100-token causal prefill with 4 heads normalises 4·5050 scores and 4·100 sink logits."""
-    from graphsim.builder import GraphBuilder
-    from graphsim.ir import Feature
+    from graphsim.core.builder import GraphBuilder
+    from graphsim.core.ir import Feature
     from graphsim.lowering.evaluate import evaluate_reference, unit_time
     from graphsim.lowering.program import lower
 

@@ -47,7 +47,7 @@ def test_bad_input_one_line(args, field, capsys):
 
 
 def test_config_missing_field(tmp_path, capsys):
-    cfg = json.loads(open(__import__("graphsim.config", fromlist=["x"]).__file__.replace("config.py", "configs/deepseek-v3.json")).read())
+    cfg = json.loads(open(str(__import__("graphsim.core.config", fromlist=["x"])._CONFIGS / "deepseek-v3.json")).read())
     del cfg["kv_lora_rank"]
     p = tmp_path / "config.json"
     p.write_text(json.dumps(cfg))
@@ -56,7 +56,7 @@ def test_config_missing_field(tmp_path, capsys):
 
 
 def test_console_script_no_traceback():
-    r = subprocess.run([sys.executable, "-m", "graphsim.cli", "estimate", "--model", "deepseek-v3", "--tp", "5",
+    r = subprocess.run([sys.executable, "-m", "graphsim.cli.app", "estimate", "--model", "deepseek-v3", "--tp", "5",
                         "--request", "decode:1"], capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "mapping.tp" in r.stderr
 
@@ -87,7 +87,7 @@ def test_estimate_chunked_prefill(capsys):
 
 
 def test_dspark_report_counts_expected_emitted_tokens(capsys):
-    # a=[.9,.8,.7,.6,.5], k=3: E[emitted] = 1 + .9 + .72 + .504 = 3.124 (graphsim.dspark bonus convention);
+    # a=[.9,.8,.7,.6,.5], k=3: E[emitted] = 1 + .9 + .72 + .504 = 3.124 (graphsim.models.dspark bonus convention);
     # ITL is the step time over E[emitted], never the verify step itself
     rc = main(["estimate", "--model", "deepseek-v4.1-flash", "--tp", "4", "--ep", "4", "--request", "decode:8192x64v3",
                "--dspark", "on", "--acceptance", "0.9,0.8,0.7,0.6,0.5", "--json"])
@@ -114,8 +114,8 @@ def test_unsupported_policies_are_rejected(args, field, capsys):
 
 def test_chunked_prefill_with_an_image_larger_than_a_chunk(capsys):
     # 2,000 text + 475 image tokens in chunks of 256: the ViT runs in step 0; image tokens spread over 2 steps
-    from graphsim.ledger import chunk_prefill
-    from graphsim.plan import Request
+    from graphsim.driver.ledger import chunk_prefill
+    from graphsim.core.plan import Request
 
     steps = chunk_prefill(Request.parse("prefill:2000+img:1024x768"), 256)
     assert [s.image_tokens for s in steps[:3]] == [256, 219, 0] and sum(s.new_tokens for s in steps) == 2475
@@ -134,7 +134,7 @@ def test_chunked_steps_are_one_program_that_matches_step_by_step_plans(capsys):
     which runs nothing and reads no weights ('active' features) — the same times as compiling every step's
     own plan."""
     import graphsim as gs
-    from graphsim.ledger import chunk_prefill
+    from graphsim.driver.ledger import chunk_prefill
 
     reqs = ["prefill:1000", "prefill:300@100", "decode:4096x8"]
     rc = main(["estimate", "--model", "deepseek-v3", "--tp", "2", "--chunk", "256", "--view", "sol", "--json"]

@@ -1,12 +1,12 @@
 """Every command's --help (issue 16): a description, examples that parse, arguments in named groups and a help
 line on every argument. Commands are found by building the full parser, so a command added later is held to
-the same conventions (graphsim.cli.add_command builds such a parser)."""
+the same conventions (graphsim.cli.app.add_command builds such a parser)."""
 import argparse
 import shlex
 
 import pytest
 
-from graphsim.cli import build_parser
+from graphsim.cli.app import build_parser
 
 
 def _subcommands(parser) -> dict:

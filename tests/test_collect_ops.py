@@ -13,10 +13,10 @@ import pytest
 import graphsim as gs
 import graphsim.hw
 from graphsim.cli import main
-from graphsim.collect.ops import FAMILIES, cartesian, collect_ops, default_grid
-from graphsim.errors import GraphsimError
-from graphsim.measured.store import Store
-from graphsim.measured.view import ViewSpec
+from graphsim.views.collect.ops import FAMILIES, cartesian, collect_ops, default_grid
+from graphsim.core.errors import GraphsimError
+from graphsim.views.measured.store import Store
+from graphsim.views.measured.view import ViewSpec
 
 LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1000,
@@ -53,7 +53,7 @@ def local(tmp_path_factory):
 
 
 def test_tables_load_with_the_collectors_identity(local):
-    from graphsim.collect.env import environment
+    from graphsim.views.collect.env import environment
 
     out, _, _, summary = local
     env = environment("testcpu")
@@ -132,11 +132,11 @@ def test_a_backend_without_the_local_families_prices_those_ops_at_sol(local, tmp
 
 
 def test_windowed_kernels_match_the_masked_reference():
-    """The collector times the executor's attention (graphsim.collect.kernels): banded prompt, full, decode."""
+    """The collector times the executor's attention (graphsim.views.collect.kernels): banded prompt, full, decode."""
     import jax
     import jax.numpy as jnp
 
-    from graphsim.collect.ops import _attend
+    from graphsim.views.collect.ops import _attend
 
     def _prefill(q, k, v, w):
         return _attend(q, k, v, w)

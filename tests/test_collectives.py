@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import graphsim as gs
-from graphsim.ir import COMPONENTS
+from graphsim.core.ir import COMPONENTS
 
 NV = COMPONENTS.index("bytes_nvlink")
 H3, K3 = 7168, 8  # DeepSeek-V3 hidden, top-k (V41_FACTS §13)
@@ -100,7 +100,7 @@ def test_scattered_block_runs_on_the_owner_tokens():
     attn = s.components[0, g.op_index["layers.5.attn_norm"], COMPONENTS.index("bytes_act")]
     assert attn == pytest.approx(64 * H3 * 4)  # the attention side keeps every token replicated
     # memory per device holds the shared experts whole too, the attention weights split 8 ways
-    from graphsim.memory import _reference_splits
+    from graphsim.driver.memory import _reference_splits
 
     div = _reference_splits(c.model, m, c.plan.policies, c.hw)
     assert div["layers.5.moe.shared.gate_up"] == 1.0 and div["layers.5.attn.wq_b"] == 8.0

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import graphsim as gs
-from graphsim.errors import GraphsimError
-from graphsim.ir import Cost, Edge, Feature, Graph, Op, TokenSet, feature_key, replace_op
+from graphsim.core.errors import GraphsimError
+from graphsim.core.ir import Cost, Edge, Feature, Graph, Op, TokenSet, feature_key, replace_op
 from graphsim.lowering.program import lower
 from graphsim.passes.overlap import scale_batch, two_batch_overlap
 from graphsim.passes.sharding import apply_mapping, layout_of, shard_cost
@@ -188,7 +188,7 @@ def test_bulk_check_names_the_first_offender_as_before():
 
 def _lower_row_by_row(graph: Graph):
     """The lowering's cost classes as first written: one dense row per op, classes by row bytes."""
-    from graphsim.ir import COMPONENT_INDEX, COMPONENTS
+    from graphsim.core.ir import COMPONENT_INDEX, COMPONENTS
 
     feats: dict = {}
     for cost in [op.cost for op in graph.ops] + [c for op in graph.ops for _, c in op.alts[1:]]:

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 import graphsim as gs
-from graphsim.dspark import AcceptanceProfile
-from graphsim.errors import GraphsimError
-from graphsim.ir import COMPONENT_INDEX, Feature
+from graphsim.models.dspark import AcceptanceProfile
+from graphsim.core.errors import GraphsimError
+from graphsim.core.ir import COMPONENT_INDEX, Feature
 from graphsim.lowering.features import feature_matrix
 from graphsim.models.deepseek_v41 import compressor_state_row_bytes, swa_entry_bytes
-from graphsim.plan import Request
-from graphsim.speculative import (DecodeBatch, StepCurve, bucket_contexts, merge_classes, price_verify,
+from graphsim.core.plan import Request
+from graphsim.serving.speculative import (DecodeBatch, StepCurve, bucket_contexts, merge_classes, price_verify,
                                   schedule_verify)
 
 MODEL = gs.load_model("deepseek-v4.1-flash")

@@ -1,4 +1,4 @@
-"""DSpark acceptance model and verify-length scheduler (graphsim.dspark)."""
+"""DSpark acceptance model and verify-length scheduler (graphsim.models.dspark)."""
 from __future__ import annotations
 
 import itertools
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graphsim.dspark import AcceptanceProfile, VerifyPlan, block_size_from_config, choose_verify_lengths
-from graphsim.errors import GraphsimError
+from graphsim.models.dspark import AcceptanceProfile, VerifyPlan, block_size_from_config, choose_verify_lengths
+from graphsim.core.errors import GraphsimError
 
 CONFIG = Path(__file__).resolve().parents[1] / "graphsim" / "configs" / "deepseek-v4.1-flash.json"
 D = block_size_from_config(json.loads(CONFIG.read_text()))

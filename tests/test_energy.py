@@ -31,7 +31,7 @@ def test_sweep_rows_carry_energy():
 
 
 def test_search_rows_sustain_a_rate_a_concurrency_and_tokens_per_joule():
-    from graphsim.search import SLA, Space, Traffic, search
+    from graphsim.serving.search import SLA, Space, Traffic, search
 
     r = search("deepseek-v3", "gb200", gpus=8, traffic=Traffic.of(2000, 500), sla=SLA(ttft_ms=3000, tpot_ms=60),
                space=Space(modes=("agg",), tp=(8,), ep=(8,), batches=(16, 64)), top=2, engine="none")

@@ -1,4 +1,4 @@
-"""DeepSeek-V3 / V3.2 graphs executed op for op (graphsim.collect.kernels_mla) equal an independent forward
+"""DeepSeek-V3 / V3.2 graphs executed op for op (graphsim.views.collect.kernels_mla) equal an independent forward
 (tests/reference/mla.py: plain JAX from the papers' equations, no graphsim code) in fp32: prefill, decode, a
 mixed batch, a chunked prefill and a prefix hit; the new latent-cache rows equal the reference's; and deleting
 a data edge of the graph makes the forward fail or diverge."""
@@ -17,8 +17,8 @@ FULL_ONLY = pytest.mark.skipif(not __import__("os").environ.get("GRAPHSIM_EXEC_F
                                reason="a variant of the execution checks: GRAPHSIM_EXEC_FULL=1 runs it")
 
 import graphsim as gs
-from graphsim.collect.execute import Unsupported, lower_to_jax
-from graphsim.collect.kernels_mla import dense, quant_e4m3, quantize_blocks
+from graphsim.views.collect.execute import Unsupported, lower_to_jax
+from graphsim.views.collect.kernels_mla import dense, quant_e4m3, quantize_blocks
 from graphsim.models.deepseek_v3 import DeepSeekV3
 from reference.mla import dequant, fp8_tiles, forward
 
@@ -230,7 +230,7 @@ def test_collect_forward_runs_every_mix(model, tmp_path):
     """`graphsim collect forward` on the tiny models: every mix (decode, prefill, mixed with a prefix hit) is an
     ok sample, none unsupported; an FP8 latent cache is an unsupported row, not a crash."""
     from graphsim import Policies
-    from graphsim.collect.forward import collect_forward, parse_grid
+    from graphsim.views.collect.forward import collect_forward, parse_grid
 
     mixes = parse_grid("decode:96x1,2;prefill:80x1@16+decode:70x1")
     df = collect_forward(model, mixes, "gb200", tmp_path / "s.parquet", warmup=0, reps=1)

@@ -25,8 +25,8 @@ FULL_ONLY = pytest.mark.skipif(not __import__("os").environ.get("GRAPHSIM_EXEC_F
 jax = pytest.importorskip("jax")
 
 from graphsim import ParallelMapping, Plan, Policies, compile_plan  # noqa: E402
-from graphsim.collect import execute as E  # noqa: E402
-from graphsim.collect import kernels_v41 as K  # noqa: E402
+from graphsim.views.collect import execute as E  # noqa: E402
+from graphsim.views.collect import kernels_v41 as K  # noqa: E402
 from graphsim.hw import load_hw  # noqa: E402
 from graphsim.models import load_model  # noqa: E402
 

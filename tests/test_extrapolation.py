@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 
 import graphsim as gs
-from graphsim.measured.interp import EXTRAPOLATED, MEASURED, build_curve, eval_curve
-from graphsim.measured.schema import COMMON
-from graphsim.measured.store import Store
-from graphsim.measured.view import ViewSpec
+from graphsim.views.measured.interp import EXTRAPOLATED, MEASURED, build_curve, eval_curve
+from graphsim.views.measured.schema import COMMON
+from graphsim.views.measured.store import Store
+from graphsim.views.measured.view import ViewSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 FMHA = str(ROOT / "tests" / "data" / "measured_fmha")  # TRT-LLM MLA context, 128 heads, GB200 + GB300 (NOTICE.md)
@@ -124,7 +124,7 @@ def test_an_extrapolated_time_is_never_below_sol(tmp_path):
 # ---- fallback for a family the tables have, at a shape they miss (issue 25 item 2) ------------------------
 
 def test_family_efficiency_is_a_curve_of_the_work():
-    from graphsim.measured.check import family_efficiency
+    from graphsim.views.measured.check import family_efficiency
 
     store = Store(str(ROOT / "tests" / "data" / "measured"))
     centres, meds, n = family_efficiency(store, "gb200", "moe", "trtllm", "1.3.0rc20")
@@ -137,8 +137,8 @@ def test_an_uncovered_op_of_a_covered_family_runs_at_that_familys_efficiency_at_
     """DeepSeek-V3 with 256 + 32 redundant experts: the MoE tables have rows only at 256, so the experts fall back;
     they are priced at the GB200 TRT-LLM MoE tables' median measured / SOL at the op's own SOL time, not at a fit
     over other families (which made a 4K prefill's experts 4.5x SOL on H100)."""
-    from graphsim.config import load_config
-    from graphsim.measured.view import _efficiency_at
+    from graphsim.core.config import load_config
+    from graphsim.views.measured.view import _efficiency_at
 
     model = gs.load_model({**load_config("deepseek-v3"), "n_routed_experts": 288, "_name": "deepseek-v3"})
     c = gs.compile_plan(model, gs.Plan(["decode:1024x16"], gs.ParallelMapping(tp=4, ep=4)), "gb200",

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import graphsim as gs
-from graphsim.errors import GraphsimError
-from graphsim.ir import fmt
+from graphsim.core.errors import GraphsimError
+from graphsim.core.ir import fmt
 from graphsim.models import load_model
 from graphsim.models.families import FAMILIES
 
@@ -267,7 +267,7 @@ def test_v41_parameter_counts_match_the_facts():
 
 
 def test_quantization_module_matching():
-    from graphsim.quant import Quantization, from_config
+    from graphsim.core.quant import Quantization, from_config
 
     q = Quantization("nvfp4", "t", exclude=("lm_head", "model.layers.0*", "re:.*self_attn.*", "*.shared_expert.*"),
                      layers=())

@@ -3,7 +3,7 @@ import numpy as np
 import jax.numpy as jnp
 from hypothesis import given, settings, strategies as st
 
-from graphsim.ir import Feature, TokenSet
+from graphsim.core.ir import Feature, TokenSet
 from graphsim.lowering.features import feature_matrix, per_request
 
 
@@ -38,9 +38,9 @@ CASES = [("causal_pairs", ()), ("window_pairs", (128,)), ("window_pairs", (1,)),
 
 
 def test_registry_is_the_one_list_of_feature_kinds():
-    from graphsim.features import FEATURES, QUERY_FEATURES
-    from graphsim.ir import FEATURE_KINDS
-    from graphsim.errors import GraphsimError
+    from graphsim.core.features import FEATURES, QUERY_FEATURES
+    from graphsim.core.ir import FEATURE_KINDS
+    from graphsim.core.errors import GraphsimError
     import pytest
 
     assert FEATURE_KINDS == tuple(FEATURES)

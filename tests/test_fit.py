@@ -6,7 +6,7 @@ import pytest
 
 import graphsim as gs
 from graphsim.cli import main
-from graphsim.fit import DEFAULT_RESERVE_GIB, MemoryModel, fit
+from graphsim.serving.fit import DEFAULT_RESERVE_GIB, MemoryModel, fit
 
 GiB = 2.0**30
 TABLES = 202_758_032_400  # V41_FACTS §6: (384,006,168 + 384,016,682) x 256 x (1 + 1/32) B
@@ -84,7 +84,7 @@ def test_cli_fit(capsys):
 # ---- disaggregated serving --------------------------------------------------------------------------------
 
 def test_kv_handover_bytes():
-    from graphsim.disagg import handover_bytes
+    from graphsim.serving.disagg import handover_bytes
 
     v3, v41 = gs.load_model("deepseek-v3"), gs.load_model("deepseek-v4.1-flash")
     assert handover_bytes(v3, 4096) == v3.kv_bytes(4096) == 4096 * 61 * 576 * 2  # the MLA cache
@@ -95,7 +95,7 @@ def test_kv_handover_bytes():
 
 
 def test_disagg_point_by_hand():
-    from graphsim.disagg import Pool, disagg
+    from graphsim.serving.disagg import Pool, disagg
 
     h800 = gs.load_hw("h800")
     pre = Pool(gs.ParallelMapping(dp=32, ep=32), batch=128)
@@ -115,7 +115,7 @@ def test_disagg_point_by_hand():
 
 
 def test_disagg_frontier_and_cli(capsys):
-    from graphsim.disagg import Pool, frontier, sweep
+    from graphsim.serving.disagg import Pool, frontier, sweep
 
     pre = Pool(gs.ParallelMapping(tp=4, ep=4), batch=4)
     decs = [Pool(gs.ParallelMapping(tp=4, ep=4), b) for b in (16, 64, 256)] + \
@@ -143,7 +143,7 @@ def test_vectorized_headroom_is_fit_over_arrays():
     import numpy as np
 
     from graphsim import ParallelMapping, Policies
-    from graphsim.fit import MemoryModel
+    from graphsim.serving.fit import MemoryModel
 
     for model, pol in (("deepseek-v3", Policies()), ("deepseek-v4.1-flash", Policies(engram="host"))):
         mm = MemoryModel(model, "gb200", ParallelMapping(tp=4, ep=4), pol)

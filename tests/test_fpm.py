@@ -10,12 +10,12 @@ import pytest
 
 import graphsim as gs
 from graphsim.cli import main
-from graphsim.collect.execute import Unsupported, lower_to_jax
-from graphsim.collect.kernels import gqa_attention, grouped_experts
-from graphsim.collect.forward import collect_forward, parse_grid
-from graphsim.errors import GraphsimError
-from graphsim.fpm.fit import fit, predict
-from graphsim.fpm.schema import COORDS, IDENTITY, STATUSES, plan_identity, sample_identity
+from graphsim.views.collect.execute import Unsupported, lower_to_jax
+from graphsim.views.collect.kernels import gqa_attention, grouped_experts
+from graphsim.views.collect.forward import collect_forward, parse_grid
+from graphsim.core.errors import GraphsimError
+from graphsim.views.fpm.fit import fit, predict
+from graphsim.views.fpm.schema import COORDS, IDENTITY, STATUSES, plan_identity, sample_identity
 
 LLAMA = "examples/configs/tiny-llama.json"
 MOE = "examples/configs/tiny-qwen3-moe.json"
@@ -134,7 +134,7 @@ def test_collect_forward_keeps_every_point_with_its_category(micro, tmp_path, mo
                           mapping=(2, 1, 1, 1, 1))
     assert list(df2["status"]) == ["unsupported"] and "one device" in df2["error"][0]
     # non-finite logits are invalid output, not a latency
-    import graphsim.collect.execute as ex_mod
+    import graphsim.views.collect.execute as ex_mod
 
     real = ex_mod.init_params
 

@@ -182,7 +182,7 @@ def test_bad_config_files(tmp_path, content, name, capsys):
 
 
 def test_configs_with_runaway_or_negative_sizes_are_refused():
-    from graphsim.config import load_config
+    from graphsim.core.config import load_config
 
     v41 = load_config("deepseek-v4.1-flash")
     big = json.loads(json.dumps(v41))
@@ -285,7 +285,7 @@ def test_plot_where_is_a_filter_not_code(tmp_path, capsys):
 def test_filter_grammar():
     import pandas as pd
 
-    from graphsim.filters import apply_filter
+    from graphsim.exports.filters import apply_filter
 
     df = pd.DataFrame({"a": [1, 2, 3], "b.c": ["x", "y", "x"], "ok": [True, False, True]})
     assert list(apply_filter(df, "a >= 2 and `b.c` == 'x'")["a"]) == [3]
@@ -297,7 +297,7 @@ def test_filter_grammar():
 
 
 def test_internal_errors_say_so_and_debug_shows_the_traceback(monkeypatch, capsys):
-    import graphsim.cli as cli
+    import graphsim.cli.app as cli
 
     def boom(a):
         raise ZeroDivisionError("x")
@@ -310,7 +310,7 @@ def test_internal_errors_say_so_and_debug_shows_the_traceback(monkeypatch, capsy
 
 
 def test_module_entry_points_know_every_command():
-    for mod in ("graphsim", "graphsim.cli"):
+    for mod in ("graphsim", "graphsim.cli.app"):
         r = subprocess.run([sys.executable, "-m", mod, "sweep", "--help"], capture_output=True, text=True)
         assert r.returncode == 0 and "spec" in r.stdout, (mod, r.stderr)
     r = subprocess.run([sys.executable, "-m", "graphsim", "--version"], capture_output=True, text=True)
@@ -319,7 +319,7 @@ def test_module_entry_points_know_every_command():
 
 def test_two_sweeps_on_one_output(tmp_path):
     """A second sweep on the same -o fails at once with one line; the first completes; nothing is lost."""
-    from graphsim.outputs import exclusive
+    from graphsim.core.outputs import exclusive
 
     out = tmp_path / "r.parquet"
     spec = {"name": "t", "structure": {"model": "llama-3.1-70b", "requests": "decode"},

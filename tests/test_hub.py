@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 import graphsim as gs
-from graphsim.errors import GraphsimError
-from graphsim.hub import BUNDLED, aliases, bundled_ids, hub_cache, resolve
+from graphsim.core.errors import GraphsimError
+from graphsim.models.hub import BUNDLED, aliases, bundled_ids, hub_cache, resolve
 
 
 def _weight_bytes(model) -> float:

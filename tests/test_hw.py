@@ -8,7 +8,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from graphsim.errors import GraphsimError
+from graphsim.core.errors import GraphsimError
 from graphsim.hw import (
     PRECISIONS,
     SOL,
@@ -150,7 +150,7 @@ def test_every_figure_has_a_source(name):
 
 @pytest.mark.parametrize("name", list_hw())
 def test_rates_keys_match_ir_components(name):
-    from graphsim.ir import COMPONENTS
+    from graphsim.core.ir import COMPONENTS
 
     rates = load_hw(name).rates()
     assert tuple(rates) == COMPONENTS

@@ -12,9 +12,9 @@ import pytest
 
 import graphsim as gs
 from graphsim.cli import main
-from graphsim.errors import GraphsimError
-from graphsim.fpm.fit import FPMModel, fit
-from graphsim.outputs import exclusive, locked_output, safe_name
+from graphsim.core.errors import GraphsimError
+from graphsim.views.fpm.fit import FPMModel, fit
+from graphsim.core.outputs import exclusive, locked_output, safe_name
 
 from test_fpm import _synthetic  # samples of a real plan identity with known ratios
 
@@ -284,7 +284,7 @@ def test_locked_output_is_one_lock_for_every_writer(tmp_path):
 # ---- measured stores -----------------------------------------------------------------------------------
 
 def _gemm_table(tmp_path):
-    from graphsim.measured.store import read_partitions
+    from graphsim.views.measured.store import read_partitions
 
     src = next((ROOT / "tests" / "data" / "measured" / "gb200" / "gemm").rglob("*.parquet"))
     df = pd.read_parquet(src)
@@ -302,7 +302,7 @@ def _gemm_table(tmp_path):
     ("family", "nope", "gemm.parquet.family"),
 ])
 def test_a_measured_table_is_checked_field_by_field(tmp_path, column, value, field):
-    from graphsim.measured.store import read_partitions
+    from graphsim.views.measured.store import read_partitions
 
     df = _gemm_table(tmp_path)
     df[column] = value

@@ -10,7 +10,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from graphsim import identity
+from graphsim.core import identity
 from graphsim.sweep import read_results, run
 
 ROOT = Path(__file__).resolve().parents[1]

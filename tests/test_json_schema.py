@@ -154,7 +154,7 @@ def test_measured_view_and_fallback_sections_follow_the_doc(capsys):
 
 def test_categories_are_listed_in_full(capsys):
     # every precision, every storage format and every layer path, with 0 where absent
-    from graphsim.ir import FORMATS, PRECISIONS
+    from graphsim.core.ir import FORMATS, PRECISIONS
 
     d = _run(["estimate", "--model", "llama-3.1-70b", "--request", "decode:1024x4", "--json"], capsys)
     assert list(d["traffic"]["flops"]) == list(PRECISIONS) and d["traffic"]["flops"]["fp4"] == 0.0

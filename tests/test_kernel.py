@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import graphsim as gs
-from graphsim.builder import GraphBuilder
-from graphsim.ir import Cost, Feature
+from graphsim.core.builder import GraphBuilder
+from graphsim.core.ir import Cost, Feature
 from graphsim.lowering import evaluate as E
 from graphsim.lowering import kernel as K
 from graphsim.lowering.program import lower
@@ -183,7 +183,7 @@ def test_a_family_efficiency_fallback_gives_the_reference_numbers_on_both_routes
     # (an interpolation in the view, per point) — both kernel routes equal the reference
     from pathlib import Path
 
-    from graphsim.config import load_config
+    from graphsim.core.config import load_config
 
     model = gs.load_model({**load_config("deepseek-v3"), "n_routed_experts": 288, "_name": "deepseek-v3"})
     fixture = Path(__file__).resolve().parent / "data" / "measured"

@@ -8,7 +8,7 @@ import types
 import pytest
 
 import graphsim as gs
-from graphsim.search import Traffic, launch_flags
+from graphsim.serving.search import Traffic, launch_flags
 from graphsim.serving.engines import ENGINES as TERMS
 from graphsim.serving.launch import TABLES, TRTLLM, VERSIONS, is_moe, launch_files, to_yaml, write_launch_dir
 
@@ -223,7 +223,7 @@ def test_hf_id_is_used_when_the_model_has_one(models):
     bare = types.SimpleNamespace(name="my-config", cfg=models["moe"].cfg, hf_id=None)  # a config file: no id
     f = launch_flags(bare, row)
     assert f["model"] == "my-config" and any("Hugging Face id" in n for n in f["notes"])
-    assert models["moe"].hf_id == "deepseek-ai/DeepSeek-V3"  # a shipped config knows its repository (graphsim.config)
+    assert models["moe"].hf_id == "deepseek-ai/DeepSeek-V3"  # a shipped config knows its repository (graphsim.core.config)
     named = types.SimpleNamespace(name="deepseek-v3", cfg=models["moe"].cfg, hf_id="deepseek-ai/DeepSeek-V3")
     f = launch_flags(named, row)
     assert f["model"] == "deepseek-ai/DeepSeek-V3" and not any("Hugging Face id" in n for n in f["notes"])

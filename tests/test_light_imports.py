@@ -75,14 +75,14 @@ def test_model_commands_never_import_jax(args):
     assert _loaded_after(_main(args), HEAVY) == []
 
 
-CMD_MODULES = tuple(f"graphsim.cmd_{m}" for m in ("collect", "disagg", "fit", "fpm", "ledger", "measured", "model",
+CMD_MODULES = tuple(f"graphsim.cli.{m}" for m in ("collect", "disagg", "fit", "fpm", "ledger", "measured", "model",
                                                      "plot", "sweep", "trace"))
 
 
 @pytest.mark.parametrize("args,loaded", [
     (["hw", "list"], []),
-    (["ledger", "--help"], ["graphsim.cmd_ledger"]),
-    (["memory", "--help"], ["graphsim.cmd_model"]),
+    (["ledger", "--help"], ["graphsim.cli.ledger"]),
+    (["memory", "--help"], ["graphsim.cli.model"]),
 ])
 def test_one_command_loads_only_its_module(args, loaded):
     code = _main(args) if "--help" not in args else (
@@ -94,8 +94,8 @@ def test_one_command_loads_only_its_module(args, loaded):
 
 def test_every_command_has_help():
     """The one-command parser (built for speed) still knows every command, and the full one lists them."""
-    from graphsim import commands  # noqa: F401
-    from graphsim.cli import build_parser
+    from graphsim.cli import commands  # noqa: F401
+    from graphsim.cli.app import build_parser
 
     full = build_parser()
     sub = next(a for a in full._actions if a.dest == "command")
@@ -107,7 +107,8 @@ def test_every_command_has_help():
 
 
 def test_cli_attention_precisions_match_ir():
-    from graphsim import cli, ir
+    from graphsim.cli import app as cli
+    from graphsim.core import ir
 
     assert cli.ATTENTION_PRECISIONS == ir.ATTENTION_PRECISIONS
 
@@ -116,11 +117,11 @@ def test_the_command_table_names_the_module_that_registers_each_command():
     import argparse
     import importlib
 
-    from graphsim import commands
+    from graphsim.cli import commands
 
     found = {}
     for name in commands._modules():
         sub = argparse.ArgumentParser().add_subparsers()
-        importlib.import_module(f"graphsim.{name}").register(sub)
+        importlib.import_module(f"graphsim.cli.{name}").register(sub)
         found.update({cmd: name for cmd in sub.choices})
     assert found == commands.COMMAND_MODULES

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import graphsim as gs
-from graphsim.ir import COMPONENTS
+from graphsim.core.ir import COMPONENTS
 
 N = 4096  # divisible by every compression ratio of the shipped models (1, 2, 4, 128): per-entry weights exact
 FLOPS = [k for k, c in enumerate(COMPONENTS) if c.startswith("flops_")]

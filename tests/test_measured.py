@@ -13,11 +13,11 @@ import pytest
 
 import graphsim as gs
 from graphsim.cli import main
-from graphsim.errors import GraphsimError
-from graphsim.measured.interp import build_curve, eval_curve
-from graphsim.measured.schema import COMMON, LATENCY
-from graphsim.measured.store import Backend, Store, version_key
-from graphsim.measured.view import SOURCE_NAMES, ViewSpec
+from graphsim.core.errors import GraphsimError
+from graphsim.views.measured.interp import build_curve, eval_curve
+from graphsim.views.measured.schema import COMMON, LATENCY
+from graphsim.views.measured.store import Backend, Store, version_key
+from graphsim.views.measured.view import SOURCE_NAMES, ViewSpec
 
 FIX = str(Path(__file__).parent / "data" / "measured")
 TRT = "trtllm@1.3.0rc20"
@@ -249,7 +249,7 @@ def test_bad_tables_are_one_line_errors_naming_the_file_and_column(tmp_path, cap
 def test_a_fused_module_is_charged_once_over_its_parts():
     # DeepSeek-V4.1's unfused mHC: the V4 "pre" module table times coefficient GEMM + Sinkhorn + pre-mix of
     # both sites of a layer; graphsim splits that one timing over the six member ops by their SOL
-    from graphsim.measured.interp import eval_curve
+    from graphsim.views.measured.interp import eval_curve
 
     c = gs.compile_plan("deepseek-v4.1-flash", gs.Plan(["decode:1024x16"], gs.ParallelMapping(tp=4, ep=4)), "gb200",
                         view=ViewSpec("hybrid", FIX, TRT))
@@ -273,8 +273,8 @@ def test_a_fused_module_is_charged_once_over_its_parts():
 def test_an_moe_exchange_takes_the_fastest_implementation_the_tables_cover(v3_op):
     # V3's EP dispatch / combine: TRT-LLM's DeepEP tables (1.3.0rc11, by the backfill rule) or NCCL's
     # all-to-all (2.29.2) — the faster at the plan's point serves, named in the op's note
-    from graphsim.measured.mapping import MapContext, lookup_for
-    from graphsim.measured.view import _at_plan
+    from graphsim.views.measured.mapping import MapContext, lookup_for
+    from graphsim.views.measured.view import _at_plan
 
     c = v3_op
     ctx = MapContext(c.plan.mapping, c.logical, c.graph.tensor_map, c.plan.kinds, c.graph.token_set_map, c.model)

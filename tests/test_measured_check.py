@@ -13,9 +13,9 @@ import pytest
 
 from graphsim.cli import main
 from graphsim.lowering.evaluate import evaluate_reference, unit_time
-from graphsim.measured.check import PROBES, Rows, _moe_act, price, scan
-from graphsim.measured.mapping import Coord
-from graphsim.pipeline import _shipped_hw
+from graphsim.views.measured.check import PROBES, Rows, _moe_act, price, scan
+from graphsim.views.measured.mapping import Coord
+from graphsim.driver.pipeline import _shipped_hw
 
 FIX = str(Path(__file__).parent / "data" / "measured")
 
@@ -44,7 +44,7 @@ def test_fixture_collectives_are_not_below_sol(fixture_scan):
 
 
 def _rows_of(family, device="h200"):
-    from graphsim.measured.store import Store
+    from graphsim.views.measured.store import Store
 
     return next(p for p in Store(FIX).partitions(device, family))
 
@@ -54,7 +54,7 @@ def _rows_of(family, device="h200"):
                                            ("moe_a2a", "h200")])
 def test_vectorized_price_is_the_reference_evaluation(family, device):
     """The stacked-coefficient pricing equals graphsim's reference evaluation of the probe program, row by row."""
-    from graphsim.measured.check import VARYING
+    from graphsim.views.measured.check import VARYING
 
     hw = _shipped_hw(device)
     ut = unit_time(hw.rates())
@@ -103,7 +103,7 @@ def test_rows_whose_operands_fit_in_l2_are_held_to_their_replayed_identity(tmp_p
 def test_sliding_window_prefill_maps_to_its_prompt_length():
     """A windowed prefill of s positions has Σ_i min(i+1, W) pairs: W(W+1)/2 + (s-W)·W beyond the window; the
     table's seq is s (not the equal-work causal prompt)."""
-    from graphsim.ir import Feature
+    from graphsim.core.ir import Feature
 
     pairs, req = Feature("window_pairs", "all", (4096,)), Feature("requests", "all")
     co = Coord(((pairs, 1.0),), ((req, 1.0),), tri=True, window=4096)
@@ -115,7 +115,7 @@ def test_sliding_window_prefill_maps_to_its_prompt_length():
 
 def _store_with(tmp_path, latency, m=4096, n=8192, k=8192):
     """A one-row GEMM table: H200, FP8, m x k x n (default 4096 x 8192 x 8192) at ``latency`` seconds."""
-    from graphsim.measured.schema import COMMON
+    from graphsim.views.measured.schema import COMMON
 
     row = {c: "" for c in COMMON}
     row.update(device="h200", framework="mine", version="1", kernel_source="k", family="gemm", op="gemm",
@@ -150,7 +150,7 @@ def test_check_command_exit_code_and_violations_file(tmp_path, capsys):
 def test_attention_over_an_fp8_cache_reads_the_fp8_cache_rows_at_fp8():
     """The runtimes label an attention over an FP8 cache bfloat16 / fp8 and run it at FP8 (graphsim's rule for
     an FP8 cache): an FP8 attention reads those rows, a BF16 one over an FP8 cache reads none."""
-    from graphsim.measured.mapping import attention_dtypes
+    from graphsim.views.measured.mapping import attention_dtypes
 
     assert attention_dtypes("fp8", "fp8") == ("bfloat16", "fp8")
     assert attention_dtypes("bf16", "fp8") == ()
@@ -190,9 +190,9 @@ def test_nongated_moe_rows_are_priced_with_two_matrices():
 def test_a_shape_timed_non_gated_anywhere_is_non_gated_everywhere(tmp_path):
     """The tables carry no activation; a shape TensorRT-LLM times with its non-gated kernel is a non-gated
     model's (Nemotron-3), so another runtime's rows at that shape are priced with two matrices too."""
-    from graphsim.measured.check import nongated_shapes
-    from graphsim.measured.schema import COMMON
-    from graphsim.measured.store import Store
+    from graphsim.views.measured.check import nongated_shapes
+    from graphsim.views.measured.schema import COMMON
+    from graphsim.views.measured.store import Store
 
     rows = []
     for fw, ks in (("trtllm", "moe_torch_flow_nongated"), ("sglang", "sglang_fused_moe_triton")):

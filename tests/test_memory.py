@@ -1,9 +1,9 @@
-"""Memory per device: one definition for the report, the sweep metrics and fit (graphsim/memory.py)."""
+"""Memory per device: one definition for the report, the sweep metrics and fit (graphsim/driver/memory.py)."""
 import pytest
 
 import graphsim as gs
-from graphsim.fit import MemoryModel
-from graphsim.memory import kv_layer_bytes, kv_per_device
+from graphsim.serving.fit import MemoryModel
+from graphsim.driver.memory import kv_layer_bytes, kv_per_device
 
 M = gs.load_model("deepseek-v4.1-flash")
 MiB = 2**20

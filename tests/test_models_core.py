@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import graphsim as gs
-from graphsim.builder import GraphBuilder
-from graphsim.ir import COMPONENTS, Feature
+from graphsim.core.builder import GraphBuilder
+from graphsim.core.ir import COMPONENTS, Feature
 from graphsim.lowering.evaluate import evaluate_reference
 from graphsim.passes.sharding import apply_mapping
 

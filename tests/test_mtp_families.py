@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import graphsim as gs
-from graphsim.errors import GraphsimError
+from graphsim.core.errors import GraphsimError
 from graphsim.models import load_model
 
 DATA = Path(__file__).resolve().parents[1] / "graphsim" / "configs" / "hf"
@@ -72,7 +72,7 @@ def test_families_without_an_mtp_drafter_refuse_it(name):
 def test_search_keeps_every_mtp_depth_of_v32():
     """`graphsim search --acceptance a1,a2,a3` on DeepSeek-V3.2 prices MTP-1..3: rows at every depth, no program
     skipped (before the fix, every MTP-2/3 program failed to build and the search dropped it)."""
-    from graphsim.search import SLA, Space, Traffic, search
+    from graphsim.serving.search import SLA, Space, Traffic, search
 
     res = search(str(DATA / "deepseek-ai--DeepSeek-V3.2_config.json"), "gb200", gpus=8,
                  traffic=Traffic.of(4000, 1000), sla=SLA(2000, 30),

@@ -6,12 +6,12 @@ import pytest
 import graphsim as gs
 from conftest import toy_model
 from graphsim.passes.pipeline import PassContext
-from graphsim.builder import GraphBuilder
-from graphsim.ir import COMPONENTS, Cost, Feature
+from graphsim.core.builder import GraphBuilder
+from graphsim.core.ir import COMPONENTS, Cost, Feature
 from graphsim.lowering.evaluate import evaluate_reference, unit_time
 from graphsim.lowering.program import lower
 from graphsim.passes.overlap import two_batch_overlap
-from graphsim.studies import prefetch_study
+from graphsim.serving.studies import prefetch_study
 
 UT = unit_time({c: (1.0 if not c.startswith("hops") else 0.0) for c in COMPONENTS})  # 1 unit = 1 s
 T = 100.0  # tokens

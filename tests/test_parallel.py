@@ -7,9 +7,9 @@ import pytest
 import graphsim as gs
 from conftest import toy_model
 from graphsim.passes.pipeline import PassContext
-from graphsim.builder import GraphBuilder
-from graphsim.config import load_config
-from graphsim.ir import COMPONENTS, ONE, Cost, Feature, fmt
+from graphsim.core.builder import GraphBuilder
+from graphsim.core.config import load_config
+from graphsim.core.ir import COMPONENTS, ONE, Cost, Feature, fmt
 from graphsim.lowering.evaluate import evaluate_reference, unit_time
 from graphsim.lowering.program import lower
 from graphsim.passes.pipeline_parallel import pipeline_parallel, stage_sizes

@@ -63,7 +63,7 @@ def test_every_op_kind_has_its_own_colour():
 
 def test_op_kinds_cover_the_kinds_the_models_emit():
     import graphsim as gs
-    from graphsim.pipeline import Policies
+    from graphsim.driver.pipeline import Policies
 
     hw = gs.load_hw("gb300")
     cases = [("deepseek-v3", ["decode:4096x8"], {"mtp": 1, "acceptance": (0.8,)}),
@@ -229,7 +229,7 @@ def test_pareto_of_a_search_table(search, tmp_path):
     assert "tokens/s per GPU vs tokens/s per user" in fig.axes[0].get_title()
     _close(fig)
     assert P.plot_pareto(search, tmp_path / "s.svg", marker="mode", color="policies").endswith("s.svg")
-    from graphsim.errors import GraphsimError
+    from graphsim.core.errors import GraphsimError
 
     with pytest.raises(GraphsimError, match="marker: no column 'nope'"):
         P.plot_pareto(search, None, marker="nope")
@@ -266,7 +266,7 @@ def test_plot_command_marker_and_title(sweep, tmp_path, capsys):
 def test_plot_help_follows_the_cli_convention():
     import argparse
 
-    from graphsim.cli import build_parser
+    from graphsim.cli.app import build_parser
 
     sub = next(a for a in build_parser("plot")._actions if isinstance(a, argparse._SubParsersAction))
     p = sub.choices["plot"]

@@ -3,9 +3,9 @@
 import pytest
 
 import graphsim as gs
-from graphsim.errors import GraphsimError
-from graphsim.ir import COMPONENTS
-from graphsim.ledger import ledger
+from graphsim.core.errors import GraphsimError
+from graphsim.core.ir import COMPONENTS
+from graphsim.driver.ledger import ledger
 from graphsim.passes.fusion import fuse_mhc
 from graphsim.passes.pipeline import PassPipeline
 
@@ -181,7 +181,7 @@ def test_decoder_replay_tail_swa_history_starts_at_the_tail():
 def test_ledger_counts_every_request_kind_when_a_layer_has_one_path_per_kind():
     """DeepSeek-V3's MLA runs an up-projected attention for prefill and an absorbed one for decode: a mixed
     batch's ledger has both (it used to drop the decode rows). Closed form: tokens x 61 layers."""
-    from graphsim.ledger import ledger
+    from graphsim.driver.ledger import ledger
 
     led = ledger("deepseek-v3", ["prefill:512", "decode:1024x2"])
     assert led.trunk_total("prefill:512") == 512 * 61

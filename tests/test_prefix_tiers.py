@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 import graphsim as gs
-from graphsim.errors import GraphsimError
-from graphsim.ir import COMPONENTS
-from graphsim.ledger import chunk_prefill
+from graphsim.core.errors import GraphsimError
+from graphsim.core.ir import COMPONENTS
+from graphsim.driver.ledger import chunk_prefill
 
 C2C, DISK = COMPONENTS.index("bytes_c2c"), COMPONENTS.index("bytes_disk")
 

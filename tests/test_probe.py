@@ -11,7 +11,7 @@ import attrs
 import pytest
 
 from graphsim.cli import main
-from graphsim.collect import probe as pr
+from graphsim.views.collect import probe as pr
 from graphsim.hw import REQUIRED_PRECISIONS, HardwareSpec, load_hw
 
 try:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import graphsim as gs
-from graphsim.config import load_config
+from graphsim.core.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 HF = ROOT / "graphsim" / "configs" / "hf"
@@ -98,7 +98,7 @@ FIX = str(ROOT / "tests" / "data" / "measured")
                                       ["prefill:16"], ["prefill:512", "decode:2048x8"]])
 @pytest.mark.parametrize("view", ["op", "hybrid"])
 def test_measured_views_are_never_below_sol_over_a_forward(view, requests):
-    from graphsim.measured.view import ViewSpec
+    from graphsim.views.measured.view import ViewSpec
 
     plan = gs.Plan(requests, gs.ParallelMapping(tp=4, ep=4))
     sol = gs.compile_plan("deepseek-v3", plan, "gb200").report().forward_s
@@ -109,7 +109,7 @@ def test_measured_views_are_never_below_sol_over_a_forward(view, requests):
 def test_no_measured_op_is_faster_than_its_sol():
     """TRT-LLM's one-shot custom all-reduce (4.9 us for TP4 on GB200) was below the ring/LL128 SOL; each
     collective now runs at its fastest algorithm x protocol, so no measured op beats its SOL (issue 24)."""
-    from graphsim.measured.view import ViewSpec
+    from graphsim.views.measured.view import ViewSpec
 
     c = gs.compile_plan("deepseek-v3", gs.Plan(["decode:1x1"], gs.ParallelMapping(tp=4, ep=4)), "gb200",
                         view=ViewSpec("hybrid", FIX, "trtllm@1.3.0rc20"))

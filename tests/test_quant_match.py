@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from graphsim.errors import GraphsimError
-from graphsim.quant import _match, _matcher
+from graphsim.core.errors import GraphsimError
+from graphsim.core.quant import _match, _matcher
 
 HF = Path(__file__).resolve().parents[1] / "graphsim" / "configs" / "hf"
 

@@ -42,7 +42,7 @@ def test_python_blocks_run(i, tmp_path):
 
 
 def test_every_command_line_parses():
-    from graphsim.cli import build_parser
+    from graphsim.cli.app import build_parser
 
     assert len(COMMANDS) > 10
     for cmd in COMMANDS:

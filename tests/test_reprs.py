@@ -44,7 +44,7 @@ def _toy(name: str = "toy") -> "gs.Graph":
 
 
 def test_core_imports_no_exporter():
-    code = "import graphsim.ir, graphsim.report, graphsim.pipeline, sys; print('graphsim.exports' in sys.modules)"
+    code = "import graphsim.core.ir, graphsim.driver.report, graphsim.driver.pipeline, sys; print('graphsim.exports' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.stdout.strip() == "False", r.stderr[-2000:]
 

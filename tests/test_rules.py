@@ -1,12 +1,12 @@
-"""Every cost rule of graphsim.rules against its closed form (the formulas its registry entry states)."""
+"""Every cost rule of graphsim.core.rules against its closed form (the formulas its registry entry states)."""
 from __future__ import annotations
 
 import pytest
 
-from graphsim.builder import GraphBuilder
-from graphsim.errors import GraphsimError
-from graphsim.ir import Feature, fmt
-from graphsim.rules import (
+from graphsim.core.builder import GraphBuilder
+from graphsim.core.errors import GraphsimError
+from graphsim.core.ir import Feature, fmt
+from graphsim.core.rules import (
     RULES,
     AttentionShape,
     MoEShape,
@@ -181,7 +181,7 @@ def test_dsa_indexer_closed_form():
 
 # ---- the generic rules the model files share -------------------------------------------------------------
 def test_embedding_head_restore_and_mla_up():
-    from graphsim.rules import RESTORE_LINKS, embedding, lm_head, mla_kv_up, restore_copy
+    from graphsim.core.rules import RESTORE_LINKS, embedding, lm_head, mla_kv_up, restore_copy
 
     b = builder()
     b.token_set("cached_host", prefill="cached@host", decode="none")
@@ -208,7 +208,7 @@ def test_embedding_head_restore_and_mla_up():
     assert sum(v for _, _, v in head.comm[0].payload.terms) == 4.0 * 1000  # fp32 logits all-gathered
 
 
-# ---- the DeepSeek-V4 family's rules (graphsim.rules_v4) ----------------------------------------------------
+# ---- the DeepSeek-V4 family's rules (graphsim.core.rules_v4) ----------------------------------------------------
 class _Cfg:
     """The V4.1 config fields the rules read (V41_FACTS §2, §5, §6 sizes)."""
     hidden_size, hc_mult, sliding_window, index_topk = 4096, 4, 128, 512
@@ -233,7 +233,7 @@ class _Sem:
 
 
 def test_v4_rules_closed_forms():
-    from graphsim.rules_v4 import (compressor_pool, dspark_commit_caches, engram_lookup, entry_write,
+    from graphsim.core.rules_v4 import (compressor_pool, dspark_commit_caches, engram_lookup, entry_write,
                                    ep_dispatch_combine, hash_route, hierarchical_indexer, mhc_coeff,
                                    swa_sparse_attention)
 
@@ -288,7 +288,7 @@ def test_v4_rules_closed_forms():
 
 
 def test_vit_attention_and_residual_closed_forms():
-    from graphsim.rules import residual, vit_attention
+    from graphsim.core.rules import residual, vit_attention
 
     b = builder()
     h, heads = 64, 4

@@ -2,11 +2,11 @@
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from graphsim.builder import GraphBuilder
-from graphsim.ir import COMPONENTS, ONE, Cost, Feature, replace_op
+from graphsim.core.builder import GraphBuilder
+from graphsim.core.ir import COMPONENTS, ONE, Cost, Feature, replace_op
 from graphsim.lowering.evaluate import evaluate, evaluate_reference, unit_time
 from graphsim.lowering.program import lower
-from graphsim.workload import Workload
+from graphsim.core.workload import Workload
 
 # unit rates: 1 FLOP/s, 1 B/s, so an op costing x flops lasts x seconds
 UT = unit_time({c: (1.0 if not c.startswith("hops") else 0.0) for c in COMPONENTS})

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import graphsim as gs
-from graphsim.errors import GraphsimError
-from graphsim.search import (SLA, Space, Traffic, launch_flags, mappings, pareto_flags, policies_of, search)
+from graphsim.core.errors import GraphsimError
+from graphsim.serving.search import (SLA, Space, Traffic, launch_flags, mappings, pareto_flags, policies_of, search)
 
 # a small space: V3 on 8 GB200s, TP 1/2, a few batches (each search below runs in ~1 s)
 SMALL = Space(tp=(1, 2), batches=(8, 32, 128, 256), prefill_batches=(1, 2), refine=2)
@@ -58,19 +58,19 @@ def test_agg_row_is_the_mixed_step_formula(v3):
 
 
 def test_disagg_row_matches_graphsim_disagg(v3):
-    """A disaggregated row equals graphsim.disagg for the same pools (TTFT with the KV hand-over, rate balance)."""
-    from graphsim.disagg import Pool, disagg
+    """A disaggregated row equals graphsim.serving.disagg for the same pools (TTFT with the KV hand-over, rate balance)."""
+    from graphsim.serving.disagg import Pool, disagg
 
     t = _rows(v3, mode="disagg")
     assert len(t) > 0
     row = t.sort_values("tokens_per_s_per_gpu").iloc[-1]
-    from graphsim.cmd_disagg import parse_mapping
+    from graphsim.cli.disagg import parse_mapping
 
     pm, dm = parse_mapping(row["prefill_mapping"]), parse_mapping(row["decode_mapping"])
     ref = disagg("deepseek-v3", "gb200", Pool(pm, int(row["prefill_batch"]), int(row["prefill_replicas"])),
                  Pool(dm, int(row["decode_batch"]), int(row["decode_replicas"])), isl=4000, osl=1000)
     # the hand-over streams layer by layer during the prefill, over NVLink when both pools share a domain
-    from graphsim.disagg import handover_seconds
+    from graphsim.serving.disagg import handover_seconds
 
     hand, _, link = handover_seconds(ref_model(), gs.load_hw("gb200"), ref.prefill, ref.decode, 4000, ref.prefill_s)
     assert link == "nvlink" and hand < ref.transfer_s
@@ -82,9 +82,9 @@ def test_disagg_row_matches_graphsim_disagg(v3):
 
 
 def test_memory_verdict_matches_fit(v3):
-    """fits / headroom of a decode pool equal graphsim.fit at the steady-state context: the mean isl + osl/2 plus
+    """fits / headroom of a decode pool equal graphsim.serving.fit at the steady-state context: the mean isl + osl/2 plus
     3 standard deviations of the summed context of a DP rank's n requests, osl/√12 · 3/√n per request."""
-    from graphsim.fit import MemoryModel
+    from graphsim.serving.fit import MemoryModel
 
     m = gs.ParallelMapping(tp=2, dp=4, ep=4)
     mm = MemoryModel("deepseek-v3", "gb200", m)
@@ -168,7 +168,7 @@ def test_space_prunes_and_mappings_respect_the_model_and_nvlink():
 def test_speculative_rows_divide_the_step_by_expected_emitted_tokens():
     """DSpark rows: per step every request gets E[emitted | k] tokens (bonus-token convention, V41_FACTS §9), so
     TPOT = ((1 - f)·T_step + f·T_mix) / E with f = B·E/(OSL·dp) — never the verify forward itself."""
-    from graphsim.dspark import AcceptanceProfile
+    from graphsim.models.dspark import AcceptanceProfile
 
     acc = (0.9, 0.8, 0.7, 0.6, 0.5)
     res = search("deepseek-v4.1-flash", "gb300", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30),
@@ -356,7 +356,7 @@ def test_measured_view_prices_the_same_space():
     """--view hybrid (measured tables where covered): the same deployments, each at least as slow as its SOL."""
     from pathlib import Path
 
-    from graphsim.measured.view import ViewSpec
+    from graphsim.views.measured.view import ViewSpec
 
     fix = str(Path(__file__).parent / "data" / "measured")
     space = Space(tp=(2,), dp=(4,), ep=(2,), batches=(8, 32), prefill_batches=(1,), modes=("agg",), refine=0)
@@ -447,7 +447,7 @@ def test_review_inputs_are_one_line_errors(tmp_path, capsys):
         p.write_text(body)
         with pytest.raises(GraphsimError, match="lengths"):
             Traffic.load(p)
-    from graphsim.cmd_search import _policies
+    from graphsim.cli.search import _policies
 
     assert _policies(["ep_imbalance=1.0,1.5", "pp_micro_batches=0"]) == (("ep_imbalance", (1.0, 1.5)),
                                                                          ("pp_micro_batches", (0,)))
@@ -580,7 +580,7 @@ def test_steady_state_memory_fits_more():
 
 def test_build_failures_are_listed_with_their_error(capsys):
     """A program that fails to build is listed with its error in the text and the JSON, never dropped."""
-    from graphsim.cmd_search import to_text
+    from graphsim.cli.search import to_text
 
     res = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30),
                  space=Space(tp=(2,), dp=(4,), ep=(4,), batches=(1,), prefill_batches=(1,), modes=("agg",),
@@ -596,7 +596,7 @@ def test_handover_streams_over_nvlink_inside_a_domain():
     """The KV hand-over streams layer by layer during the prefill (each of L layers 1/L of the bytes and of the
     forward): exposed = max(T_tr/L, T_tr − T_pre·(L−1)/L) + one latency, over NVLink when a prefill and a
     decode replica fit in one NVLink domain together, else over scale-out (docs/search.md)."""
-    from graphsim.disagg import Pool, handover_link, handover_seconds, transfer_seconds
+    from graphsim.serving.disagg import Pool, handover_link, handover_seconds, transfer_seconds
 
     model, gb200, h100 = ref_model(), gs.load_hw("gb200"), gs.load_hw("h100")
     p, d = Pool(gs.ParallelMapping(tp=4), 2), Pool(gs.ParallelMapping(tp=4), 1)

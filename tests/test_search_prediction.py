@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from graphsim.cli import main
-from graphsim.measured.view import ViewSpec
-from graphsim.search import SLA, SOL_COLUMNS, TWIN_KEYS, Space, Traffic, search
+from graphsim.views.measured.view import ViewSpec
+from graphsim.serving.search import SLA, SOL_COLUMNS, TWIN_KEYS, Space, Traffic, search
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = str(ROOT / "tests" / "data" / "measured")

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import graphsim as gs
-from graphsim.errors import GraphsimError
+from graphsim.core.errors import GraphsimError
 from graphsim.serving import Deployment, TierSpec, load_trace, simulate, synthetic
 from graphsim.serving import grid as grid_mod
 from graphsim.serving.grid import grid
@@ -173,7 +173,7 @@ def test_every_input_enters_the_digests_a_part_is_sealed_with(head30):
 
 
 def test_a_second_grid_on_the_same_output_is_refused(head30, tmp_path):
-    from graphsim.outputs import exclusive
+    from graphsim.core.outputs import exclusive
 
     out = tmp_path / "grid.csv"
     with exclusive(out):
@@ -239,7 +239,7 @@ def _cli(*args):
 
 
 def test_cli_names_the_grid_axes_and_executors():
-    from graphsim import cmd_serve
+    from graphsim.cli import serve as cmd_serve
 
     assert cmd_serve.GRID_AXES == tuple(grid_mod.AXES) and grid_mod.EXECUTORS == ("local", "processes", "ray")
 

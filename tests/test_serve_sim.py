@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import graphsim as gs
-from graphsim.errors import GraphsimError
+from graphsim.core.errors import GraphsimError
 from graphsim.serving import SLA, Deployment, TierSpec, load_trace, simulate, synthetic
 from graphsim.serving.kvcache import GiB, HBMPool, Store, design_tiers
 from graphsim.serving.steps import FixedSteps, effective_past, interp
@@ -385,7 +385,7 @@ def test_think_time_does_not_size_the_sessions():
     ({"best": [1]}, "from"),  # was an AttributeError
 ])
 def test_search_documents_with_broken_rows(tmp_path, doc, field):
-    from graphsim.cmd_serve import deployment_from_search
+    from graphsim.cli.serve import deployment_from_search
 
     f = tmp_path / "search.json"
     f.write_text(json.dumps(doc))
@@ -500,7 +500,7 @@ def test_a_prediction_pays_the_hottest_ep_rank_and_sol_does_not():
 
 def test_speculative_decoding_emits_the_expected_tokens_per_step():
     """MTP-1 at acceptance 0.8: each decode step verifies 2 positions and gives each request 1 + 0.8 = 1.8 tokens
-    (graphsim.metrics.emitted); a 9-token output is its prefill's first token then ceil(8 / 1.8) = 5 steps."""
+    (graphsim.driver.metrics.emitted); a 9-token output is its prefill's first token then ceil(8 / 1.8) = 5 steps."""
     tr = synthetic(requests=1, rate=1.0, input=1000, output=9, seed=0)
     dep = Deployment("deepseek-v3", "gb200", gs.ParallelMapping(tp=8, ep=8), gs.Policies(mtp=1, acceptance=(0.8,)),
                      hbm_kv_gib=math.inf)
@@ -528,7 +528,7 @@ def test_restores_are_priced_as_the_programs_prefix_restore():
     """restore_seconds is the prefix_restore rule's links at the descriptor's rates: a 1-token prefill after K cached
     positions in host memory (or on disk) takes the program at least the copy and at most the copy plus the
     forward with them in HBM (the program issues every layer's copy up front and overlaps it with the compute)."""
-    from graphsim.memory import kv_per_device
+    from graphsim.driver.memory import kv_per_device
     from graphsim.serving.sim import restore_seconds
 
     hw = gs.load_hw("gb200")

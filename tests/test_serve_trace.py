@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graphsim.errors import GraphsimError
+from graphsim.core.errors import GraphsimError
 from graphsim.serving import Trace, load_trace, synthetic
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"

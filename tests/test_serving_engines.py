@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import graphsim as gs
-from graphsim.fit import MemoryModel
-from graphsim.search import SLA, Space, Traffic, search
+from graphsim.serving.fit import MemoryModel
+from graphsim.serving.search import SLA, Space, Traffic, search
 from graphsim.serving import ENGINES, engine_terms
 
 GiB = 2 ** 30

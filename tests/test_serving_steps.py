@@ -10,9 +10,9 @@ import pytest
 import graphsim as gs
 from graphsim.cli import main
 from graphsim.hw import load_profile
-from graphsim.search import SLA, Space, Traffic, _Search, kernels, search
+from graphsim.serving.search import SLA, Space, Traffic, _Search, kernels, search
 from graphsim.serving import ENGINES, SETTABLE, expected_max_normal, hottest_rank_factor, prefill_steps
-from graphsim.workload import Workload
+from graphsim.core.workload import Workload
 
 GiB = 2.0**30
 M = gs.ParallelMapping(tp=4, ep=4)

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import graphsim as gs
-from graphsim.errors import GraphsimError
-from graphsim.metrics import KVTable, report_columns
+from graphsim.core.errors import GraphsimError
+from graphsim.driver.metrics import KVTable, report_columns
 from graphsim.sweep import SweepSpec, identity_columns, read_results, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -296,7 +296,7 @@ def test_example_small(tmp_path):
 # ---- kernel outputs added for sweeps ---------------------------------------------------------------
 
 def test_kernel_kinds_workspace_components_match_reference():
-    from graphsim.ir import COMPONENTS
+    from graphsim.core.ir import COMPONENTS
     from graphsim.lowering.evaluate import op_kinds
 
     c = gs.compile_plan("deepseek-v3", gs.Plan(["prefill:1024@256", "decode:4096x16"], gs.ParallelMapping(tp=4, ep=4)),

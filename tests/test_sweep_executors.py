@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from graphsim.errors import GraphsimError
+from graphsim.core.errors import GraphsimError
 from graphsim.sweep import SweepSpec, _Programs, read_results, run, structural_tables
 from graphsim.sweep.executors import _by_program
 from graphsim.sweep.results import _merge
@@ -40,7 +40,7 @@ def test_processes_executor_parts_merge_and_resume(tmp_path, local):
     r = run(SPEC, out, executor="processes", jobs=2)
     pd.testing.assert_frame_equal(read_results(out), local)
     parts = out.with_name(out.name + ".parts")
-    ids = local["struct_id"].unique()  # each part with its checksum sidecar (graphsim.identity)
+    ids = local["struct_id"].unique()  # each part with its checksum sidecar (graphsim.core.identity)
     assert sorted(p.name for p in parts.iterdir()) == sorted([f"{k}.parquet" for k in ids]
                                                              + [f"{k}.parquet.sum" for k in ids])
     assert r.rows == len(local) and r.skipped == 0

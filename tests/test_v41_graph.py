@@ -5,7 +5,7 @@ import pytest
 
 import graphsim as gs
 from graphsim.cli import main
-from graphsim.ir import COMPONENTS
+from graphsim.core.ir import COMPONENTS
 
 
 @pytest.fixture(scope="module")

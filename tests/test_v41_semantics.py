@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from graphsim.errors import GraphsimError
-from graphsim.ir import fmt
+from graphsim.core.errors import GraphsimError
+from graphsim.core.ir import fmt
 from graphsim.models import deepseek_v41 as m
 from graphsim.models.deepseek_v41 import V41Config
 

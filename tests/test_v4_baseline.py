@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from graphsim.errors import GraphsimError
+from graphsim.core.errors import GraphsimError
 from graphsim.models import deepseek_v4 as v4
 from graphsim.models import deepseek_v41 as v41
 

@@ -9,11 +9,11 @@ import pytest
 
 import graphsim as gs
 from graphsim.cli import main
-from graphsim.errors import GraphsimError
-from graphsim.ir import COMPONENT_INDEX, Feature
+from graphsim.core.errors import GraphsimError
+from graphsim.core.ir import COMPONENT_INDEX, Feature
 from graphsim.lowering.features import feature_matrix
-from graphsim.plan import Request
-from graphsim.vision import parse_image_suffix
+from graphsim.core.plan import Request
+from graphsim.core.vision import parse_image_suffix
 
 MODEL = gs.load_model("deepseek-v4.1-flash")
 V = MODEL.cfg.vision

@@ -1,4 +1,4 @@
-"""Image processor rules (graphsim.vision): image size -> patch grid -> image tokens."""
+"""Image processor rules (graphsim.core.vision): image size -> patch grid -> image tokens."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graphsim.errors import GraphsimError
-from graphsim.vision import ImageRule, ImageTokens, VisionProcessor
+from graphsim.core.errors import GraphsimError
+from graphsim.core.vision import ImageRule, ImageTokens, VisionProcessor
 
 CONFIG = json.loads((Path(__file__).resolve().parents[1] / "graphsim" / "configs" / "deepseek-v4.1-flash.json").read_text())
 VP = VisionProcessor.from_config(CONFIG["vision_config"])

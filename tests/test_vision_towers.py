@@ -11,12 +11,12 @@ import pytest
 
 import graphsim as gs
 from graphsim.cli import main
-from graphsim.errors import GraphsimError
-from graphsim.ir import COMPONENT_INDEX
+from graphsim.core.errors import GraphsimError
+from graphsim.core.ir import COMPONENT_INDEX
 from graphsim.models import load_model
 from graphsim.models.vision_tower import VisionTower
-from graphsim.plan import Request
-from graphsim.vision import QwenVLProcessor
+from graphsim.core.plan import Request
+from graphsim.core.vision import QwenVLProcessor
 
 DATA = Path(__file__).resolve().parents[1] / "graphsim" / "configs" / "hf"
 VL = ["Qwen--Qwen3-VL-2B-Instruct", "Qwen--Qwen3-VL-4B-Instruct", "Qwen--Qwen3-VL-8B-Instruct",

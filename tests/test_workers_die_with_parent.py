@@ -1,5 +1,5 @@
 """Workers die with their parent (issue 26): SIGKILL a sweep running on the processes executor and no worker
-survives it (graphsim.workers: parent-death signal and a watchdog on the parent's pid)."""
+survives it (graphsim.sweep.workers: parent-death signal and a watchdog on the parent's pid)."""
 from __future__ import annotations
 
 import os
@@ -103,7 +103,7 @@ def test_sigkill_of_a_processes_sweep_leaves_no_worker(tmp_path):
 
 def test_die_with_parent_ends_a_process_whose_parent_is_gone(tmp_path):
     # a grandchild armed against a parent pid that is no longer its parent ends at once
-    code = ("import os, time; from graphsim.workers import die_with_parent; "
+    code = ("import os, time; from graphsim.sweep.workers import die_with_parent; "
             "die_with_parent(os.getppid() + 1000000); time.sleep(30)")
     p = subprocess.run([sys.executable, "-c", code], timeout=60)
     assert p.returncode == -signal.SIGKILL

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from graphsim.ir import Graph
+from graphsim.core.ir import Graph
 
 
 @attrs.frozen(eq=False)
@@ -34,7 +34,7 @@ class GraphView:
         """Write ``.svg`` (rendered) or anything else (DOT text)."""
         from .dot import render_svg
 
-        from graphsim.outputs import write_text
+        from graphsim.core.outputs import write_text
 
         text = render_svg(self.dot) if str(path).endswith(".svg") else self.dot
         return write_text(path, text)
@@ -63,7 +63,7 @@ def graph_svg(graph: Graph) -> str | None:
     """The graph as SVG, layers collapsed above ``COLLAPSE_ABOVE_OPS`` ops; None when ``dot`` is missing, fails
     or times out, or the picture is over ``SVG_MAX_CHARS`` (a notebook then shows :func:`graph_html`, never a
     traceback)."""
-    from graphsim.errors import GraphsimError
+    from graphsim.core.errors import GraphsimError
 
     from .dot import dot_available
 

@@ -9,7 +9,7 @@ import shutil
 from contextlib import contextmanager, nullcontext
 from typing import Iterable
 
-from graphsim.ir import COMPONENTS, Graph
+from graphsim.core.ir import COMPONENTS, Graph
 
 KIND_COLOURS = {
     "gemm": "#8ecae6", "moe_experts": "#219ebc", "attention": "#ffb703", "sparse_attention": "#ffb703",
@@ -65,7 +65,7 @@ def op_tooltip(graph: Graph, i: int, schedule=None, point: int = 0, bounds: list
         lines.append(f"time {schedule.duration[point, i] * 1e6:.3f} us, starts {schedule.start[point, i] * 1e6:.3f} us, "
                      f"bound: {bound}")
         if schedule.source is not None:
-            from graphsim.measured.view import SOURCE_NAMES
+            from graphsim.views.measured.view import SOURCE_NAMES
 
             lines.append(f"source: {SOURCE_NAMES[int(schedule.source[point, i])]} "
                          f"(SOL {schedule.sol_duration[point, i] * 1e6:.3f} us)")
@@ -218,7 +218,7 @@ DOT_TIMEOUT_S = 120
 def dot_binary() -> str:
     """The graphviz ``dot`` executable, or a one-line error naming the output and the fix (checked before any
     work by a command that writes SVG)."""
-    from ..errors import GraphsimError
+    from ..core.errors import GraphsimError
 
     exe = shutil.which("dot")
     if exe is None:
@@ -234,7 +234,7 @@ def render_svg(dot) -> str:
     error pointing at ``--collapse`` or a .dot output; a failing ``dot`` a RuntimeError with its message."""
     import graphviz
 
-    from ..errors import GraphsimError
+    from ..core.errors import GraphsimError
 
     dot_binary()
     text = dot if isinstance(dot, str) else dot.source

@@ -12,7 +12,7 @@ varies (:data:`FACETS`, :data:`ESTIMATES`, :data:`CHOICES`: model, hw, request s
 each policy…) gets its own panel, marker series or colour, and whatever is left out — error rows, a line
 plot's other inputs fixed at their first value, rows past a bar chart's limit — is said in one note per cause
 (the figure's title, and ``notes`` when a list is passed: the plot command prints them). ``where``
-(:mod:`graphsim.filters`: column comparisons joined by and/or/not) selects rows first.
+(:mod:`graphsim.exports.filters`: column comparisons joined by and/or/not) selects rows first.
 
 Every plot labels a known result column with its unit and draws its values in that unit (:data:`AXES`,
 :func:`axis`), colours an op kind the same in every plot (:data:`OP_KINDS`, :func:`kind_colour`), and puts its
@@ -25,8 +25,8 @@ import re
 
 import numpy as np
 
-from graphsim.errors import GraphsimError
-from graphsim.filters import apply_filter
+from graphsim.core.errors import GraphsimError
+from graphsim.exports.filters import apply_filter
 
 _INPUT = re.compile(r"^(prefill|decode|g\d+|hw|profile)\.")
 _STRUCT = ("struct_id",)
@@ -118,7 +118,7 @@ def _headline(fig, axes, title, shared: str, panels: list, notes_here: list) -> 
     fig.suptitle("\n".join(x for x in (title or shared, note) if x), fontsize=9)
 
 #: Every op kind the model builders emit (``Op.kind``), in a fixed order: a kind's colour is its place here, so
-#: it is the same in every plot and every run whatever subset a plot shows. graphsim.ir keeps no registry of op
+#: it is the same in every plot and every run whatever subset a plot shows. graphsim.core.ir keeps no registry of op
 #: kinds (they are free strings); tests/test_plots.py holds this tuple to the kinds of every shipped model's graph.
 OP_KINDS = ("gemm", "moe_experts", "attention", "collective", "indexer", "norm", "activation", "cache_write",
             "router", "elementwise", "sparse_attention", "topk", "quant", "mhc", "engram", "compressor",
@@ -147,7 +147,7 @@ def kind_colour(kind: str) -> str:
 
 _GiB = float(2**30)
 #: Result column -> (axis label with its unit, factor that puts the column's values in that unit), for the
-#: columns a sweep (graphsim.metrics, graphsim.sweep.spec) or a search writes. See :func:`axis` for the input
+#: columns a sweep (graphsim.driver.metrics, graphsim.sweep.spec) or a search writes. See :func:`axis` for the input
 #: axes (``decode.context``, ``hw.hbm_bw``…) and the ``stage_s.*`` / ``kind_s.*`` columns.
 AXES = {
     "forward_s": ("forward time (ms)", 1e3),
@@ -335,7 +335,7 @@ def _save(fig, path):
     returns the Figure itself."""
     if path is None:
         return fig
-    from graphsim.outputs import atomic_target
+    from graphsim.core.outputs import atomic_target
 
     try:
         with atomic_target(path, suffixes=IMAGE_SUFFIXES) as tmp:
@@ -645,7 +645,7 @@ def plot_kinds(source, path, rows: int = 8, where: str | None = None, title: str
 def roofline_points(schedule, point: int = 0) -> dict:
     """Per op with FLOPs: arithmetic intensity (FLOP per HBM byte), achieved FLOP/s, kind, name and the
     roofs (peak FLOP/s per precision used, HBM bytes/s) from the schedule's unit times."""
-    from graphsim.ir import COMPONENTS, HBM_COMPONENTS
+    from graphsim.core.ir import COMPONENTS, HBM_COMPONENTS
 
     comp, dur, ut = schedule.components[point], schedule.duration[point], schedule.unit_time[point]
     fl = [k for k, c in enumerate(COMPONENTS) if c.startswith("flops_")]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
-from graphsim.ir import COMPONENTS, STREAMS
+from graphsim.core.ir import COMPONENTS, STREAMS
 
 TRACKS = (*STREAMS, "critical path", "stages")
 
@@ -53,7 +53,7 @@ def rank_events(schedule, pid: int, label: str, point: int = 0) -> list[dict]:
         if op.alts:  # a collective: the algorithm x protocol it ran at (the fastest at this point)
             args["algorithm"] = schedule.algorithm(i, point)
         if schedule.source is not None:  # a measured view: where this duration came from
-            from graphsim.measured.view import SOURCE_NAMES
+            from graphsim.views.measured.view import SOURCE_NAMES
 
             args["source"] = SOURCE_NAMES[int(schedule.source[point, i])]
             args["sol_us"] = _us(schedule.sol_duration[point, i])
@@ -97,7 +97,7 @@ def trace_of(compiled, point: int = 0) -> dict:
 
 def write_trace(trace: dict, path: str) -> str:
     """Write the trace JSON (strict: no NaN/Infinity), atomically."""
-    from graphsim.outputs import write_text
+    from graphsim.core.outputs import write_text
 
     return write_text(path, json.dumps(trace, default=str, allow_nan=False))
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import SHIPPED, SHIPPED_IDS, kv_cache_format, load_config
-from ..errors import GraphsimError, require
-from ..quant import SCHEMES, from_config, sibling_quant_config
+from ..core.config import SHIPPED, SHIPPED_IDS, kv_cache_format, load_config
+from ..core.errors import GraphsimError, require
+from ..core.quant import SCHEMES, from_config, sibling_quant_config
 from .base import Model
 
 
@@ -15,7 +15,7 @@ def load_model(name_or_path: str | Path | dict, *, weights: str | None = None, r
     """Load a model by shipped name (``deepseek-v3``, ``deepseek-v4.1-flash``, ``llama-3.1-70b``…), by a
     ``config.json`` path or a checkpoint directory (with its ``hf_quant_config.json``, if any), or from a dict.
 
-    ``weights`` overrides the checkpoint's weight quantization (a :data:`graphsim.quant.SCHEMES` name);
+    ``weights`` overrides the checkpoint's weight quantization (a :data:`graphsim.core.quant.SCHEMES` name);
     ``redundant_experts`` adds expert copies for EP load balancing (MoE models)."""
     from .families import resolve
 
@@ -23,7 +23,7 @@ def load_model(name_or_path: str | Path | dict, *, weights: str | None = None, r
     if isinstance(name_or_path, str) and name_or_path.lower() in SHIPPED:
         hf_id = SHIPPED_IDS.get(name_or_path.lower())  # the public repository of a shipped config
     elif isinstance(name_or_path, str):
-        from ..hub import is_model_id, resolve as resolve_id
+        from .hub import is_model_id, resolve as resolve_id
 
         if is_model_id(name_or_path):  # ORG/NAME: the Hugging Face cache, else the bundled snapshot
             hf_id = named_id = name_or_path
@@ -39,7 +39,7 @@ def load_model(name_or_path: str | Path | dict, *, weights: str | None = None, r
     sibling = sibling_quant_config(path) if path is not None else None
     if weights is not None:
         require(weights in SCHEMES, "weights", f"unknown weight format {weights!r}; allowed: {', '.join(SCHEMES)}")
-    from ..limits import check_int
+    from ..core.limits import check_int
 
     redundant_experts = check_int("redundant_experts", redundant_experts, 0, 1 << 16)
     mt, kind, fn = resolve(cfg)
@@ -56,7 +56,7 @@ def load_model(name_or_path: str | Path | dict, *, weights: str | None = None, r
         if vit is not None and cls.VISION_AWARE:
             extra["vision"] = (vit, proc)
         return _with_id(cls(cfg, name, **extra, **options), hf_id)
-    from ..config import text_config
+    from ..core.config import text_config
     from .decoder import Decoder
 
     quant = from_config(cfg, sibling)
@@ -75,7 +75,7 @@ def load_model(name_or_path: str | Path | dict, *, weights: str | None = None, r
 def _vision_of(cfg: dict, path: Path | None) -> tuple:
     """(vision tower, image processor) graphsim prices for this config (Qwen3-VL, Qwen3.5, Kimi K2.5), or (None, None);
     the processor reads ``preprocessor_config.json`` beside the config when there is one, else the family's defaults."""
-    from ..vision import processor_for
+    from ..core.vision import processor_for
     from .vision_tower import tower
 
     vit = tower(cfg)

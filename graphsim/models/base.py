@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..builder import GraphBuilder
-from ..errors import GraphsimError, require
-from ..ir import ONE, Graph, Tensor, fmt, wider
-from ..plan import ParallelMapping
-from ..rules import (  # noqa: F401  (re-exported: the model files' vocabulary)
+from ..core.builder import GraphBuilder
+from ..core.errors import GraphsimError, require
+from ..core.ir import ONE, Graph, Tensor, fmt, wider
+from ..core.plan import ParallelMapping
+from ..core.rules import (  # noqa: F401  (re-exported: the model files' vocabulary)
     MOE_OUT,
     RESTORE_LINKS,
     all_reduce_tp,
@@ -24,7 +24,7 @@ KV_FORMAT_AT = {"fp8": "fp8", "fp4": "fp4_e2m1_e4m3_16"}
 
 
 class _PolicyReads:
-    """A read-only stand-in for a :class:`~graphsim.pipeline.Policies` value that records each field a build
+    """A read-only stand-in for a :class:`~graphsim.driver.pipeline.Policies` value that records each field a build
     reads (name -> value): the build cache's key for the policies."""
 
     __slots__ = ("_policies", "read")
@@ -53,9 +53,9 @@ class Model:
     #: the Hugging Face id the model was named by, or the public repository of a shipped config (None: a file or a
     #: dict); launch commands carry it
     hf_id = None
-    #: policy field -> values this model honours (graphsim.pipeline.BASE_SUPPORT for the rest)
+    #: policy field -> values this model honours (graphsim.driver.pipeline.BASE_SUPPORT for the rest)
     POLICY_SUPPORT: dict = {}
-    #: the checkpoint's weight quantization (graphsim.quant.Quantization) where the family reads it; None when
+    #: the checkpoint's weight quantization (graphsim.core.quant.Quantization) where the family reads it; None when
     #: the model's own semantics fix its formats (DeepSeek-V4/V4.1)
     quant = None
     #: the constructor takes ``weights`` / ``redundant_experts`` / ``sibling`` (an hf_quant_config.json) from
@@ -100,7 +100,7 @@ class Model:
 
     def image_processor(self):
         """The processor that turns ``+img:WxH`` into patches and image tokens for this model (an object with
-        ``image_tokens(w, h)``); None: graphsim.vision's default (DeepSeek-V4.1-Flash's)."""
+        ``image_tokens(w, h)``); None: graphsim.core.vision's default (DeepSeek-V4.1-Flash's)."""
         return None
 
     # ---- speculative decoding -----------------------------------------------------------------------------
@@ -169,7 +169,7 @@ class Model:
     def max_context(self) -> int:
         """Longest context the model was built for (``max_position_embeddings``; the graphsim bound when the
         config has none): requests beyond it are refused unless the plan allows beyond-context what-ifs."""
-        from ..limits import MAX_CONTEXT
+        from ..core.limits import MAX_CONTEXT
 
         cfg = getattr(self, "cfg", None)
         return int(getattr(cfg, "max_position", None) or getattr(cfg, "max_position_embeddings", None) or MAX_CONTEXT)

@@ -1,5 +1,5 @@
 """The generic decoder: a stack of layers, each a token mixer (softmax attention, Gated DeltaNet or Mamba-2)
-and a feed-forward block (dense MLP or MoE), composed from the cost rules of :mod:`graphsim.rules`.
+and a feed-forward block (dense MLP or MoE), composed from the cost rules of :mod:`graphsim.core.rules`.
 
 A family (:mod:`graphsim.models.families`) turns a Hugging Face config into a :class:`DecoderSpec`; this
 module turns the spec into resident weights (each in the format the checkpoint's quantization gives its
@@ -11,13 +11,13 @@ from typing import Union
 
 import attrs
 
-from ..builder import GraphBuilder
-from ..errors import GraphsimError, require
-from ..ir import Tensor, fmt
-from ..limits import MAX_CONTEXT
-from ..plan import ParallelMapping
-from ..quant import Quantization
-from ..rules import (
+from ..core.builder import GraphBuilder
+from ..core.errors import GraphsimError, require
+from ..core.ir import Tensor, fmt
+from ..core.limits import MAX_CONTEXT
+from ..core.plan import ParallelMapping
+from ..core.quant import Quantization
+from ..core.rules import (
     AttentionShape,
     MoEShape,
     RecurrentShape,
@@ -75,7 +75,7 @@ class DecoderSpec:
     vision_note: str = ""
     #: the vision tower graphsim prices (graphsim.models.vision_tower.QwenViT), or None
     vision: object = None
-    #: its image processor (graphsim.vision.QwenVLProcessor): image sizes -> patches and image tokens
+    #: its image processor (graphsim.core.vision.QwenVLProcessor): image sizes -> patches and image tokens
     processor: object = None
 
     def __attrs_post_init__(self):
@@ -126,7 +126,7 @@ class Decoder(Model):
         sharding, param_counts' vision group)."""
         if self.cfg.vision is None:
             return super().reference_graph(policies)
-        from ..plan import Request
+        from ..core.plan import Request
 
         reqs = (Request("prefill", 64 + 4, image_tokens=4, image_patches=4 * self.cfg.vision.merge ** 2),
                 Request("decode", 64))
@@ -252,7 +252,7 @@ class Decoder(Model):
                         copies[i] = restore_copy(b, lambda tier, kvb=kvb, kept=kept: [(tokens(f"{kept}_{tier}"), kvb)],
                                                  split=("tp", "dp"), params={"kv_heads": m.kv_heads})
                     else:
-                        from ..ir import Feature
+                        from ..core.ir import Feature
 
                         sb = m.state_bytes()
                         copies[i] = restore_copy(b, lambda tier, sb=sb: [(Feature("requests", f"cached_{tier}"), sb)],

@@ -1,26 +1,26 @@
 """DeepSeek-V3/R1 and the models with its shapes (Kimi K2/K2.5): MLA attention (prefill path with up-projected
 K/V, absorbed decode path over the latent cache), dense first layers, MoE with a sigmoid router, routed top-k +
 shared experts, weights in the checkpoint's quantization (FP8 128x128 blocks for DeepSeek's own release).
-DeepSeek-V3.2 and GLM-5 add DeepSeek Sparse Attention: a lightning indexer (:func:`graphsim.rules.dsa_indexer`)
+DeepSeek-V3.2 and GLM-5 add DeepSeek Sparse Attention: a lightning indexer (:func:`graphsim.core.rules.dsa_indexer`)
 selects ``index_topk`` positions per query and MLA attends over those only.
 The shipped MTP module drafts with ``policies.mtp`` (it is not part of the trunk otherwise)."""
 from __future__ import annotations
 
 import attrs
 
-from ..builder import GraphBuilder
-from ..config import field, kv_cache_format, structure, text_config
-from ..errors import require
-from ..limits import MAX_CONTEXT
-from ..ir import Feature, Tensor, fmt
-from ..plan import ParallelMapping
-from ..rules import MoEShape, act_for, all_reduce_tp, dsa_indexer, linear, mla_kv_up, mlp, moe, rmsnorm, tokens
+from ..core.builder import GraphBuilder
+from ..core.config import field, kv_cache_format, structure, text_config
+from ..core.errors import require
+from ..core.limits import MAX_CONTEXT
+from ..core.ir import Feature, Tensor, fmt
+from ..core.plan import ParallelMapping
+from ..core.rules import MoEShape, act_for, all_reduce_tp, dsa_indexer, linear, mla_kv_up, mlp, moe, rmsnorm, tokens
 from .base import Model, attention_act_bytes, divides, embedding, lm_head, restore_copy, restore_sets
 
 
 @attrs.frozen
 class V3Config:
-    """DeepSeek-V3-shaped configs, read through the one converter (graphsim.config.structure)."""
+    """DeepSeek-V3-shaped configs, read through the one converter (graphsim.core.config.structure)."""
 
     hidden: int = field("int", hf="hidden_size")
     layers: int = field("int", hf="num_hidden_layers")
@@ -43,7 +43,7 @@ class V3Config:
     index_dim: int = field("int", 0, hf="index_head_dim")
     index_topk: int = field("int", 0, hf="index_topk")
     mtp_layers: int = field("int", 0, hf="num_nextn_predict_layers", lo=0)  #: shipped MTP modules
-    #: the routing and RoPE facts the executor (graphsim.collect.kernels_mla) needs; the cost model does not
+    #: the routing and RoPE facts the executor (graphsim.views.collect.kernels_mla) needs; the cost model does not
     n_group: int = field("int", 1, hf="n_group")  #: expert groups (top ``topk_group`` groups kept per token)
     topk_group: int = field("int", 1, hf="topk_group")
     routed_scale: float = field("float", 1.0, hf="routed_scaling_factor")
@@ -94,7 +94,7 @@ class DeepSeekV3(Model):
     def __init__(self, cfg: dict, name: str = "deepseek-v3", kv_format: str | None = None, *,
                  weights: str | None = None, redundant_experts: int = 0, sibling: dict | None = None,
                  vision: tuple | None = None):
-        from ..quant import from_config
+        from ..core.quant import from_config
 
         self.name = name
         self.cfg = V3Config.from_dict(cfg)
@@ -195,7 +195,7 @@ class DeepSeekV3(Model):
         """Every stage the model can run: with a vision tower, a prefill with an image too."""
         if self.tower is None:
             return super().reference_graph(policies)
-        from ..plan import Request
+        from ..core.plan import Request
 
         reqs = (Request("prefill", 64 + 4, image_tokens=4, image_patches=4 * self.tower.merge ** 2),
                 Request("decode", 64))

@@ -15,9 +15,9 @@ from typing import Mapping
 
 import attrs
 
-from graphsim.errors import one_of, require
-from graphsim.ir import Tensor, fmt
-from graphsim.limits import MAX_CONTEXT
+from graphsim.core.errors import one_of, require
+from graphsim.core.ir import Tensor, fmt
+from graphsim.core.limits import MAX_CONTEXT
 
 from .deepseek_v41 import (
     KVCapacity,

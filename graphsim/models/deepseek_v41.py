@@ -35,15 +35,15 @@ from typing import Mapping
 
 import attrs
 
-from graphsim.config import _is_int as _is_int_, field, parse, structure
-from graphsim.errors import one_of, require
-from graphsim.ir import FORMATS, Tensor, fmt
+from graphsim.core.config import _is_int as _is_int_, field, parse, structure
+from graphsim.core.errors import one_of, require
+from graphsim.core.ir import FORMATS, Tensor, fmt
 
 # --------------------------------------------------------------------------------------------------
 # Parsing helpers (shared with deepseek_v4)
 # --------------------------------------------------------------------------------------------------
 
-# the one config converter (graphsim.config), under the names this module and deepseek_v4 use
+# the one config converter (graphsim.core.config), under the names this module and deepseek_v4 use
 _f = field
 _is_int = _is_int_
 _parse = parse

@@ -46,9 +46,9 @@ import copy
 
 import attrs
 
-from ..errors import require
-from ..rules import GATED, embedding, gathered_logits, residual, vit_attention
-from ..rules_v4 import dspark_commit_caches
+from ..core.errors import require
+from ..core.rules import GATED, embedding, gathered_logits, residual, vit_attention
+from ..core.rules_v4 import dspark_commit_caches
 from . import deepseek_v41 as sem
 from .base import all_reduce_tp, rmsnorm
 from .deepseek_v41_graph import BF16, attention_precision

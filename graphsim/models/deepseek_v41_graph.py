@@ -13,14 +13,14 @@ Token sets are named by role so that policy passes can rewrite *which tokens* ru
 """
 from __future__ import annotations
 
-from ..builder import GraphBuilder
-from ..config import load_config
-from ..errors import GraphsimError
-from ..ir import Feature, Tensor
-from ..plan import ParallelMapping
+from ..core.builder import GraphBuilder
+from ..core.config import load_config
+from ..core.errors import GraphsimError
+from ..core.ir import Feature, Tensor
+from ..core.plan import ParallelMapping
 from . import deepseek_v41 as sem
-from ..rules import GATED, embedding, gathered_logits
-from ..rules_v4 import (
+from ..core.rules import GATED, embedding, gathered_logits
+from ..core.rules_v4 import (
     compressor_pool,
     engram_gather,
     engram_lookup,
@@ -112,8 +112,8 @@ class DeepSeekV41(Model):
         e.g. Engram rows over TP or every rank): how each resident tensor is sharded."""
         import attrs
 
-        from ..pipeline import Policies
-        from ..plan import Request
+        from ..driver.pipeline import Policies
+        from ..core.plan import Request
 
         reqs = (Request.parse("prefill:64+img:224x224"), Request.parse("decode:64"))
         pol = attrs.evolve(policies or Policies(), dspark="on", decoder_replay="off")

@@ -4,10 +4,10 @@ entries — no KV/Top-K sharing, no CED split, hash-routed first layers and an m
 emitters wherever the two models agree; assumptions live in configs/deepseek-v4-flash.json."""
 from __future__ import annotations
 
-from ..builder import GraphBuilder
-from ..ir import Feature
-from ..rules import embedding, gathered_logits
-from ..rules_v4 import compressor_pool, entry_write, hash_route, swa_sparse_attention
+from ..core.builder import GraphBuilder
+from ..core.ir import Feature
+from ..core.rules import embedding, gathered_logits
+from ..core.rules_v4 import compressor_pool, entry_write, hash_route, swa_sparse_attention
 from . import deepseek_v4 as sem4
 from .deepseek_v41_graph import BF16, DeepSeekV41, attention_precision
 

@@ -1,9 +1,9 @@
 """Model families: a Hugging Face ``config.json`` (by ``model_type``) -> a model composed from cost rules.
 
 Each family is one short function from the config's fields to a :class:`~graphsim.models.decoder.DecoderSpec`
-(layers of :class:`~graphsim.rules.AttentionShape` / :class:`~graphsim.rules.RecurrentShape` mixers and
-dense / :class:`~graphsim.rules.MoEShape` feed-forward blocks), registered with :func:`family`. Fields are
-read through :func:`graphsim.config.need` (type, bounds, the field path in every error). DeepSeek's MLA
+(layers of :class:`~graphsim.core.rules.AttentionShape` / :class:`~graphsim.core.rules.RecurrentShape` mixers and
+dense / :class:`~graphsim.core.rules.MoEShape` feed-forward blocks), registered with :func:`family`. Fields are
+read through :func:`graphsim.core.config.need` (type, bounds, the field path in every error). DeepSeek's MLA
 families and V4/V4.1 have their own model classes and register here too, so the registry is the one list
 of what graphsim accepts.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from ..config import need, text_config
-from ..errors import GraphsimError, require
-from ..limits import MAX_CONTEXT
-from ..rules import AttentionShape, MoEShape, RecurrentShape
+from ..core.config import need, text_config
+from ..core.errors import GraphsimError, require
+from ..core.limits import MAX_CONTEXT
+from ..core.rules import AttentionShape, MoEShape, RecurrentShape
 from .decoder import DecoderSpec, HFNames, LayerSpec
 
 #: model_type -> (builder kind, function). Kind "decoder": fn(text config) -> DecoderSpec; kind "class":
@@ -90,7 +90,7 @@ def _str(t: Mapping, key: str, default: str) -> str:
 
 
 def _act(t: Mapping, key: str = "hidden_act", default: str = "silu") -> str:
-    from ..rules import ACTIVATIONS
+    from ..core.rules import ACTIVATIONS
 
     v = _str(t, key, default)
     require(v in ACTIVATIONS, f"config.{key}", f"unknown activation {v!r}; known: {', '.join(ACTIVATIONS)}")

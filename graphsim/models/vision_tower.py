@@ -48,10 +48,10 @@ from typing import Mapping
 
 import attrs
 
-from ..config import need
-from ..errors import require
-from ..ir import Tensor
-from ..rules import activation, all_reduce_tp, residual, rmsnorm, vit_attention
+from ..core.config import need
+from ..core.errors import require
+from ..core.ir import Tensor
+from ..core.rules import activation, all_reduce_tp, residual, rmsnorm, vit_attention
 
 #: token sets: the ViT's patches and the image tokens the mergers emit (none in decode: the tower runs at prefill)
 VIS_PATCHES, VIS_IMAGE = "vis_patches", "vis_image"

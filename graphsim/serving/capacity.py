@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from ..errors import require
+from ..core.errors import require
 
 
 def gpus_for_load(table, rate: float | None = None, concurrency: int | None = None) -> np.ndarray:

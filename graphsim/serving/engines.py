@@ -16,7 +16,7 @@ import math
 import attrs
 import numpy as np
 
-from ..errors import require
+from ..core.errors import require
 
 #: how an engine sizes its memory: "total" — a fraction of the GPU's HBM for weights, activations and the KV
 #: pool together (vLLM ``gpu_memory_utilization``); "free" — the KV pool is a fraction of what weights and

@@ -1,10 +1,10 @@
 """A grid of serving simulations (issue 27): the cartesian product of deployment and cache axes, each point one
 :func:`~graphsim.serving.sim.simulate` call, run on the sweeps' executors (``local``, ``processes``, ``ray``) and
 written like a sweep: with an output, each point's row is a part ``<output>.parts/<key>.json`` sealed with the
-digests of its inputs (:func:`graphsim.identity.seal`), so a rerun skips finished points and recomputes a point
+digests of its inputs (:func:`graphsim.core.identity.seal`), so a rerun skips finished points and recomputes a point
 whose inputs changed; the parts are merged into the output at the end, under an exclusive lock on it.
 
-A point that graphsim refuses (a :class:`~graphsim.errors.GraphsimError`: a mapping the model cannot take, a KV
+A point that graphsim refuses (a :class:`~graphsim.core.errors.GraphsimError`: a mapping the model cannot take, a KV
 pool that does not fit) is an error row naming the field; the other points complete.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Callable, Mapping
 import attrs
 import numpy as np
 
-from ..errors import GraphsimError, require
+from ..core.errors import GraphsimError, require
 from .kvcache import GiB, design_tiers
 from .sim import SLA, Deployment, kv_terms, simulate
 
@@ -63,7 +63,7 @@ def _axis_value(axis: str, v):
     if axis == "mapping" and not isinstance(v, str):
         v = str(v)  # a ParallelMapping
     if axis == "policies" and not isinstance(v, str):
-        from ..pipeline import policy_text
+        from ..driver.pipeline import policy_text
 
         v = policy_text(v)  # a Policies
     try:
@@ -86,8 +86,8 @@ def _axis_value(axis: str, v):
 
 def _parse(axis: str, text: str):
     """A mapping (``tp4-dp1-ep4-pp1``) or policies (``fusion=single-pass``) text as the value serve-sim takes."""
-    from ..pipeline import parse_policy_text
-    from ..plan import ParallelMapping
+    from ..driver.pipeline import parse_policy_text
+    from ..core.plan import ParallelMapping
 
     try:
         return (ParallelMapping.parse if axis == "mapping" else parse_policy_text)(text)
@@ -129,8 +129,8 @@ def _tier_axes(point: dict, dep: Deployment, kw: dict) -> None:
         return
     from ..hw import load_hw
     from ..models import load_model
-    from ..pipeline import Policies
-    from ..plan import ParallelMapping
+    from ..driver.pipeline import Policies
+    from ..core.plan import ParallelMapping
 
     hw = load_hw(dep.hw) if isinstance(dep.hw, str) else dep.hw
     mapping = dep.mapping or ParallelMapping()
@@ -225,9 +225,9 @@ def trace_digest(trace) -> str:
 
 
 def _object_digest(obj, kind: str) -> str:
-    """A model / hardware / profile given by name or path: its file's digest (:mod:`graphsim.identity`); given as
+    """A model / hardware / profile given by name or path: its file's digest (:mod:`graphsim.core.identity`); given as
     a loaded object: its pickled state."""
-    from .. import identity
+    from ..core import identity
 
     if isinstance(obj, (str, Path)) or (kind == "model" and isinstance(obj, dict)):
         return identity.model_digest(obj) if kind == "model" else identity.toml_digest(obj, kind)
@@ -237,7 +237,7 @@ def _object_digest(obj, kind: str) -> str:
 def _settings(base: Deployment, simulate_kwargs: dict) -> dict:
     """The base deployment's fields and simulate()'s arguments, as text (their model / hardware / profile / view
     files are digested apart)."""
-    from ..pipeline import Policies
+    from ..driver.pipeline import Policies
 
     dep = {f.name: getattr(base, f.name) for f in attrs.fields(Deployment)
            if f.name not in ("model", "hw", "profile")}
@@ -249,7 +249,8 @@ def _settings(base: Deployment, simulate_kwargs: dict) -> dict:
 def input_digests(trace, base: Deployment, simulate_kwargs: dict) -> dict:
     """The digests every point shares: model, hardware, profile, measured tables / FPM model, the trace, the
     settings, graphsim's version."""
-    from .. import __version__, identity
+    from .. import __version__
+    from ..core import identity
 
     out = {"model": _object_digest(base.model, "model"), "hw": _object_digest(base.hw, "hw")}
     if base.profile is not None:
@@ -293,7 +294,7 @@ def _run_processes(todo: list, jobs: int, trace, base, kw, collect) -> None:
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
-    from ..workers import pool_initializer
+    from ..sweep.workers import pool_initializer
 
     ctx = mp.get_context("spawn")
 
@@ -350,7 +351,7 @@ def _run_ray(todo: list, address, trace, base, kw, collect) -> None:
 # ---- the grid ------------------------------------------------------------------------------------------------------
 def _write_part(parts: Path, key: str, row: dict, digests: dict) -> None:
     """``parts/<key>.json`` (written whole, then renamed), sealed with the digests it was computed from."""
-    from ..identity import seal
+    from ..core.identity import seal
 
     tmp = parts / f"{key}.json.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     try:
@@ -406,7 +407,7 @@ def grid(trace, base: Deployment, axes: Mapping, *, output=None, executor: str =
     kw = {"sla": SLA(), **simulate_kwargs}
     if output is None:
         return _grid(pts, trace, base, kw, None, executor, jobs, address, resume, progress)
-    from ..outputs import exclusive, output_path
+    from ..core.outputs import exclusive, output_path
 
     out = output_path(output, suffixes=(".parquet", ".csv"))
     with exclusive(out):  # a second grid on the same output fails at once instead of losing results
@@ -454,7 +455,7 @@ def _grid(pts: list, trace, base, kw: dict, out: Path | None, executor, jobs, ad
             bar.close()
     df = _frame([rows[k] for k in keys], list(pts[0]))
     if out is not None:
-        from ..outputs import atomic_target
+        from ..core.outputs import atomic_target
 
         with atomic_target(out, suffixes=(".parquet", ".csv")) as tmp:
             (df.to_parquet if out.suffix.lower() == ".parquet" else df.to_csv)(tmp, index=False)

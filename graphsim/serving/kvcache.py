@@ -22,7 +22,7 @@ from collections import OrderedDict
 
 import attrs
 
-from ..errors import GraphsimError, require
+from ..core.errors import GraphsimError, require
 
 KINDS = ("global", "swa")
 GiB = float(1 << 30)

@@ -17,7 +17,7 @@ import math
 
 import attrs
 
-from ..pipeline import Policies
+from ..driver.pipeline import Policies
 
 ENGINES = ("sglang", "vllm", "trtllm", "dynamo")
 
@@ -660,7 +660,7 @@ def write_launch_dir(folder, launches: list[dict]) -> list[str]:
     in ``folder/rank-K``), every file atomically; returns the paths written."""
     from pathlib import Path
 
-    from ..outputs import output_path, write_text
+    from ..core.outputs import output_path, write_text
 
     root = Path(folder)
     written = []

@@ -24,7 +24,7 @@ The engine (one per replica, as SGLang / vLLM schedule a replica):
   kind: global blocks at the end of its prefill, its SWA state (keyed by its session, else by its last full prompt
   block) at the end;
 - disaggregated deployments: prefill replicas hand each request's KV to the least loaded decode replica
-  (graphsim.disagg's hand-over), which admits it when its pool has room and swaps instead of recomputing;
+  (graphsim.serving.disagg's hand-over), which admits it when its pool has room and swaps instead of recomputing;
 - a prediction with an engine pays its host terms and each step's hottest EP rank (:mod:`.steps`).
 
 Runs of pure decode steps between events are evaluated in one vectorized call. Every replica integrates the
@@ -42,7 +42,7 @@ from collections import deque
 import attrs
 import numpy as np
 
-from ..errors import GraphsimError, require
+from ..core.errors import GraphsimError, require
 from .kvcache import GiB, HBMPool, Store, TierSpec, design_tiers
 
 ROUTERS = ("prefix", "least-loaded", "round-robin")
@@ -81,7 +81,7 @@ class Deployment:
     prefill_policies: object = None
 
     def __attrs_post_init__(self):
-        from ..limits import check_int
+        from ..core.limits import check_int
 
         check_int("replicas", self.replicas, 1, 1 << 16)
         check_int("prefill_replicas", self.prefill_replicas, 0, 1 << 16)
@@ -142,10 +142,10 @@ def kv_terms(model, policies) -> tuple[float, float]:
 
 def restore_seconds(host_bytes, disk_bytes, rates: dict) -> np.ndarray:
     """Seconds to copy a prefix hit's bytes per device into HBM as graphsim's ``prefix_restore`` rule prices it: each
-    tier's bytes on every link :data:`graphsim.rules.RESTORE_LINKS` lists for it (host: C2C / PCIe; disk: NVMe then
+    tier's bytes on every link :data:`graphsim.core.rules.RESTORE_LINKS` lists for it (host: C2C / PCIe; disk: NVMe then
     the same link), one copy op whose time is its slowest link's; ``rates``: the descriptor's rates under the
     deployment's profile (``HardwareSpec.rates``)."""
-    from ..rules import RESTORE_LINKS
+    from ..core.rules import RESTORE_LINKS
 
     by_tier = {"host": np.asarray(host_bytes, np.float64), "disk": np.asarray(disk_bytes, np.float64)}
     on_link: dict = {}
@@ -475,8 +475,8 @@ class _Sim:
     # -- disaggregated pools ------------------------------------------------------------------------------
     def _hand_over(self, r: _Replica, i: int, now: float) -> None:
         """Release the request from its prefill replica (its blocks stay in that replica's prefix cache) and send
-        its KV to the decode pool: graphsim.disagg.handover_seconds (streamed layer by layer during the prefill)."""
-        from ..disagg import Pool, handover_seconds
+        its KV to the decode pool: graphsim.serving.disagg.handover_seconds (streamed layer by layer during the prefill)."""
+        from .disagg import Pool, handover_seconds
 
         self._release(r, i)
         dec = self.decoders[0].cfg
@@ -788,15 +788,15 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
     requests into classes; ``validate``: steps sampled to state the step surface's error against the exact program;
     ``steps``: a step-time object to use instead of the deployment's programs (tests' closed forms)."""
     from ..hw import load_hw
-    from ..limits import MAX_CONTEXT
+    from ..core.limits import MAX_CONTEXT
     from ..models import load_model
-    from ..pipeline import Policies
-    from ..plan import ParallelMapping
+    from ..driver.pipeline import Policies
+    from ..core.plan import ParallelMapping
     from .engines import ENGINES, engine_terms
 
     require(router in ROUTERS, "router", f"unknown {router!r}; allowed: {', '.join(ROUTERS)}")
     require(len(trace) > 0, "trace", "holds no requests")
-    from ..limits import MAX_CONTEXT
+    from ..core.limits import MAX_CONTEXT
 
     def whole(x, lo, hi):
         return isinstance(x, numbers.Integral) and not isinstance(x, bool) and lo <= x <= hi
@@ -839,11 +839,11 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
     decode_in_budget = eng.decode_in_budget if eng is not None else True
 
     # speculative decoding (MTP-K, DSpark): each decode step verifies 1 + K positions and gives each request the
-    # expected emitted tokens under the policies' acceptance (graphsim.metrics.emitted, the search's rule)
+    # expected emitted tokens under the policies' acceptance (graphsim.driver.metrics.emitted, the search's rule)
     verify = int(policies.mtp) if policies.mtp else (len(policies.acceptance) if policies.dspark == "on" else 0)
     emit = 1.0
     if verify:
-        from ..metrics import emitted
+        from ..driver.metrics import emitted
 
         require(bool(policies.acceptance), "policies.acceptance", "speculative decoding needs a_1..a_K to turn "
                                                                    "verified positions into emitted tokens")
@@ -910,8 +910,8 @@ def _pool_config(role, mapping, policies, *, model, hw, dep, eng, serving, view,
                  steps, verify: int = 0) -> _PoolConfig:
     """One pool's replicas: limits, KV pool (HBM left per device by graphsim's memory model under the engine's rule,
     times the devices one request's KV is spread over) and step times (its own compiled programs)."""
-    from ..fit import DEFAULT_RESERVE_GIB, MemoryModel
-    from ..pipeline import Plan, compile_plan
+    from .fit import DEFAULT_RESERVE_GIB, MemoryModel
+    from ..driver.pipeline import Plan, compile_plan
     from .steps import StepTimes
 
     dp = mapping.dp
@@ -963,7 +963,7 @@ def _finite(v):
 
 def _result(sim: _Sim, trace, dep, model, hw, pools, policies, eng, tiers, sla, classes, router,
             design) -> SimResult:
-    from ..pipeline import policy_text
+    from ..driver.pipeline import policy_text
 
     main = pools[-1][0]  # the aggregated replicas, or the decode pool
     mapping, budget, max_running, capacity = main.mapping, main.budget, main.max_running, main.capacity

@@ -22,7 +22,7 @@ import itertools
 
 import numpy as np
 
-from ..errors import require
+from ..core.errors import require
 
 #: groups of the exact evaluation: prefill chunks (more are merged into the last) and decode context quartiles
 EXACT_PREFILL_GROUPS = 8
@@ -157,7 +157,7 @@ class StepTimes:
 
     # -- building -----------------------------------------------------------------------------------------
     def _forward(self, count, new, past, replay=None) -> np.ndarray:
-        from ..workload import Workload
+        from ..core.workload import Workload
 
         count, new, past = (np.asarray(a, dtype=np.float64) for a in (count, new, past))
         replay = np.zeros_like(count) if replay is None else np.asarray(replay, dtype=np.float64)
@@ -257,7 +257,7 @@ class StepTimes:
     def exact(self, steps: list) -> np.ndarray:
         """Forward seconds of recorded ``steps`` — each (chunks [(new, past, replay)], decode contexts) — from
         the exact program: one group per prefill chunk (the 8th holds the rest) and per decode context quartile."""
-        from ..workload import Workload
+        from ..core.workload import Workload
 
         require(self.exact_program is not None, "steps", "no exact program to validate the surface against")
         gp, gd = EXACT_PREFILL_GROUPS, EXACT_DECODE_GROUPS

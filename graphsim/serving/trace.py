@@ -19,8 +19,8 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from ..errors import GraphsimError, require
-from ..limits import MAX_CONTEXT, MAX_REQUESTS
+from ..core.errors import GraphsimError, require
+from ..core.limits import MAX_CONTEXT, MAX_REQUESTS
 
 #: file formats :func:`load_trace` reads, by suffix
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}

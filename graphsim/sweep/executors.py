@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from ..errors import GraphsimError, require
+from ..core.errors import GraphsimError, require
 from .points import _PROGRAMS, structural_tables
 from .results import SweepResult, _counts, _merge, _write_tables, unify
 from .spec import StructuralPoint, SweepSpec
@@ -21,7 +21,7 @@ def _trusted(parts: Path, inputs: Mapping, suffix: str = ".parquet") -> tuple[se
     """The keys whose part ``<key><suffix>`` may be reused (its checksum holds and it was computed from the input
     digests ``inputs[key]``), and (key, why) for each part that is not trusted (it is removed: it will be
     recomputed). Shared with the serving grid (graphsim.serving.grid)."""
-    from ..identity import discard, verify
+    from ..core.identity import discard, verify
 
     if not parts.is_dir():
         return set(), []
@@ -41,7 +41,7 @@ def _trusted(parts: Path, inputs: Mapping, suffix: str = ".parquet") -> tuple[se
 
 def _seal(parts: Path, key: str, sp: StructuralPoint) -> None:
     """Record a finished part's checksum and input digests (a part without them is never reused)."""
-    from ..identity import seal
+    from ..core.identity import seal
 
     f = parts / f"{key}.parquet"
     if f.is_file():
@@ -70,7 +70,7 @@ def run(spec: SweepSpec | Mapping | str | Path, output: str | Path | None = None
             f"must be an integer >= 1, got {jobs!r}")
     if output is None:
         return _run(spec, None, executor, address, progress, resume, jobs)
-    from ..outputs import exclusive, output_path
+    from ..core.outputs import exclusive, output_path
 
     out = output_path(output, suffixes=(".parquet", ".csv"), regular=True)
     with exclusive(out):  # a second sweep on the same output fails at once instead of losing results
@@ -178,7 +178,7 @@ def _forget_stores(points: list) -> None:
     import sys
 
     paths = {sp.view[1] for sp in points if sp.view[0] != "sol"}
-    for mod, name in (("graphsim.measured.view", "_STORES"),):  # (FPM models are cached by content)
+    for mod, name in (("graphsim.views.measured.view", "_STORES"),):  # (FPM models are cached by content)
         cache = getattr(sys.modules.get(mod), name, None)
         if cache:
             for p in paths:

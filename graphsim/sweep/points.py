@@ -7,8 +7,8 @@ from typing import Callable, Iterator, Mapping
 import attrs
 import numpy as np
 
-from ..errors import GraphsimError
-from ..ir import COMPONENTS
+from ..core.errors import GraphsimError
+from ..core.ir import COMPONENTS
 from .results import _const, _table
 from .spec import (GROUP_FIELDS, MEMORY_COLUMNS, TOKEN_COLUMNS, Grid, StructuralPoint, SweepSpec,
                    _policy_fields)
@@ -39,8 +39,8 @@ class _Programs:
             raise
 
     def weight_bytes(self, compiled) -> float:
-        """:func:`graphsim.metrics.weight_bytes` of a kept program, memoized with it."""
-        from ..metrics import weight_bytes
+        """:func:`graphsim.driver.metrics.weight_bytes` of a kept program, memoized with it."""
+        from ..driver.metrics import weight_bytes
 
         for key, c in self.compiled.items():
             if c is compiled:
@@ -51,7 +51,7 @@ class _Programs:
 
     def _get(self, key: tuple, sp: StructuralPoint, requests: tuple):
         from .. import ParallelMapping, Plan, Policies, compile_plan
-        from ..metrics import KVTable
+        from ..driver.metrics import KVTable
 
         if key not in self.compiled:
             mkey = (sp.model, dict(sp.inputs).get("model"))
@@ -67,7 +67,7 @@ class _Programs:
                 raise GraphsimError(f"policies.{name}", str(e.args[0])) from None
             view = None
             if sp.view[0] != "sol":
-                from ..measured.view import ViewSpec
+                from ..views.measured.view import ViewSpec
 
                 view = ViewSpec(*sp.view)
             c = compile_plan(self.models[mkey], Plan(requests, mapping, policies), sp.hw, view=view)
@@ -91,7 +91,7 @@ def representative_requests(spec: SweepSpec, kinds: tuple) -> tuple:
     each axis (the largest count). The program's *costs* are exact for every grid point — lengths, counts
     and hardware figures are workload arrays — but a rule a model or pass applies to the plan's request
     values at build time (e.g. pipeline micro-batches <= requests) sees these values only."""
-    from ..plan import Request
+    from ..core.plan import Request
 
     by_name = {a.name: a for a in spec.axes}
 
@@ -224,8 +224,8 @@ def _check_groups(groups: list[dict], n: int, speculative: bool = False) -> tupl
 
 def _workload_arrays(kinds: tuple, groups: list[dict], policies: Mapping) -> dict[str, np.ndarray]:
     """(n, G) workload fields, with ``Plan.workload`` semantics (both use plan.prefill_positions)."""
-    from ..plan import prefill_positions
-    from ..workload import FIELDS, HOST
+    from ..core.plan import prefill_positions
+    from ..core.workload import FIELDS, HOST
 
     cols: dict[str, list] = {f: [] for f in FIELDS}
     for k, g in zip(kinds, groups):
@@ -273,8 +273,8 @@ def _point_tables(spec, sp, compiled, kv, profile, ident, pol, grid, progress, w
     import pyarrow as pa
 
     from ..lowering.evaluate import op_kinds
-    from ..metrics import kv_bytes_per_device, memory_metrics, token_metrics
-    from ..workload import FIELDS, Workload
+    from ..driver.metrics import kv_bytes_per_device, memory_metrics, token_metrics
+    from ..core.workload import FIELDS, Workload
 
     mapping, kinds = compiled.plan.mapping, sp.kinds
     hw_axes = [a for a in grid.names if a.startswith("hw.")]

@@ -8,7 +8,7 @@ largest group another worker still has. With an output, each worker streams its 
 ``<output>.parts/<struct_id>.parquet`` itself (written to a temporary name, renamed once complete), so no
 table crosses processes and memory stays bounded; without one, workers return the tables. Each worker
 reports progress per chunk through its own pipe (no lock shared between workers that a killed one could
-hold). Workers die with the parent (:mod:`graphsim.workers`: a killed sweep leaves no orphan). A point whose
+hold). Workers die with the parent (:mod:`graphsim.sweep.workers`: a killed sweep leaves no orphan). A point whose
 worker dies (killed, out of memory) becomes one error row, not a part (a later run retries it), and a fresh
 worker takes its place; an exception that is a bug stops the sweep as it does in the local executor
 (finished parts stay).
@@ -52,7 +52,7 @@ class _Worker:
         import os
         from concurrent.futures import ProcessPoolExecutor
 
-        from ..workers import pool_initializer
+        from .workers import pool_initializer
 
         self.reader, self.writer = ctx.Pipe(duplex=False)  # the pool may start its process lazily: keep both ends
         # the worker dies with this process (SIGKILL of the parent leaves no orphan)

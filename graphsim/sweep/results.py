@@ -9,7 +9,7 @@ from typing import Any, Iterable
 import attrs
 import numpy as np
 
-from ..errors import GraphsimError
+from ..core.errors import GraphsimError
 from .spec import MEMORY_COLUMNS, TOKEN_COLUMNS, identity_columns
 
 def _table(columns: dict):

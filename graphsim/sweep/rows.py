@@ -15,7 +15,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import GraphsimError
+from ..core.errors import GraphsimError
 from .spec import GROUP_FIELDS, ModelRef, StructuralPoint, _hashable, _mapping_fields, _policy_fields
 
 _MODEL = re.compile(r"^(?P<name>.+?)(?:\[(?P<opts>[^\[\]]*)\])?$")
@@ -83,8 +83,8 @@ def _groups(kinds: tuple, row: Mapping) -> list[dict]:
 
 def row_requests(kinds: tuple, row: Mapping) -> tuple:
     """The row's requests, one per group."""
-    from ..plan import Request
-    from ..workload import TIERS
+    from ..core.plan import Request
+    from ..core.workload import TIERS
 
     out = []
     for k, g in zip(kinds, _groups(kinds, row)):
@@ -102,7 +102,7 @@ def row_schedule(row: Mapping):
     is refused (it has no schedule), naming its error."""
     from ..hw import load_profile
     from ..lowering.evaluate import evaluate_reference
-    from ..workload import FIELDS, Workload
+    from ..core.workload import FIELDS, Workload
     from .points import _PROGRAMS, _Rates, _workload_arrays
 
     if _present(row.get("error")):

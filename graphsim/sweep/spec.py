@@ -12,10 +12,10 @@ from typing import Any, Mapping
 import attrs
 import numpy as np
 
-from ..errors import GraphsimError, require
-from ..identity import combined
-from ..ir import REQUEST_KINDS
-from ..limits import MAX_SWEEP_POINTS
+from ..core.errors import GraphsimError, require
+from ..core.identity import combined
+from ..core.ir import REQUEST_KINDS
+from ..core.limits import MAX_SWEEP_POINTS
 
 #: Fields of a request group per kind, their defaults (None = required) and whether they are integers.
 GROUP_FIELDS = {
@@ -35,7 +35,7 @@ PRECISIONS = ("exact", "fast")
 EXTRA_OUTPUTS = ("stages", "kinds", "traffic")
 IDENTITY_HEAD = ("struct_id", "sweep", "graphsim_version", "model", "hw", "profile", "view", "backend", "measured",
                  "inputs_digest", "model_digest", "hw_digest", "profile_digest", "view_digest", "mapping")
-#: digest columns -> the input each is the content digest of (graphsim.identity.input_digest keys)
+#: digest columns -> the input each is the content digest of (graphsim.core.identity.input_digest keys)
 DIGEST_COLUMNS = {"model_digest": "model", "hw_digest": "hw", "profile_digest": "profile", "view_digest": "view"}
 TOKEN_COLUMNS = ("prefill_tokens", "decode_tokens", "decode_requests", "ttft_s", "itl_s", "tokens_per_s",
                  "tokens_per_s_per_gpu", "output_tokens_per_s_per_gpu", "tokens_per_s_per_user", "energy_j",
@@ -44,13 +44,13 @@ MEMORY_COLUMNS = ("weights_gib", "kv_gib", "workspace_gib", "total_gib", "capaci
 
 
 def _policy_fields() -> dict:
-    from ..pipeline import Policies
+    from ..driver.pipeline import Policies
 
     return {a.name: a.default for a in attrs.fields(Policies)}
 
 
 def _mapping_fields() -> tuple:
-    from ..plan import ParallelMapping
+    from ..core.plan import ParallelMapping
 
     return tuple(a.name for a in attrs.fields(ParallelMapping))
 
@@ -459,7 +459,7 @@ def _parse_views(s: Mapping) -> tuple:
     """structure.view (sol / op / hybrid / fpm, one or a list) x structure.backend (one or a list), with one
     structure.measured folder (op / hybrid) and one structure.fpm model file (fpm): the measured views each
     backend is evaluated in. The fpm view's backend is optional (the model file may hold one runtime)."""
-    from ..measured.view import VIEWS
+    from ..views.measured.view import VIEWS
 
     views = [str(v) for v in _listify(s.get("view", "sol"))]
     for v in views:
@@ -554,7 +554,7 @@ class StructuralPoint:
         """{model, hw, profile, [measured | fpm], graphsim} -> content digest of what this point reads
         (``memo``: digests already computed in this run, per input)."""
         from .. import __version__
-        from ..identity import fpm_digest, measured_digest, model_digest, toml_digest
+        from ..core.identity import fpm_digest, measured_digest, model_digest, toml_digest
 
         memo = {} if memo is None else memo
 
@@ -583,8 +583,8 @@ class StructuralPoint:
         """Identity columns (policies completed with their defaults)."""
         from .. import __version__
 
-        from ..pipeline import Policies
-        from ..plan import ParallelMapping
+        from ..driver.pipeline import Policies
+        from ..core.plan import ParallelMapping
 
         m = dict(self.mapping)
         defaults = _policy_fields()

@@ -35,8 +35,8 @@ def _preload() -> None:
     JAX's backend itself: the parent never evaluates anything)."""
     import importlib
 
-    for mod in ("graphsim", "graphsim.cli", "graphsim.commands", "graphsim.sweep", "graphsim.exports.plots",
-                "graphsim.exports.dot", "graphsim.exports.trace", "graphsim.cmd_serve", "graphsim.serving.sim",
+    for mod in ("graphsim", "graphsim.cli.app", "graphsim.cli.commands", "graphsim.sweep", "graphsim.exports.plots",
+                "graphsim.exports.dot", "graphsim.exports.trace", "graphsim.cli.serve", "graphsim.serving.sim",
                 "pandas", "pyarrow.parquet", "matplotlib.pyplot"):
         try:
             importlib.import_module(mod)

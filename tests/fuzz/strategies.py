@@ -253,7 +253,7 @@ def cli_case(draw) -> dict:
 # --------------------------------------------------------------------------------------------------
 
 def _shipped_config(model: str) -> dict:
-    from graphsim.config import load_config
+    from graphsim.core.config import load_config
 
     return load_config(model)
 
@@ -396,7 +396,7 @@ def base_samples():
         import pandas as pd
 
         import graphsim as gs
-        from graphsim.fpm.schema import sample_identity
+        from graphsim.views.fpm.schema import sample_identity
 
         m, spec = gs.load_model(FPM_MODEL), gs.load_hw("gb200")
         env = {"framework": "jax", "version": "0.1", "image_digest": "env:0.1", "kernel_source": "xla:cpu",
@@ -419,7 +419,7 @@ def base_samples():
 def base_fpm_model() -> dict:
     """A fitted FPM model file's JSON (built once per process)."""
     if "model" not in _BASE:
-        from graphsim.fpm.fit import fit
+        from graphsim.views.fpm.fit import fit
 
         _BASE["model"] = json.loads(json.dumps(fit(base_samples()).to_json(), default=float))
     return json.loads(json.dumps(_BASE["model"]))
@@ -475,7 +475,7 @@ SAMPLE_VALUES = (0, -1, 1.5, 2**53 + 1, float("nan"), float("inf"), "x", "", Non
 def fpm_samples_case(draw) -> dict:
     """Mutations of a samples table: {column: value (every row) or (row, value)}, sometimes a dropped
     column or failed rows."""
-    from graphsim.fpm.schema import COORDS, IDENTITY, RESULTS
+    from graphsim.views.fpm.schema import COORDS, IDENTITY, RESULTS
 
     cols = list(IDENTITY + COORDS + RESULTS + ("status", "error", "requests"))
     muts = {}

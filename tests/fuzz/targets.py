@@ -423,7 +423,7 @@ def run_collect(case: dict) -> tuple[str, str]:
     from pathlib import Path
 
     import graphsim as gs
-    from graphsim.collect.ops import collect_ops
+    from graphsim.views.collect.ops import collect_ops
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "work"
@@ -482,7 +482,7 @@ def _search_outputs(files: dict, tmp: str, args: list[str]) -> str | None:
     import numpy as np
     import pandas as pd
 
-    from graphsim.identity import part_checksum
+    from graphsim.core.identity import part_checksum
 
     out = args[args.index("-o") + 1] if "-o" in args else None
     if not out or not out.endswith((".parquet", ".csv")):

@@ -1,5 +1,5 @@
 """An independent reference forward of DeepSeek-V4.1-Flash (tiny configs), written from V41_FACTS.md and the
-model description — it shares no code with graphsim's graph or its executor (``graphsim.collect``).
+model description — it shares no code with graphsim's graph or its executor (``graphsim.views.collect``).
 
 One request at a time, the whole token sequence 0..N-1 at once (no cache: a decode step is the last position
 of the sequence that includes it), layer by layer as the model is described:

@@ -29,8 +29,8 @@ PLANS = [  # (model, hw, tp, ep, requests, backend)
 
 def main(full: str) -> None:
     import graphsim as gs
-    from graphsim.measured.schema import FAMILIES
-    from graphsim.measured.view import ViewSpec
+    from graphsim.views.measured.schema import FAMILIES
+    from graphsim.views.measured.view import ViewSpec
 
     keep: dict = {}  # partition source file -> row mask
     for model, hw, tp, ep, reqs, backend in PLANS:

@@ -1,0 +1,386 @@
+"""The OP and Hybrid views: per-op durations from measured tables on the same compiled DAG.
+
+``sol``     every op at its roofline (the default; no tables).
+``op``      every op a table family times is looked up in the selected backend's partition (strict: an op of
+            such a kind without coverage is an error naming it); kinds no family times stay at SOL, labelled.
+``hybrid``  like ``op``, but an uncovered op falls back to ``a + b x SOL``, least squares over the same
+            backend's covered ops of its family in this plan at this point (a >= 0: a launch floor; b >= 1;
+            over its group — compute or communication — when its family has none; SOL itself when nothing
+            there is covered): never below its SOL, and the report says what it was fitted from.
+
+The schedule (streams, overlap, critical path) is the SOL view's: only op durations change.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from graphsim.core.errors import GraphsimError, require
+
+from .interp import EXTRAPOLATED, INTERPOLATED, MEASURED, build_curve, eval_curve
+from .mapping import Lookup, MapContext, Miss, lookup_for
+from .store import FILLS, Backend, Store
+
+VIEWS = ("sol", "op", "hybrid", "fpm")
+#: A fallback op's family without covered ops borrows the measured/SOL of covered ops of its group (matrix
+#: engines vs links), never across groups.
+GROUPS = {"collective": "communication", "moe_a2a": "communication"}
+FALLBACK, SOL = 3, 4
+SOURCE_NAMES = ("measured", "interpolated", "extrapolated", "fallback", "sol")
+
+
+@attrs.frozen
+class ViewSpec:
+    """Which view, from which tables: ``measured`` a folder (or an open Store), ``backend`` FRAMEWORK[@VERSION]."""
+
+    name: str = "sol"
+    measured: object = None
+    backend: str = ""
+    fill: str = "older"
+
+    def __attrs_post_init__(self):
+        require(self.name in VIEWS, "view", f"must be one of {', '.join(VIEWS)}, got {self.name!r}")
+        require(self.fill in FILLS, "fill", f"must be one of {', '.join(FILLS)}, got {self.fill!r}")
+        if self.name == "fpm":
+            require(self.measured is not None and self.measured != "", "fpm",
+                    "the fpm view needs --fpm FILE (a model from graphsim fpm fit, docs/fpm.md)")
+        elif self.name != "sol":
+            require(self.measured is not None and self.measured != "", "measured",
+                    f"the {self.name} view needs --measured DIR (a folder of measured tables, docs/measured.md)")
+            require(bool(self.backend), "backend", f"the {self.name} view needs --backend FRAMEWORK[@VERSION], "
+                    "e.g. trtllm@1.3.0rc20")
+
+    def store(self) -> Store:
+        return self.measured if isinstance(self.measured, Store) else _open(str(self.measured))
+
+
+_STORES: dict = {}
+
+
+def _open(path: str) -> Store:
+    """Stores are cached per folder within a process (a sweep binds many programs to one store), and reopened
+    when a table file changed (added, removed, rewritten: its size or modification time), so a notebook or a
+    search that edits tables in place never reads the old rows."""
+    sig = _signature(path)
+    held = _STORES.get(path)
+    if held is None or held[0] != sig:
+        _STORES[path] = held = (sig, Store(path))
+    return held[1]
+
+
+def _signature(path: str) -> tuple:
+    try:
+        return tuple((str(p), st.st_size, st.st_mtime_ns) for p in sorted(Path(path).rglob("*.parquet"))
+                     if (st := p.stat()) and p.is_file())
+    except OSError:
+        return ()
+
+
+@attrs.frozen(eq=False)
+class BoundView:
+    """A view bound to one sharded graph: per op, its lookup and curve, or why it has none."""
+
+    spec: ViewSpec
+    backend: str  # resolved FRAMEWORK@VERSION
+    device: str
+    op_key: tuple  # per op: the lookup identity (refines cost classes)
+    op_source: tuple  # per op: "table" / "fallback" / "sol"
+    op_family: tuple  # per op: table family ("" none)
+    op_note: tuple  # per op: partition key + rule, or the reason it has none
+    curves: dict  # lookup key -> (Curve, Lookup)
+    features: tuple  # extra workload features the lookups read
+    op_module: tuple = ()  # per op: its fused-module instance ("" = none)
+    #: (family, (ln SOL bin centres, median measured / SOL per bin, rows)) over the backend's tables of that family
+    #: on the device, for the families an op falls back in (graphsim.views.measured.check.family_efficiency)
+    family_eff: tuple = ()
+    # set by attach():
+    cls_kind: np.ndarray = None  # per class: 0 table, FALLBACK, SOL
+    cls_curve: tuple = ()
+    cls_family: tuple = ()
+    cls_count: np.ndarray = None
+    cls_lookup: tuple = ()  # per class: its lookup key ("" none)
+    modules: dict = attrs.Factory(dict)  # module lookup key -> {class: members per instance}
+
+    def attach(self, program) -> "BoundView":
+        C = program.n_classes
+        kind = np.full(C, SOL, dtype=np.int64)
+        curve = [None] * C
+        fam = [""] * C
+        for i, c in enumerate(program.op_class):
+            src = self.op_source[i]
+            kind[c] = 0 if src == "table" else FALLBACK if src == "fallback" else SOL
+            curve[c] = self.curves.get(self.op_key[i]) if src == "table" else None
+            fam[c] = self.op_family[i]
+        count = np.bincount(program.op_class, minlength=C).astype(np.float64)
+        lk = [""] * C
+        instances: dict = {}
+        for i, c in enumerate(program.op_class):
+            lk[c] = self.op_key[i] if self.op_source[i] == "table" else ""
+            if self.op_source[i] == "table" and self.op_module[i]:
+                inst = instances.setdefault(self.op_key[i], {}).setdefault(self.op_module[i], {})
+                inst[int(c)] = inst.get(int(c), 0) + 1
+        modules = {}
+        for key, insts in instances.items():
+            shapes = {tuple(sorted(m.items())) for m in insts.values()}
+            require(len(shapes) == 1, "view", f"module {key} has instances of different make-up: {sorted(shapes)[:2]}")
+            modules[key] = dict(shapes.pop())
+        return attrs.evolve(self, cls_kind=kind, cls_curve=tuple(curve), cls_family=tuple(fam), cls_count=count,
+                            cls_lookup=tuple(lk), modules=modules)
+
+    # ---- evaluation (NumPy or JAX) --------------------------------------------------------------------
+    def apply(self, cls_sol, fcols, xp):
+        """(P, C) SOL class durations -> (view durations (P, C), source flags (P, C))."""
+        cols, flags, _ = self._apply(cls_sol, fcols, xp)
+        P = cls_sol.shape[0]
+        full = [cols[c] if c in cols else cls_sol[:, c] for c in range(len(self.cls_kind))]
+        fl = [flags[c] if c in flags else xp.full((P,), int(self.cls_kind[c])) for c in range(len(self.cls_kind))]
+        return xp.stack(full, axis=1), xp.stack(fl, axis=1)
+
+    def split(self, cls_sol, fcols, xp):
+        """The view as ``base + Vᵀ·E`` without building a (P, C) array column by column (slow on CPU):
+        ``base`` the SOL durations with the replaced classes zeroed, ``V`` (k, P) their view durations,
+        ``E`` (k, C) which class each row replaces (NumPy, so products with it fold at compile time)."""
+        cols, _, _ = self._apply(cls_sol, fcols, xp, flags=False)
+        C = len(self.cls_kind)
+        rep = sorted(cols)
+        keep = np.ones(C)
+        keep[rep] = 0.0
+        E = np.zeros((len(rep), C))
+        E[np.arange(len(rep)), rep] = 1.0
+        V = xp.stack([cols[c] for c in rep], axis=0) if rep else None
+        return cls_sol * xp.asarray(keep)[None, :], V, E
+
+    def _apply(self, cls_sol, fcols, xp, flags=True):
+        """Per replaced class (table or fallback): its view durations (P,) and source flags; the fits."""
+        fidx = {f: j for j, f in enumerate(self.features)}
+
+        def col(f):
+            return fcols[:, fidx[f]]
+
+        cols, flag_cols = {}, {}
+        table_t, table_sol, table_fam = [], [], []
+        # SOL columns are strided reads of a (P, C) array: only fused modules and the hybrid fit need them
+        fitting = bool((np.asarray(self.cls_kind) == FALLBACK).any())
+        timed: dict = {}  # lookup key -> (latency, flag) at every point
+        located: dict = {}  # (coordinate, grid) -> where its points fall: shared by curves on one grid
+        coords: dict = {}  # Coord -> (value, log value): shared by every curve that reads it
+
+        def coord(co):
+            if co not in coords:
+                v = co.value(col, xp)
+                coords[co] = (v, xp.log(xp.maximum(v, 1e-300)))
+            return coords[co]
+
+        for c in range(len(self.cls_kind)):
+            if self.cls_kind[c] == 0:
+                cv, lk = self.cls_curve[c]
+                key = self.cls_lookup[c]
+                if key not in timed:
+                    got = [coord(co) for _, co in lk.varying]
+                    timed[key] = eval_curve(cv, [v for v, _ in got], xp, [lg for _, lg in got],
+                                            [co for _, co in lk.varying], located)
+                t, f = timed[key]
+                beyond = f == EXTRAPOLATED  # not measured: held at or above the SOL at the point
+                if key in self.modules:  # one timing for the module, split over its members by their SOL
+                    sol = cls_sol[:, c]
+                    total = sum(n * cls_sol[:, m] for m, n in self.modules[key].items())
+                    t = xp.where(beyond, xp.maximum(t, total), t)
+                    t = xp.where(total > 0, t * sol / xp.where(total > 0, total, 1.0), 0.0)
+                else:  # no work at this point (no tokens, no requests): no time
+                    t = xp.where(beyond, xp.maximum(t, cls_sol[:, c]), t)
+                    t = xp.where(coord(lk.varying[0][1])[0] > 0, t, 0.0)
+                if fitting:
+                    table_t.append((t, self.cls_count[c]))
+                    table_sol.append(cls_sol[:, c])
+                    table_fam.append(self.cls_family[c])
+                cols[c] = t
+                if flags:
+                    flag_cols[c] = f
+        fits = {}
+        for c in range(len(self.cls_kind)):
+            if self.cls_kind[c] == FALLBACK:
+                fam = self.cls_family[c]
+                if fam not in fits:
+                    fits[fam] = _affine(*self._basis(fam, table_fam, table_t, table_sol), xp)
+                eff = dict(self.family_eff).get(fam)
+                if eff is not None and fam not in table_fam:
+                    # no covered op of the family in this plan: the family's own tables on the device, at
+                    # this op's work (its median measured / SOL at the same SOL time)
+                    cols[c] = cls_sol[:, c] * _efficiency_at(eff, cls_sol[:, c], xp)
+                    continue
+                a, b = fits[fam]
+                if a is not None:
+                    cols[c] = a + b * cls_sol[:, c]
+        return cols, flag_cols, fits
+
+    @staticmethod
+    def _basis(fam, table_fam, table_t, table_sol):
+        idx = [j for j, f in enumerate(table_fam) if f == fam]
+        if not idx:
+            idx = [j for j, f in enumerate(table_fam) if group(f) == group(fam)]
+        return [table_t[j][0] for j in idx], [table_sol[j] for j in idx], [table_t[j][1] for j in idx]
+
+    def _fitted_from(self, fam, covered, same) -> str:
+        return _fitted_from_text(fam, covered, same, dict(self.family_eff).get(fam))
+
+    def fallback_basis(self, cls_sol, fcols) -> dict:
+        """Per fallback family at point 0: the fit t = a + b x SOL it was priced by, what it was fitted from,
+        and its ops' SOL and view time."""
+        view, _ = self.apply(cls_sol, fcols, np)
+        fits = self._apply(cls_sol, fcols, np, flags=False)[2]
+        out = {}
+        covered = [self.cls_family[c] for c in range(len(self.cls_kind)) if self.cls_kind[c] == 0]
+        for fam in sorted(fits):
+            cs = [c for c in range(len(self.cls_kind)) if self.cls_kind[c] == FALLBACK and self.cls_family[c] == fam]
+            a, b = fits[fam]
+            same = sorted({f for f in covered if group(f) == group(fam)})
+            out[fam or "other"] = {
+                "a_s": float(a[0]) if a is not None else 0.0, "b": float(b[0]) if b is not None else 1.0,
+                "sol_s": sum(float(cls_sol[0, c] * self.cls_count[c]) for c in cs),
+                "view_s": sum(float(view[0, c] * self.cls_count[c]) for c in cs),
+                "fitted_from": self._fitted_from(fam, covered, same)}
+        return out
+
+
+def _efficiency_at(eff: tuple, sol, xp):
+    """The family's median measured / SOL at SOL time ``sol`` (log-linear between bins, flat beyond)."""
+    centres, meds, _ = eff
+    if len(centres) == 1:
+        return 0.0 * sol + meds[0]
+    return xp.interp(xp.log(xp.maximum(sol, 1e-300)), xp.asarray(centres), xp.asarray(meds))
+
+
+def _fitted_from_text(fam, covered, same, eff) -> str:
+    if eff is not None and fam not in covered:
+        centres, meds, n = eff
+        return (f"no covered {fam} op: the {fam} tables on this device, median measured / SOL at each op's SOL "
+                f"time ({meds[-1]:.2f}-{meds[0]:.2f} over {n:,} rows)")
+    return (f"covered {fam} ops" if fam in covered else
+            f"covered {group(fam)} ops ({', '.join(same)}; no covered {fam} op)" if same
+            else "nothing in its group covered: SOL")
+
+
+def group(family: str) -> str:
+    return GROUPS.get(family, "compute")
+
+
+def _affine(ts, sols, counts, xp):
+    """Least-squares t = a + b·SOL over the covered classes (weighted by op count), per point, with a >= 0
+    (a launch / latency floor) and b >= 1 (never faster than SOL); b = Σt/ΣSOL, a = 0 when the SOLs do not
+    spread. (None, None) when nothing is covered: the fallback is SOL itself."""
+    if not ts:
+        return None, None
+    w = [float(n) for n in counts]
+    S1 = sum(w)
+    Sx = sum(n * s for n, s in zip(w, sols))
+    Sy = sum(n * t for n, t in zip(w, ts))
+    Sxx = sum(n * s * s for n, s in zip(w, sols))
+    Sxy = sum(n * s * t for n, s, t in zip(w, sols, ts))
+    den = S1 * Sxx - Sx * Sx
+    ok = den > 1e-30 * xp.maximum(S1 * Sxx, 1e-300)
+    b = xp.where(ok, (S1 * Sxy - Sx * Sy) / xp.where(ok, den, 1.0), xp.where(Sx > 0, Sy / xp.where(Sx > 0, Sx, 1.0), 1.0))
+    b = xp.maximum(b, 1.0)
+    a = xp.where(ok, xp.maximum((Sy - b * Sx) / S1, 0.0), 0.0)
+    return a, b
+
+
+def bind(spec: ViewSpec, graph, logical, plan, hw, model=None) -> BoundView | None:
+    """Resolve every op of the sharded ``graph`` against the tables (None for the SOL view)."""
+    if spec.name == "sol":
+        return None
+    store = spec.store()
+    sel = store.select(hw.name, Backend.parse(spec.backend), spec.fill)
+    ctx = MapContext(plan.mapping, logical, graph.tensor_map, plan.kinds, graph.token_set_map, model, sel)
+    wl = plan.workload()
+    curves: dict = {}
+    failed: dict = {}
+    keys, sources, fams, notes, modules = [], [], [], [], []
+    for op in graph.ops:
+        lk = lookup_for(op, ctx) if op.cost.terms else Miss("", "no cost")
+        if isinstance(lk, tuple):  # implementations of one op: the fastest the tables cover, at the plan's point
+            for alt in lk:
+                key = alt.key()
+                if key not in curves and key not in failed:
+                    got = _resolve(sel, alt, graph, plan, wl)
+                    (curves if not isinstance(got, str) else failed)[key] = got
+            covered = [alt for alt in lk if alt.key() in curves]
+            lk = min(covered, key=lambda alt: _at_plan(curves[alt.key()][0], alt, graph, wl)) if covered else lk[-1]
+        modules.append(lk.module if isinstance(lk, Lookup) else "")
+        if isinstance(lk, Miss):
+            keys.append("")
+            fams.append(lk.family)
+            notes.append(lk.reason)
+            sources.append("fallback" if lk.family else "sol")
+            continue
+        key = lk.key()
+        if key not in curves and key not in failed:
+            got = _resolve(sel, lk, graph, plan, wl)
+            (curves if not isinstance(got, str) else failed)[key] = got
+        keys.append(key)
+        fams.append(lk.family)
+        if key in curves:
+            cv = curves[key][0]
+            sources.append("table")
+            notes.append(cv.partition.key + (f" ({cv.rule})" if cv.rule else ""))
+        else:
+            sources.append("fallback")
+            notes.append(failed[key])
+    if spec.name == "op":
+        bad = [(op, n) for op, s, n in zip(graph.ops, sources, notes) if s == "fallback"]
+        if bad:
+            op, why = bad[0]
+            fam = fams[graph.ops.index(op)]
+            raise GraphsimError("view", f"op {op.name} ({op.kind}) has no {sel.backend} coverage on {hw.name}: {why}"
+                                f" [{len(bad)} uncovered ops; {fam} partitions there: {sel.what_exists(fam)}] — use "
+                                "--view hybrid to fall back per op")
+    feats = tuple(dict.fromkeys(f for cv, lk in curves.values() for _, c in lk.varying for f in c.features()))
+    from .check import family_efficiency
+
+    back = sel.backend
+    eff = tuple((f, e) for f in sorted({f for f, src in zip(fams, sources) if src == "fallback" and f})
+                if (e := family_efficiency(store, hw.name, f, back.framework, back.version)) is not None)
+    return BoundView(spec, str(sel.backend), hw.name, tuple(keys), tuple(sources), tuple(fams), tuple(notes),
+                     curves, feats, tuple(modules), eff)
+
+
+def _resolve(sel, lk: Lookup, graph, plan, wl):
+    """The curve for a lookup: among the partitions the selection admits, those that cover the op's fixed
+    shape; of those, the fastest at the plan's own point (the runtime's autotuner picks the best kernel)."""
+    cands = sel.candidates(lk.family, lk.op, dict(lk.where))
+    if not cands:
+        want = ", ".join(f"{k}={'|'.join(v)}" for k, v in lk.where)
+        return f"no {lk.family}/{lk.op} partition" + (f" with {want}" if want else "")
+    fixed = dict(lk.fixed)
+    names = tuple(c for c, _ in lk.varying)
+    built, why = [], []
+    memo = sel.store.curves
+    for part, rule in cands:
+        key = (id(part), rule, tuple(sorted(fixed.items())), names)
+        if key not in memo:
+            memo[key] = build_curve(part, rule, fixed, names)
+        cv = memo[key]
+        (why if isinstance(cv, str) else built).append(cv if not isinstance(cv, str) else f"{part.key}: {cv}")
+    if not built:
+        return "; ".join(why[:3])
+    if len(built) == 1:
+        return built[0], lk
+    best = min(built, key=lambda cv: (_at_plan(cv, lk, graph, wl), cv.partition.key))
+    return best, lk
+
+
+def _at_plan(cv, lk: Lookup, graph, wl) -> float:
+    """A curve's latency at the plan's own workload point."""
+    from graphsim.lowering.features import feature_column
+
+    a = wl.arrays()
+
+    def col(f):
+        return feature_column(f, graph.token_set_map, wl.kinds, a, np)
+
+    return float(eval_curve(cv, [c.value(col, np) for _, c in lk.varying], np)[0][0])
+
+
+__all__ = ["VIEWS", "ViewSpec", "BoundView", "bind", "SOURCE_NAMES", "MEASURED", "INTERPOLATED", "EXTRAPOLATED",
+           "FALLBACK", "SOL"]
