@@ -13,7 +13,10 @@ The same graph from measured kernel tables (docs/measured.md)::
     view = gs.ViewSpec("hybrid", "tables", "trtllm@1.3.0rc20")
     print(gs.compile_plan("deepseek-v3", plan, "gb200", view=view).report().to_text())
 """
-__version__ = "0.1.0"
+from .core import display as _display
+from .core.version import __version__  # noqa: F401 (one place; pyproject.toml says the same)
+
+_display.provided_by("graphsim.exports")  # a Graph's SVG in notebooks (the core never imports the exporters)
 
 # Public names resolve lazily (PEP 562): ``import graphsim`` loads nothing heavy (no JAX, pyarrow,
 # not even NumPy), so a command that only lists hardware answers in a blink. ``graphsim.X`` and
@@ -25,7 +28,7 @@ _LAZY = {
     "ONE": ".core.ir", "CommSpec": ".core.ir", "Cost": ".core.ir", "Edge": ".core.ir", "Feature": ".core.ir",
     "Graph": ".core.ir", "Op": ".core.ir", "StorageFormat": ".core.ir", "Tensor": ".core.ir", "TokenSet": ".core.ir",
     "ViewSpec": ".views.measured.view", "list_models": ".models", "load_model": ".models",
-    "Compiled": ".driver.pipeline", "Plan": ".driver.pipeline", "Policies": ".driver.pipeline",
+    "Compiled": ".driver.pipeline", "Plan": ".core.plan", "Policies": ".core.plan",
     "compile_plan": ".driver.pipeline", "ParallelMapping": ".core.plan", "Request": ".core.plan",
     "Report": ".driver.report", "Workload": ".core.workload",
 }

@@ -85,7 +85,7 @@ class Schedule:
     def _repr_html_(self, top: int = 8) -> str:  # Jupyter: forward time, the critical path and its longest ops
         from html import escape
 
-        from graphsim.exports import html_table
+        from graphsim.core.display import html_table
 
         P, n = self.duration.shape
         g, fw, path, bounds = self.graph, self.forward, self.critical_path(0), self.bound(0)

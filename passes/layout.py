@@ -28,6 +28,8 @@ import attrs
 
 from graphsim.core.ir import Cost, CommSpec, Feature, Graph, Op
 
+from .links import _group_size, _payload_divisor, group_stride, link_cost, members_in_domain
+
 #: Ops sequence parallelism shards by token: per-token, weights (if any) replicated across TP.
 SP_KINDS = ("norm", "mhc", "elementwise", "quant")
 MOE_OUT = "moe_out"  # the merge key of MoE output reductions (graphsim.models.base.MOE_OUT)
@@ -73,8 +75,6 @@ def _link_time(spec: CommSpec, group: str, mapping, domain: int, weights: dict, 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of values; every MoE layer asks the same questions
 def _link_time_of(spec: CommSpec, group: str, mapping, domain: int, weights: tuple, top_k: int) -> float:
-    from .sharding import _group_size, _payload_divisor, group_stride, link_cost, members_in_domain
-
     weights = dict(weights)
     n = _group_size(group, mapping)
     if n <= 1:

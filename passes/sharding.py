@@ -15,15 +15,16 @@ Model-independent sharding rules enforced here (V41_FACTS §12):
 """
 from __future__ import annotations
 
-import math
 
 import attrs
 
 from graphsim.core.features import QUERY_FEATURES  # context parallelism divides these (the registry's flag)
 from graphsim.core.errors import GraphsimError, require
-from graphsim.core.ir import ONE, CommSpec, Cost, Edge, Graph, Op, OpInfo, replace_op
+from graphsim.core.ir import CommSpec, Cost, Edge, Graph, Op, OpInfo, replace_op
 from graphsim.core.plan import ParallelMapping
 
+from .links import (_group_size, _payload_divisor, group_stride, link_alternatives, link_cost,  # noqa: F401
+                    members_in_domain)
 from .layout import OpLayout, plan_layout
 from .pipeline import PassContext
 
@@ -35,58 +36,8 @@ TP_REPLICATED_KINDS = ("indexer",)
 #: Cache roles context parallelism all-gathers (SWA needs only a W-position halo: neglected).
 CP_GATHERED_ROLES = ("kv_cache", "index_cache")
 
-#: Algorithms per collective. Inside one NVLink domain (a full-bandwidth switch): ``ring`` and ``tree`` are
-#: NCCL's; ``one_shot`` sends (or reads) every peer's whole buffer in one step and reduces locally (TensorRT-LLM /
-#: vLLM custom all-reduce; for all-gather / reduce-scatter: each shard straight to its peer); ``two_shot`` is a
-#: direct reduce-scatter then a direct all-gather; ``nvls`` reduces in the NVLink switch (NVLink SHARP: multimem
-#: loads reduce there, multimem stores are replicated there). ``hierarchical`` all-to-all sends a routed token
-#: once per remote NVLink domain and forwards it inside the domain over NVLink (DeepEP normal kernels);
-#: ``direct`` sends every (token, expert) pair to its rank.
-ALGORITHMS = {
-    "all_reduce": ("ring", "tree", "one_shot", "two_shot", "nvls"),
-    "all_gather": ("ring", "tree", "one_shot", "nvls"),
-    "reduce_scatter": ("ring", "tree", "one_shot", "nvls"),
-    "all_to_all": ("direct", "hierarchical"),
-    "p2p": ("direct",),
-}
-#: NCCL's protocols: wire bytes per data byte (LL: a flag per 8 B word, 16 B on the wire; LL128: 8 B of flag
-#: per 128 B line; Simple: data only, one synchronization per chunk) and the latency component of one NVLink
-#: step (``HardwareSpec.nvlink_ll_latency_s`` / ``nvlink_latency_s`` / ``nvlink_simple_latency_s``).
-PROTOCOLS = {"ll": (2.0, "hops_nvlink_ll"), "ll128": (128 / 120, "hops_nvlink"), "simple": (1.0, "hops_nvlink_simple")}
-PROTOCOL_LABEL = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
-#: In-switch reduction moves plain loads and stores (no flags in the data): Simple only.
-SIMPLE_ONLY = ("nvls",)
-#: What ``link_cost(..., "auto")`` prices (the bandwidth view :mod:`.layout` compares layouts by): rings,
-#: deduplicated all-to-all.
-DEFAULT_ALGORITHM = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter": "ring",
-                     "all_to_all": "hierarchical", "p2p": "direct"}
-
-
-def _allowed(collective: str) -> tuple:
-    algos = ALGORITHMS[collective]
-    return (*algos, *(f"{a}/{p}" for a in algos for p in PROTOCOLS if a not in SIMPLE_ONLY or p == "simple"))
-
-
-def check_algorithm(collective: str, algo: str, field: str) -> None:
-    """``auto``, an algorithm (at its fastest protocol) or ``algorithm/protocol``; else a one-line error."""
-    require(algo == "auto" or algo in _allowed(collective), field,
-            f"unknown algorithm {algo!r} for {collective}; allowed: auto, {', '.join(ALGORITHMS[collective])}, "
-            f"each optionally /{'|/'.join(PROTOCOLS)} (e.g. ring/ll128)")
-
-
-def check_algorithms(value) -> tuple:
-    """Normalize a {collective: algorithm} choice to sorted pairs, rejecting unknown names."""
-    if not value:
-        return ()
-    try:
-        # protocol names in any case: reports print them as LL / LL128 / Simple
-        pairs = tuple(sorted((str(k), v.lower() if isinstance(v, str) else v) for k, v in dict(value).items()))
-    except (TypeError, ValueError):
-        raise GraphsimError("policies.algorithms", f"must map collective -> algorithm, got {value!r}") from None
-    for coll, algo in pairs:
-        require(coll in ALGORITHMS, "policies.algorithms", f"unknown collective {coll!r}; known: {sorted(ALGORITHMS)}")
-        check_algorithm(coll, algo, f"policies.algorithms.{coll}")
-    return pairs
+# the collectives' vocabulary lives with the plan's values (Policies.algorithms checks it)
+from graphsim.core.collectives import (ALGORITHMS, DEFAULT_ALGORITHM, PROTOCOL_LABEL, PROTOCOLS, SIMPLE_ONLY, _allowed, check_algorithm, check_algorithms)  # noqa: E402,F401
 
 
 def effective_split(op: Op) -> frozenset:
@@ -147,163 +98,6 @@ def _imbalanced(cost: Cost, factor: float) -> Cost:
     if factor == 1.0:
         return cost
     return cost.map_features(lambda f: f if f.kind == "one" else attrs.evolve(f, frac=f.frac * factor))
-
-
-def group_stride(group: str, m: ParallelMapping) -> int:
-    """Rank stride between members of a group: tp innermost, then cp, then dp; ep/moe_tp span the stage;
-    pp outermost."""
-    return {"tp": 1, "cp": m.tp, "dp": m.tp * m.cp, "ep": 1, "world": 1, "moe_tp": 1, "pp": m.world}[group]
-
-
-def members_in_domain(n: int, stride: int, domain: int) -> int:
-    """How many members of an n-rank group (rank stride ``stride``) share rank 0's NVLink domain."""
-    if stride >= domain:
-        return 1
-    return min(n, math.ceil(domain / stride))
-
-
-def _lg(x: float) -> int:
-    return math.ceil(math.log2(x)) if x > 1 else 0
-
-
-def _shape(collective: str, algo: str, n: int, g: int, top_k: int, nvls: float):
-    """(NVLink bytes, scale-out bytes) per payload byte and (NVLink, scale-out) steps of one algorithm over n
-    ranks, g of them in rank 0's NVLink domain; None where the topology does not run it. See :func:`link_cost`
-    for the formulas; ``nvls``: NVLink bytes per in-switch byte (nvlink_bw / nvls_bw; 0: no in-switch reduction)."""
-    N = n / g
-    crossing = g < n
-    if collective in ("all_reduce", "all_gather", "reduce_scatter"):
-        twice = 2 if collective == "all_reduce" else 1  # an all-reduce is a reduce-scatter + an all-gather
-        if crossing:  # hierarchical: NVLink inside each domain, 1/g of the data over each rank's NIC
-            if algo == "ring":
-                return twice * (g - 1) / g, twice * (N - 1) / N / g, twice * (g - 1), twice * (N - 1)
-            if algo == "tree":
-                return twice * (g - 1) / g, twice / g, twice * _lg(g), twice * _lg(N)
-            return None
-        if algo == "ring":
-            return twice * (n - 1) / n, 0.0, twice * (n - 1), 0
-        if algo == "tree":
-            return float(twice), 0.0, twice * _lg(n), 0
-        if algo == "one_shot":  # all-reduce: every peer's whole buffer; AG / RS: each shard once, straight
-            return ((n - 1.0) if twice == 2 else (n - 1) / n), 0.0, 1, 0
-        if algo == "two_shot":
-            return (2 * (n - 1) / n, 0.0, 2, 0) if twice == 2 else None
-        if algo == "nvls" and nvls:
-            # all-reduce: each rank sends the (n-1)/n of its buffer the others reduce and its reduced 1/n to be
-            # replicated, and receives the same: S each way in two steps (ld_reduce, st); AG / RS: the (n-1)/n
-            # it receives (sends) — the switch replicates (reduces) the rest
-            return (nvls if twice == 2 else nvls * (n - 1) / n), 0.0, twice, 0
-        return None
-    if collective == "all_to_all":
-        if algo == "hierarchical" and top_k:
-            if crossing:  # once per remote domain over the NIC, then forwarded inside it over NVLink
-                return (g - 1) / g, (N - 1) * (1 - (1 - 1 / N) ** top_k) / top_k, 1, 1
-            return (n - 1) * (1 - (1 - 1 / n) ** top_k) / top_k, 0.0, 1, 0  # once to each distinct remote rank
-        if algo == "hierarchical":
-            return None  # without routing, the same as direct
-        return ((g - 1) / n, (n - g) / n, *((0, 1) if crossing else (1, 0)))
-    return (0.0, 1.0, 0, 1) if crossing else (1.0, 0.0, 1, 0)  # p2p between two ranks
-
-
-def _priced(payload: Cost, shape, wire: float, hop: str) -> Cost:
-    nv, so, h_nv, h_so = shape
-    bytes_ = payload.component("bytes_act")
-    terms = [("bytes_nvlink", f, v * nv * wire) for f, v in bytes_ if nv]
-    terms += [("bytes_scaleout", f, v * so * wire) for f, v in bytes_ if so]
-    terms += [(k, ONE, h) for k, h in ((hop, h_nv), ("hops_scaleout", h_so)) if h]
-    return Cost(tuple(terms))
-
-
-def link_cost(collective: str, n: int, in_domain: int, payload: Cost, algorithm: str = "auto",
-              top_k: int = 0) -> tuple[Cost, str]:
-    """Link bytes and hops of one collective per rank at one algorithm (``auto``: the bandwidth-optimal
-    :data:`DEFAULT_ALGORITHM`), data at full wire efficiency and steps at the LL128 latency — the bandwidth
-    view that :mod:`.layout` compares layouts by and pipeline sends use. What a collective op costs is the
-    fastest of :func:`link_alternatives`. ``payload`` is the per-rank size S (``bytes_act`` terms): all-reduce
-    input, all-gather/reduce-scatter full output, all-to-all send buffer, p2p message.
-
-    With all n ranks in one NVLink domain (g = ``in_domain`` ≥ n) the per-rank volumes and steps are:
-    all-reduce ring 2(n-1)/n·S in 2(n-1) steps, tree 2S in 2⌈log2 n⌉, one-shot (n-1)·S in 1, two-shot
-    2(n-1)/n·S in 2, in-switch (NVLS) S in 2; all-gather / reduce-scatter ring (n-1)/n·S in n-1 steps, tree S in
-    ⌈log2 n⌉, one-shot and NVLS (n-1)/n·S in 1; all-to-all (n-1)/n·S in one step; p2p S.
-    Across N = n/g domains, rings and trees are hierarchical — the intra-domain phase over NVLink, the
-    inter-domain phase on 1/g of the data over each rank's own NIC (g NICs per domain share it):
-    all-reduce ring: NVLink 2(g-1)/g·S, scale-out 2(N-1)/N·S/g; all-gather ring: (g-1)/g·S and
-    (N-1)/N·S/g; trees: 2(g-1)/g·S (or (g-1)/g·S) and 2S/g (or S/g), with log2 step counts.
-    All-to-all direct: (g-1)/n·S over NVLink and (n-g)/n·S over the NIC, in parallel; hierarchical (needs
-    ``top_k``): each token crosses once per remote domain it is routed to, (N-1)·(1-(1-1/N)^k)·S/k over
-    the NIC, and is forwarded inside the domain, (g-1)/g·S over NVLink (one step each); inside one domain it
-    is sent once to each distinct remote rank holding one of its k experts, (n-1)·(1-(1-1/n)^k)·S/k (DeepEP's
-    per-rank deduplication; the combine returns one locally reduced row per token and rank).
-    """
-    algo = DEFAULT_ALGORITHM[collective] if algorithm == "auto" else algorithm
-    require(algo in ALGORITHMS[collective] and algo not in SIMPLE_ONLY, f"collective[{collective}].algorithm",
-            f"unknown algorithm {algo!r}; allowed: {[a for a in ALGORITHMS[collective] if a not in SIMPLE_ONLY]}")
-    g = min(in_domain, n)
-    shape = _shape(collective, algo, n, g, top_k, 0.0)
-    if shape is None:  # (one-shot / two-shot across domains, hierarchical without routing): direct / ring
-        algo = "direct" if collective == "all_to_all" else "ring"
-        shape = _shape(collective, algo, n, g, top_k, 0.0)
-    where = f"{g} of {n} in one NVLink domain" if g < n else "one NVLink domain"
-    return _priced(payload, shape, 1.0, "hops_nvlink"), f"{collective}/{algo} over {n} ranks ({where})"
-
-
-def link_alternatives(collective: str, n: int, in_domain: int, payload: Cost, algorithm: str = "auto",
-                      top_k: int = 0, nvls: float = 0.0) -> tuple[tuple[str, Cost], ...]:
-    """``(label, Cost)`` for every algorithm x protocol the topology runs (``algorithm``: ``auto``, one algorithm
-    at each protocol, or ``algorithm/protocol``), labelled ``ring/LL128``; the op takes the fastest at each
-    evaluated point. Per algorithm, :func:`link_cost`'s volumes and steps (one-shot / two-shot / NVLS inside one
-    NVLink domain only; NVLS where the switch reduces, ``nvls`` > 0, at Simple); per protocol, the volumes times
-    its wire bytes per data byte and each NVLink step at its latency. Alternatives no better than another in
-    every term (ring vs two-shot inside a switch: same bytes, more steps) are dropped."""
-    g = min(in_domain, n)
-    algo, _, proto = algorithm.partition("/")
-    # a forced algorithm the topology does not run (one-shot across domains): the default one, then the plain one
-    tries = (ALGORITHMS[collective],) if algo == "auto" else \
-        ((algo,), (DEFAULT_ALGORITHM[collective],), ("direct" if collective == "all_to_all" else "ring",))
-    out: list[tuple[str, Cost]] = []
-    for algos in tries:
-        for a in algos:
-            shape = _shape(collective, a, n, g, top_k, nvls)
-            if shape is None:
-                continue
-            for p, (wire, hop) in PROTOCOLS.items():
-                if (proto and p != proto) or (a in SIMPLE_ONLY and p != "simple"):
-                    continue
-                out.append((f"{a}/{PROTOCOL_LABEL[p]}", _priced(payload, shape, wire, hop)))
-        if out:
-            break
-    return _undominated(out)
-
-
-def _undominated(alts: list) -> tuple:
-    """Drop alternatives that no point can prefer: another is at most as costly in every term (the first of
-    equals stays)."""
-    terms = [{(c, f): v for c, f, v in cost.terms} for _, cost in alts]
-
-    def covers(a: dict, b: dict) -> bool:  # a <= b in every term
-        return all(b.get(k, 0.0) >= v for k, v in a.items())
-
-    keep = []
-    for i, t in enumerate(terms):
-        if not any(covers(terms[j], t) and (j < i or not covers(t, terms[j])) for j in range(len(terms)) if j != i):
-            keep.append(alts[i])
-    return tuple(keep)
-
-
-def _payload_divisor(group: str, m: ParallelMapping, top_k: int) -> float:
-    """Per-rank share of a batch-wide payload. TP (and CP) groups hold their DP group's tokens, split over
-    cp; EP ranks each send their own 1/world of the tokens; an expert-TP group reduces the tokens routed to
-    its EP rank, T·(1-(1-1/ep)^k) of the T tokens (all of them without EP)."""
-    if group == "moe_tp":
-        k = max(top_k, 1)
-        return 1.0 / (1.0 - (1.0 - 1.0 / m.ep) ** k) if m.ep > 1 else 1.0
-    return {"tp": m.dp * m.cp, "cp": m.dp, "dp": m.tp * m.cp, "ep": m.world, "world": m.world,
-            "pp": m.world}[group]
-
-
-def _group_size(group: str, m: ParallelMapping) -> int:
-    return m.moe_tp if group == "moe_tp" else m.size(group)
 
 
 def check_mapping(graph: Graph, m: ParallelMapping) -> None:

@@ -10,7 +10,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from graphsim.core import identity
+from graphsim.driver import identity
+from graphsim.views.measured.schema import measured_digest
 from graphsim.sweep import read_results, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,14 +137,14 @@ def test_a_damaged_or_edited_part_is_recomputed_never_trusted(files, tmp_path):
 
 def test_input_digest_api(files):
     cfg, hw, meas = files
-    d = identity.input_digest(model=str(cfg), hw=str(hw), profile="practitioner", measured=str(meas), device="gb200")
-    assert set(d) == {"model", "hw", "profile", "measured", "graphsim"}
+    d = identity.input_digest(model=str(cfg), hw=str(hw), profile="practitioner")
+    assert set(d) == {"model", "hw", "profile", "graphsim"}  # measured tables: their layout's own digest, below
     assert d["model"] == identity.model_digest("deepseek-v3")  # same content, another name: same digest
     assert d["hw"] == identity.toml_digest("gb200")
     assert identity.input_digest(hw="nope-gpu")["hw"].startswith("missing:")
     hw.write_text(hw.read_text() + "\n# a comment\n")
     assert identity.toml_digest(str(hw)) != d["hw"]  # the bytes the loader reads
-    assert identity.measured_digest(meas, "h200") != identity.measured_digest(meas, "gb200")
+    assert measured_digest(meas, "h200") != measured_digest(meas, "gb200")
 
 
 def test_seal_and_verify_any_cached_file(tmp_path):

@@ -60,7 +60,7 @@ def test_a_damaged_or_edited_cache_entry_is_recomputed(tmp_path, damage, kind):
         d["forward_s"] = (np.asarray(d["forward_s"]) * 0.5).tolist()
         victim.write_text(json.dumps(d))
     else:  # the checksum made to match (an edit that also rewrote the sidecar): the values are checked too
-        from graphsim.core.identity import part_checksum
+        from graphsim.driver.identity import part_checksum
 
         d["forward_s"] = [float("nan") if damage == "nan" else -1.0 for _ in np.ravel(d["forward_s"])]
         victim.write_text(json.dumps(d))
@@ -89,7 +89,7 @@ def test_a_resealed_entry_this_search_could_not_have_written_is_recomputed(tmp_p
     """A checksum vouches for bytes, not sense: an entry edited and resealed is judged by what every evaluated
     program satisfies (its kind; one row per batch, a mixed program 2-D; whole batches >= 1; 1 <= emitted <=
     1 + verify; 0 <= prompts <= batch x emitted) and recomputed when it fails."""
-    from graphsim.core.identity import part_checksum
+    from graphsim.driver.identity import part_checksum
 
     a = _run(tmp_path)
     kind, edit = RESEALED[damage]

@@ -40,7 +40,7 @@ def test_processes_executor_parts_merge_and_resume(tmp_path, local):
     r = run(SPEC, out, executor="processes", jobs=2)
     pd.testing.assert_frame_equal(read_results(out), local)
     parts = out.with_name(out.name + ".parts")
-    ids = local["struct_id"].unique()  # each part with its checksum sidecar (graphsim.core.identity)
+    ids = local["struct_id"].unique()  # each part with its checksum sidecar (graphsim.driver.identity)
     assert sorted(p.name for p in parts.iterdir()) == sorted([f"{k}.parquet" for k in ids]
                                                              + [f"{k}.parquet.sum" for k in ids])
     assert r.rows == len(local) and r.skipped == 0

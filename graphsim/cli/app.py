@@ -482,7 +482,7 @@ class _OneCommand:
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser; given ``command`` (the first word of argv), only that command's subparser
     when it is one (the full parser otherwise: top-level --help and an unknown command list them all)."""
-    from .. import __version__
+    from ..core.version import __version__
 
     p = _Parser(prog="graphsim", description="Dataflow-graph compiler for LLM forward passes")
     p.add_argument("--version", action="version", version=f"graphsim {__version__}")

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-
-from . import __path__ as _pkg_path
+from pathlib import Path
 
 #: which module registers each command: running one command imports only its module (a test holds this table
 #: to what the modules register; a module missing here is still found, by importing them all)
@@ -23,7 +22,7 @@ EXTRA_COMMANDS: list = []
 
 
 def _modules() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(_pkg_path) if m.name not in NOT_COMMANDS)
+    return sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if m.name not in NOT_COMMANDS)
 
 
 def _registering(command: str, modules: list[str]) -> list[str]:

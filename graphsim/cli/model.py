@@ -185,10 +185,11 @@ def memory_json(model, context: int) -> dict:
 def kv_read_per_token(model, context: int) -> dict:
     """Cache bytes one decode token reads when the request holds ``context`` positions, its own included
     (every consumer layer reads its selection)."""
-    import graphsim as gs
+    from ..core.plan import Plan, Policies
+    from ..driver.pipeline import compile_plan
 
-    plan = gs.Plan([f"decode:{max(context - 1, 1)}"], policies=gs.Policies(beyond_context="allow"))
-    c = gs.compile_plan(model, plan, "gb200")
+    plan = Plan([f"decode:{max(context - 1, 1)}"], policies=Policies(beyond_context="allow"))
+    c = compile_plan(model, plan, "gb200")
     s = c.schedule()
     from ..core.ir import COMPONENTS
 

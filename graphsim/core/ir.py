@@ -725,20 +725,22 @@ class Graph:
         return (f"Graph({self.name!r}: {len(self.ops)} ops, {len(self.edges)} edges, {len(self.tensors)} tensors, "
                 f"stages {', '.join(self.stages) or '-'})")
 
-    # Notebook display: the exporters are imported when a graph is first shown, never by the core at import.
+    # Notebook display: the picture comes from the renderer the exporters register (graphsim.core.display).
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         """Jupyter: the SVG picture (big graphs: one node per layer) where Graphviz's ``dot`` is installed, else
         an HTML summary (op, edge and layer counts, ops per stage and kind) — never a traceback."""
-        from ..exports import graph_html, graph_svg
+        from .display import graph_html, renderer
 
-        svg = graph_svg(self)
+        svg_of = renderer("graph_svg")
+        svg = svg_of(self) if svg_of is not None else None
         return {"image/svg+xml": svg} if svg is not None else {"text/html": graph_html(self)}
 
     def _repr_svg_(self) -> str | None:
         """The SVG alone (None without ``dot``): for front ends that ask for it by name."""
-        from ..exports import graph_svg
+        from .display import renderer
 
-        return graph_svg(self)
+        svg_of = renderer("graph_svg")
+        return svg_of(self) if svg_of is not None else None
 
     def evolve(self, **changes) -> "Graph":
         new = attrs.evolve(self, **changes)

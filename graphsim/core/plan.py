@@ -1,14 +1,17 @@
 """Execution plans: requests (possibly heterogeneous), the parallel mapping, and the policies in force."""
 from __future__ import annotations
 
+import functools
 import re
 from typing import Sequence
 
 import attrs
 import numpy as np
 
+from .collectives import check_algorithms
 from .errors import GraphsimError, one_of, require
-from .limits import MAX_CONTEXT, MAX_RANKS, MAX_REQUESTS, check_int
+from .ir import ATTENTION_PRECISIONS
+from .limits import MAX_CONTEXT, MAX_LAYERS, MAX_MICRO_BATCHES, MAX_RANKS, MAX_REQUESTS, check_int, check_number
 from .workload import TIERS, Workload
 
 _REQ = re.compile(r"^(?P<kind>[a-z]+):(?P<len>[^x@+v]+)(?:x(?P<count>[^@+v]+))?(?:v(?P<verify>[^@+]+))?"
@@ -231,3 +234,158 @@ class ParallelMapping:
             require(m is not None, field, f"{part!r} in {text!r} is not AXIS=N with AXIS in tp, dp, ep, pp, cp")
             axes[m.group(1)] = int(m.group(2))
         return ParallelMapping(**axes)
+
+
+def _int_in(lo: int, hi: int):
+    def check(_inst, attr, v):
+        check_int(f"policies.{attr.name}", v, lo, hi)
+    return check
+
+
+def _number_in(lo: float, hi: float):
+    def check(_inst, attr, v):
+        check_number(f"policies.{attr.name}", v, lo, hi)
+    return check
+
+
+def _as_float(v):
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
+def _floats(v):
+    """A sequence of numbers -> a tuple of floats; anything else is left for the validator to name."""
+    if isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        return tuple(float(x) for x in v)
+    return v
+
+
+def _algorithms(value) -> tuple:
+    return check_algorithms(value)
+
+
+#: Values of ``Policies.overlap`` (passes/overlap.py).
+OVERLAPS = ("none", "serial", "two-batch")
+
+
+@attrs.frozen
+class Policies:
+    """Runtime strategies a result is computed under (recorded in every report)."""
+
+    decoder_replay: str = attrs.field(default="off", validator=one_of("policies", ("off", "sglang", "paper")))
+    encoder_replay: str = attrs.field(default="on", validator=one_of("policies", ("on", "off")))
+    fusion: str = attrs.field(default="unfused", validator=one_of("policies", ("unfused", "two-pass", "single-pass")))
+    #: "none": one batch, its collectives overlapping the compute that does not depend on them (the model's
+    #: dataflow; the SOL default); "serial": no overlap inside the batch (every collective exposed);
+    #: "two-batch": two micro-batches (requests, or one prompt's tokens), each hiding the other's exchanges
+    overlap: str = attrs.field(default="none", validator=one_of("policies", OVERLAPS))
+    engram: str = attrs.field(default="hbm", validator=one_of("policies", ("hbm", "host")))
+    #: Engram host residency: blocks ahead the row copy may start
+    prefetch_distance: int = attrs.field(default=1, validator=_int_in(0, MAX_LAYERS))
+    dspark: str = attrs.field(default="off", validator=one_of("policies", ("off", "on")))
+    #: MTP drafting depth K (0 = off): the checkpoint's MTP module drafts K tokens per decode request and the
+    #: verify forward checks 1 + K positions; ``acceptance`` a_1..a_K turns them into expected emitted tokens
+    mtp: int = attrs.field(default=0, validator=_int_in(0, 16))
+    #: W of both bounded replays (the SWA window of DeepSeek-V4.1)
+    replay_window: int = attrs.field(default=128, validator=_int_in(1, MAX_CONTEXT))
+    #: hottest EP rank's routed work / the mean (>= 1, at most ep); scales its expert work and its
+    #: dispatch/combine bytes
+    ep_imbalance: float = attrs.field(default=1.0, converter=_as_float, validator=_number_in(1.0, MAX_RANKS))
+    #: pipeline micro-batches per forward (0 = as many as pipeline stages)
+    pp_micro_batches: int = attrs.field(default=0, validator=_int_in(0, MAX_MICRO_BATCHES))
+    #: collective -> algorithm overrides, e.g. {"all_reduce": "tree"} (see passes.sharding.ALGORITHMS)
+    algorithms: tuple = attrs.field(default=(), converter=_algorithms)
+    #: DSpark per-position conditional acceptance a_1..a_D: turns verified positions into E[emitted]
+    acceptance: tuple = attrs.field(default=(), converter=_floats)
+    #: the attention math's precision (QK^T, PV): "auto" = from the KV cache formats; an explicit narrower
+    #: one also narrows a wider KV cache to what the kernel reads (FP8 attention keeps an FP8 cache)
+    attention_precision: str = attrs.field(default="auto", validator=one_of("policies", ATTENTION_PRECISIONS))
+    #: sequence parallelism: norm / mHC / elementwise runs after a TP all-reduce shard their tokens over TP
+    #: (reduce-scatter in, all-gather out)
+    sp: str = attrs.field(default="off", validator=one_of("policies", ("off", "on")))
+    #: Engram table rows sharded over the TP group ("tp") or over every rank of the stage ("world", TP x EP:
+    #: each rank holds 1/world of the rows; lookups become an all-to-all)
+    engram_shard: str = attrs.field(default="tp", validator=one_of("policies", ("tp", "world")))
+    #: the Engram projection 6144 -> 25600 replicated on every rank or column-split over TP (+ all-gather)
+    engram_proj: str = attrs.field(default="replicated", validator=one_of("policies", ("replicated", "tp")))
+    #: contexts beyond the model's max_position_embeddings: refused, or allowed as a what-if (up to
+    #: graphsim.core.limits.MAX_CONTEXT; the choice is part of every result's identity)
+    beyond_context: str = attrs.field(default="refuse", validator=one_of("policies", ("refuse", "allow")))
+
+    @acceptance.validator
+    def _acc(self, _, v):
+        ok = isinstance(v, tuple) and len(v) <= 1024 and all(isinstance(x, float) and 0.0 <= x <= 1.0 for x in v)
+        require(ok, "policies.acceptance", f"must be numbers a_1..a_D in [0, 1], got {v!r}")
+
+    def identity(self) -> dict:
+        return attrs.asdict(self)
+
+
+@functools.lru_cache(maxsize=4096)
+def policy_text(p: Policies) -> str:
+    """The policies that differ from the defaults, e.g. ``fusion=single-pass,overlap=two-batch`` (``default``: none;
+    ``acceptance`` is left out: it is a probability vector, not a choice)."""
+    base = Policies()
+    out = []
+    for f in attrs.fields(Policies):
+        v = getattr(p, f.name)
+        if v != getattr(base, f.name) and f.name != "acceptance":
+            out.append(f"{f.name}={v}")
+    return ",".join(out) or "default"
+
+
+def parse_policy_text(text: str, field: str = "policies") -> Policies:
+    """:func:`policy_text`'s inverse for scalar fields (``default`` -> the defaults); a one-line error naming
+    ``field`` for an unknown field, a value of the wrong type, or a tuple field (give those as flags)."""
+    if text in ("", "default", "nan"):
+        return Policies()
+    kw = {}
+    fields = {f.name for f in attrs.fields(Policies)}
+    for item in str(text).split(","):
+        k, sep, v = item.partition("=")
+        require(bool(sep) and k in fields, field, f"{item!r} in {text!r} is not FIELD=VALUE of Policies")
+        default = getattr(Policies(), k)
+        if isinstance(default, bool):
+            kw[k] = v == "True"
+        elif isinstance(default, (int, float)):
+            try:
+                kw[k] = type(default)(v)
+            except ValueError:
+                raise GraphsimError(field, f"{item!r}: {v!r} is not a "
+                                    f"{'whole number' if isinstance(default, int) else 'number'}") from None
+        elif isinstance(default, tuple):
+            raise GraphsimError(field, f"{k} cannot be read from text; give it as a flag")
+        else:
+            kw[k] = v
+    return Policies(**kw)
+
+
+def _requests(rs) -> tuple:
+    """Request strings or Requests (one alone, or a sequence of them) -> a tuple of Requests."""
+    if isinstance(rs, (str, Request)):
+        rs = (rs,)
+    require(isinstance(rs, (list, tuple)), "requests", f"a list of requests, got {type(rs).__name__}")
+    out = tuple(Request.parse(r) if isinstance(r, str) else r for r in rs)
+    bad = [r for r in out if not isinstance(r, Request)]
+    require(not bad, "requests", f"each request is a string like 'decode:4096x8' or a Request, got {bad[0]!r}"
+            if bad else "")
+    return out
+
+
+@attrs.frozen
+class Plan:
+    """What runs: a batch of requests (one group per request spec), a mapping and policies."""
+
+    requests: tuple = attrs.field(converter=_requests)
+    mapping: ParallelMapping = ParallelMapping()
+    policies: Policies = Policies()
+
+    def __attrs_post_init__(self):
+        require(len(self.requests) > 0, "requests", "give at least one request")
+
+    @property
+    def kinds(self) -> tuple:
+        return tuple(r.kind for r in self.requests)
+
+    def workload(self) -> Workload:
+        p = self.policies
+        return workload_of(self.requests, replay_window=p.replay_window, encoder_replay=p.encoder_replay == "on")

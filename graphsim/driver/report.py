@@ -53,7 +53,7 @@ class Report:
     def _repr_html_(self, top: int = 12) -> str:  # Jupyter: what to_text says, as escaped HTML tables
         from html import escape
 
-        from ..exports import html_table, side_by_side
+        from ..core.display import html_table, side_by_side
 
         i, t, m = self.identity, self.tokens, self.memory
         fwd = max(self.forward_s, 1e-30)
@@ -196,7 +196,7 @@ def report_json(r: Report) -> dict:
 
 def _coverage_json(cov: dict) -> dict:
     """A measured view's coverage (op / hybrid) with records for its per-kind, per-op and per-family parts."""
-    from ..views.measured.view import SOURCE_NAMES
+    from .views import SOURCE_NAMES
 
     return {
         "view": cov["view"], "backend": cov["backend"], "device": cov["device"],
@@ -251,7 +251,7 @@ def _policies_text(policies: dict) -> str:
     """The policies that differ from the defaults (the JSON identity always has them all)."""
     import attrs
 
-    from .pipeline import Policies
+    from ..core.plan import Policies
 
     default = attrs.asdict(Policies())
     diff = [f"{k}={v}" for k, v in policies.items() if default.get(k) != v]
@@ -307,7 +307,7 @@ def make_report(compiled, point: int = 0) -> Report:
     collectives = [{"collective": k[0], "algorithm": k[1], "ops": v[0], "busy_s": v[1]}
                    for k, v in sorted(ran.items(), key=lambda kv: (kv[0][0], -kv[1][1]))]
     if sched.source is not None:  # a measured view: the bound is its SOL roofline's; where the time came from
-        from ..views.measured.view import SOURCE_NAMES
+        from .views import SOURCE_NAMES
 
         for p, i in zip(path, sched.critical_path(point)):
             p["source"] = SOURCE_NAMES[int(sched.source[point, i])]
@@ -390,7 +390,7 @@ def _prediction(c, wl, point: int, forward: float, sol_forward: float, cov, fpm)
 def coverage(c, sched, point: int = 0) -> dict:
     """Per op kind: SOL and view time, SOL/view and sources; the forward's critical path by source; SOL
     violations (a measured op faster than its SOL); uncovered ops and why; the fallback basis."""
-    from ..views.measured.view import SOURCE_NAMES
+    from .views import SOURCE_NAMES
 
     v, g = c.view, c.graph
     sol, dur, src = sched.sol_duration[point], sched.duration[point], sched.source[point]

@@ -65,7 +65,7 @@ def op_tooltip(graph: Graph, i: int, schedule=None, point: int = 0, bounds: list
         lines.append(f"time {schedule.duration[point, i] * 1e6:.3f} us, starts {schedule.start[point, i] * 1e6:.3f} us, "
                      f"bound: {bound}")
         if schedule.source is not None:
-            from graphsim.views.measured.view import SOURCE_NAMES
+            from graphsim.driver.views import SOURCE_NAMES
 
             lines.append(f"source: {SOURCE_NAMES[int(schedule.source[point, i])]} "
                          f"(SOL {schedule.sol_duration[point, i] * 1e6:.3f} us)")

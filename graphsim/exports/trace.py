@@ -53,7 +53,7 @@ def rank_events(schedule, pid: int, label: str, point: int = 0) -> list[dict]:
         if op.alts:  # a collective: the algorithm x protocol it ran at (the fastest at this point)
             args["algorithm"] = schedule.algorithm(i, point)
         if schedule.source is not None:  # a measured view: where this duration came from
-            from graphsim.views.measured.view import SOURCE_NAMES
+            from graphsim.driver.views import SOURCE_NAMES
 
             args["source"] = SOURCE_NAMES[int(schedule.source[point, i])]
             args["sol_us"] = _us(schedule.sol_duration[point, i])
@@ -89,7 +89,7 @@ def trace_of(compiled, point: int = 0) -> dict:
             "profile": compiled.profile.name if compiled.profile else "SOL", "view": compiled.view_name}
     if compiled.view is not None:
         meta["backend"] = compiled.view.backend
-    from graphsim import __version__
+    from ..core.version import __version__
 
     meta["graphsim_version"] = __version__
     return to_trace([(label, compiled.schedule())], point, meta)

@@ -331,5 +331,14 @@ def attention_act_bytes(precision: str) -> float:
     return fmt(KV_FORMAT_AT.get(precision, precision)).bytes_per_elem
 
 
-__all__ = ["Model", "divides", "attention_act_bytes", "restore_sets", "restore_copy", "tokens", "rmsnorm",
+__all__ = ["Model", "BF16", "attention_precision", "divides", "attention_act_bytes", "restore_sets", "restore_copy", "tokens", "rmsnorm",
            "all_reduce_tp", "embedding", "lm_head", "ONE", "MOE_OUT"]
+
+
+#: bytes per BF16 element (activations and unquantized weights of the DeepSeek-V4 family's graphs)
+BF16 = 2.0
+
+
+def attention_precision(b) -> str:
+    """The precision the attention math of the graph being built runs at (set by ``Model.build``)."""
+    return b.meta.get("attention_precision", "bf16")

@@ -50,8 +50,7 @@ from ..core.errors import require
 from ..core.rules import GATED, embedding, gathered_logits, residual, vit_attention
 from ..core.rules_v4 import dspark_commit_caches
 from . import deepseek_v41 as sem
-from .base import all_reduce_tp, rmsnorm
-from .deepseek_v41_graph import BF16, attention_precision
+from .base import BF16, all_reduce_tp, attention_precision, rmsnorm
 
 #: token sets (see the module docstring)
 VIS_PATCHES, VIS_IMAGE = "vis_patches", "vis_image"

@@ -30,15 +30,8 @@ from ..core.rules_v4 import (
     mhc_coeff,
     swa_sparse_attention,
 )
-from .base import MOE_OUT, Model, all_reduce_tp, divides, restore_copy, restore_sets, tokens
-
-BF16 = 2.0
-
-
-def attention_precision(b) -> str:
-    """The precision the attention math of the graph being built runs at (set by ``Model.build``)."""
-    return b.meta.get("attention_precision", "bf16")
-
+from .base import (BF16, MOE_OUT, Model, all_reduce_tp, attention_precision, divides, restore_copy,  # noqa: F401
+                   restore_sets, tokens)
 
 class DeepSeekV41(Model):
     """DeepSeek-V4.1-Flash. ``engram`` residency does not change the graph's work, only where tables live."""
@@ -112,7 +105,7 @@ class DeepSeekV41(Model):
         e.g. Engram rows over TP or every rank): how each resident tensor is sharded."""
         import attrs
 
-        from ..driver.pipeline import Policies
+        from ..core.plan import Policies
         from ..core.plan import Request
 
         reqs = (Request.parse("prefill:64+img:224x224"), Request.parse("decode:64"))

@@ -1,7 +1,7 @@
 """A grid of serving simulations (issue 27): the cartesian product of deployment and cache axes, each point one
 :func:`~graphsim.serving.sim.simulate` call, run on the sweeps' executors (``local``, ``processes``, ``ray``) and
 written like a sweep: with an output, each point's row is a part ``<output>.parts/<key>.json`` sealed with the
-digests of its inputs (:func:`graphsim.core.identity.seal`), so a rerun skips finished points and recomputes a point
+digests of its inputs (:func:`graphsim.driver.identity.seal`), so a rerun skips finished points and recomputes a point
 whose inputs changed; the parts are merged into the output at the end, under an exclusive lock on it.
 
 A point that graphsim refuses (a :class:`~graphsim.core.errors.GraphsimError`: a mapping the model cannot take, a KV
@@ -24,6 +24,7 @@ import attrs
 import numpy as np
 
 from ..core.errors import GraphsimError, require
+from ..driver.views import view_name
 from .kvcache import GiB, design_tiers
 from .sim import SLA, Deployment, kv_terms, simulate
 
@@ -225,9 +226,9 @@ def trace_digest(trace) -> str:
 
 
 def _object_digest(obj, kind: str) -> str:
-    """A model / hardware / profile given by name or path: its file's digest (:mod:`graphsim.core.identity`); given as
+    """A model / hardware / profile given by name or path: its file's digest (:mod:`graphsim.driver.identity`); given as
     a loaded object: its pickled state."""
-    from ..core import identity
+    from ..driver import identity
 
     if isinstance(obj, (str, Path)) or (kind == "model" and isinstance(obj, dict)):
         return identity.model_digest(obj) if kind == "model" else identity.toml_digest(obj, kind)
@@ -249,18 +250,19 @@ def _settings(base: Deployment, simulate_kwargs: dict) -> dict:
 def input_digests(trace, base: Deployment, simulate_kwargs: dict) -> dict:
     """The digests every point shares: model, hardware, profile, measured tables / FPM model, the trace, the
     settings, graphsim's version."""
-    from .. import __version__
-    from ..core import identity
+    from ..core.version import __version__
+    from ..driver import identity
+    from ..views.measured.schema import measured_digest
 
     out = {"model": _object_digest(base.model, "model"), "hw": _object_digest(base.hw, "hw")}
     if base.profile is not None:
         out["profile"] = _object_digest(base.profile, "profile")
     view = base.view
-    if view is not None and getattr(view, "name", "sol") != "sol":
+    if view_name(view) != "sol":
         src = getattr(view, "measured", None)
         if isinstance(src, (str, Path)) and str(src):
             out["fpm" if view.name == "fpm" else "measured"] = (identity.fpm_digest(src) if view.name == "fpm"
-                                                               else identity.measured_digest(src))
+                                                               else measured_digest(src))
     out["trace"] = trace_digest(trace)
     out["settings"] = _sha(json.dumps(_settings(base, simulate_kwargs), sort_keys=True).encode())
     out["graphsim"] = str(__version__)
@@ -351,7 +353,7 @@ def _run_ray(todo: list, address, trace, base, kw, collect) -> None:
 # ---- the grid ------------------------------------------------------------------------------------------------------
 def _write_part(parts: Path, key: str, row: dict, digests: dict) -> None:
     """``parts/<key>.json`` (written whole, then renamed), sealed with the digests it was computed from."""
-    from ..core.identity import seal
+    from ..driver.identity import seal
 
     tmp = parts / f"{key}.json.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     try:

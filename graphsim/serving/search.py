@@ -52,6 +52,7 @@ import numpy as np
 from ..core.errors import GraphsimError, require
 from ..core.limits import MAX_CONTEXT, MAX_RANKS, MAX_REQUESTS, check_int, check_number
 from ..driver.pipeline import Plan, Policies, compile_plan, policy_text  # noqa: F401  (policy_text: re-exported)
+from ..driver.views import view_name
 from .engines import kernels  # noqa: F401  (re-exported: a step's kernels, the engines' host terms)
 from ..core.plan import ParallelMapping
 from .launch import SGLANG_POLICY_FLAGS, VLLM_POLICY_FLAGS, launch_flags  # noqa: F401 (re-exported)
@@ -492,9 +493,10 @@ class SearchResult:
 def _view_digests(view) -> dict:
     """The content of the files a measured or FPM view reads (the view itself names only their paths): an
     edited table or model file changes every cached program's identity."""
-    from ..core.identity import fpm_digest, measured_digest
+    from ..driver.identity import fpm_digest
+    from ..views.measured.schema import measured_digest
 
-    if view is None or view.name == "sol" or view.measured is None:
+    if view_name(view) == "sol" or view.measured is None:
         return {}
     src = getattr(view.measured, "root", view.measured)  # a folder, a file or an open Store
     if view.name == "fpm":
@@ -515,7 +517,7 @@ class _Cache:
         edited or foreign entry is removed (recomputed), never trusted."""
         if self.folder is None:
             return None
-        from ..core.identity import discard, verify
+        from ..driver.identity import discard, verify
 
         p = self.folder / f"{key}.json"
         if not p.is_file():
@@ -531,7 +533,7 @@ class _Cache:
     def put(self, key: str, d: dict, identity: str) -> None:
         if self.folder is None:
             return
-        from ..core.identity import seal
+        from ..driver.identity import seal
         from ..core.outputs import write_text
 
         p = self.folder / f"{key}.json"
@@ -546,7 +548,7 @@ class _Search:
         self.profile, self.view, self.reserve_gib, self.engine = profile, view, reserve_gib, engine
         #: the engine's step terms (limits, chunked prompts, host time): a prediction's only — the SOL view and the
         #: SOL twin keep the engine's memory rule and pay no step terms
-        predicted = profile is not None or (view is not None and getattr(view, "name", "sol") != "sol")
+        predicted = profile is not None or view_name(view) != "sol"
         self.serving = engine if predicted else None
         self.cache, self.progress, self.jobs = cache or _Cache(None), progress, jobs
         self.executor, self.address = executor, address
@@ -561,7 +563,7 @@ class _Search:
         self.compiled = self.cached = 0
         # everything a cached program depends on: the model's whole state (config, weight formats, redundant
         # experts), the descriptor, profile, view, traffic and the grids
-        from .. import __version__
+        from ..core.version import __version__
 
         state = {k: repr(v) for k, v in sorted(model.__getstate__().items())}
         self.identity = hashlib.sha256(json.dumps(
@@ -1251,7 +1253,7 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
     best, rejected, reasons = _rank(df, top, "tpot_p99_ms" if sla.tpot_stat == "p99" else "tpot_ms")
     public = [k for k in ROW_KEYS] + ["why"]
     table = df[public].copy()
-    for k, v in (("model", model.name), ("hw", hw.name), ("view", (view.name if view is not None else "sol")),
+    for k, v in (("model", model.name), ("hw", hw.name), ("view", view_name(view)),
                  ("profile", profile.name if profile else "sol")):
         table[k] = v
     pairs = _pairs(df)
@@ -1279,7 +1281,7 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
              "sol_programs_compiled": s.twin_compiled,
              "rows_meeting_sla": int(df["meets_sla"].sum()), "pareto_points": int(df["pareto"].sum()),
              "wall_s": time.perf_counter() - t0}
-    return SearchResult(model.name, hw.name, gpus, traffic, sla, (view.name if view is not None else "sol"),
+    return SearchResult(model.name, hw.name, gpus, traffic, sla, view_name(view),
                         profile.name if profile else "sol", table, best_rows, pareto, rejected, reasons,
                         sorted(s.skipped, key=lambda x: (x["what"], x["error"])),
                         space_d, stats)
@@ -1291,7 +1293,7 @@ def _engine(engine, view):
     from . import ENGINES, engine_terms
 
     if engine == "auto":
-        if view is None or view.name == "sol" or not getattr(view, "backend", ""):
+        if view_name(view) == "sol" or not getattr(view, "backend", ""):
             return None
         fw = str(view.backend).split("@", 1)[0]
         return ENGINES.get(fw)

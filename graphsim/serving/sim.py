@@ -43,6 +43,7 @@ import attrs
 import numpy as np
 
 from ..core.errors import GraphsimError, require
+from ..driver.views import view_name
 from .kvcache import GiB, HBMPool, Store, TierSpec, design_tiers
 
 ROUTERS = ("prefix", "least-loaded", "round-robin")
@@ -827,14 +828,14 @@ def simulate(trace, deployment: Deployment, *, cache_design: str = "auto", tiers
                                                       "schedule is not simulated); give pp 1")
     view = dep.view
     if dep.engine == "auto":
-        eng = None if view is None or getattr(view, "name", "sol") == "sol" or not getattr(view, "backend", "") \
+        eng = None if view_name(view) == "sol" or not getattr(view, "backend", "") \
             else ENGINES.get(str(view.backend).split("@", 1)[0])
     else:
         eng = engine_terms(dep.engine)
     if eng is not None:
         eng = eng.on(hw.hbm_capacity_bytes)
     # the step terms (host launches, graphs, scheduler time) are a prediction's: SOL pays none
-    predicted = dep.profile is not None or (view is not None and getattr(view, "name", "sol") != "sol")
+    predicted = dep.profile is not None or view_name(view) != "sol"
     chunked = eng.chunked_prefill if eng is not None else True
     decode_in_budget = eng.decode_in_budget if eng is not None else True
 
@@ -1023,7 +1024,7 @@ def _result(sim: _Sim, trace, dep, model, hw, pools, policies, eng, tiers, sla, 
     summary = {
         "deployment": {"model": model.name, "hw": hw.name, "mapping": str(mapping), "replicas": dep.replicas,
                        "gpus": gpus, "policies": policy_text(policies),
-                       "view": getattr(dep.view, "name", "sol") if dep.view is not None else "sol",
+                       "view": view_name(dep.view),
                        "profile": getattr(dep.profile, "name", "none") if dep.profile is not None else "none",
                        "engine": getattr(eng, "name", "none") if eng is not None else "none",
                        "token_budget": budget, "max_running": max_running if max_running < (1 << 20) else None,

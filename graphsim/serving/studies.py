@@ -67,15 +67,16 @@ class PrefetchStudy:
 
 def prefetch_study(model, hw, requests, mapping, distances=(0, 1, 2, 4), policies=None) -> list[PrefetchStudy]:
     """Host-resident Engram at each prefetch distance against the all-HBM baseline, for one batch."""
-    import graphsim as gs
+    from ..core.plan import Plan, Policies
+    from ..driver.pipeline import compile_plan
 
     for d in distances:
         check_int("policies.prefetch_distance", d, 0, MAX_LAYERS)
-    pol = policies or gs.Policies()
-    base = gs.compile_plan(model, gs.Plan(requests, mapping, attrs.evolve(pol, engram="hbm")), hw).schedule()
+    pol = policies or Policies()
+    base = compile_plan(model, Plan(requests, mapping, attrs.evolve(pol, engram="hbm")), hw).schedule()
     out = []
     for d in distances:
-        s = gs.compile_plan(model, gs.Plan(requests, mapping, attrs.evolve(pol, engram="host", prefetch_distance=d)),
+        s = compile_plan(model, Plan(requests, mapping, attrs.evolve(pol, engram="host", prefetch_distance=d)),
                             hw).schedule()
         rows = tuple(r for r in prefetch_report(s) if ".h2d" in r.copy)  # the Engram copies only
         out.append(PrefetchStudy(d, float(s.forward[0]), float(base.forward[0]), rows))

@@ -1,18 +1,16 @@
 """Running a whole spec: run(), the local, processes and Ray executors, output parts and progress bars."""
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from ..core.errors import GraphsimError, require
 from .points import _PROGRAMS, structural_tables
-from .results import SweepResult, _counts, _merge, _write_tables, unify
-from .spec import StructuralPoint, SweepSpec
+from .results import SweepResult, _counts, _merge, _write_part, unify
+from .spec import StructuralPoint, SweepSpec, program_key
 
 EXECUTORS = ("local", "processes", "ray")
 
@@ -21,7 +19,7 @@ def _trusted(parts: Path, inputs: Mapping, suffix: str = ".parquet") -> tuple[se
     """The keys whose part ``<key><suffix>`` may be reused (its checksum holds and it was computed from the input
     digests ``inputs[key]``), and (key, why) for each part that is not trusted (it is removed: it will be
     recomputed). Shared with the serving grid (graphsim.serving.grid)."""
-    from ..core.identity import discard, verify
+    from ..driver.identity import discard, verify
 
     if not parts.is_dir():
         return set(), []
@@ -41,7 +39,7 @@ def _trusted(parts: Path, inputs: Mapping, suffix: str = ".parquet") -> tuple[se
 
 def _seal(parts: Path, key: str, sp: StructuralPoint) -> None:
     """Record a finished part's checksum and input digests (a part without them is never reused)."""
-    from ..core.identity import seal
+    from ..driver.identity import seal
 
     f = parts / f"{key}.parquet"
     if f.is_file():
@@ -77,35 +75,12 @@ def run(spec: SweepSpec | Mapping | str | Path, output: str | Path | None = None
         return _run(spec, out, executor, address, progress, resume, jobs)
 
 
-def _program_key(sp: StructuralPoint) -> tuple:
-    """Structural points with one key share a compiled program (they differ only in profile)."""
-    return (sp.model, sp.hw, sp.mapping, sp.policies, sp.kinds, sp.view)
-
-
 def _by_program(todo: list) -> list:
     """``todo`` with points sharing a program next to each other (stable): each program is compiled once."""
     groups: dict = {}
     for sp, key in todo:
-        groups.setdefault(_program_key(sp), []).append((sp, key))
+        groups.setdefault(program_key(sp), []).append((sp, key))
     return [item for g in groups.values() for item in g]
-
-
-def _write_part(parts: Path, key: str, tables: Iterable) -> None:
-    """Stream ``tables`` into ``parts/<key>.parquet``, which exists only once complete."""
-    import pyarrow.parquet as pq
-
-    tables = iter(tables)
-    first = next(tables, None)
-    if first is None:
-        return
-    tmp = parts / f"{key}.parquet.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        with pq.ParquetWriter(tmp, first.schema) as writer:
-            _write_tables(writer, itertools.chain([first], (t.cast(first.schema) for t in tables)))
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, parts / f"{key}.parquet")
 
 
 def _run(spec: SweepSpec, out: Path | None, executor: str, address, progress, resume: bool,

@@ -32,7 +32,7 @@ def _init(conn) -> None:
 
 
 def _task(spec, sp, key: str, parts: str | None):
-    from .executors import _write_part
+    from .results import _write_part
 
     def progress(n: int) -> None:
         if _PIPE is not None:
@@ -93,12 +93,12 @@ def run_processes(spec, todo: list, jobs: int, parts: Path | None, tables_of: di
     from concurrent.futures import FIRST_COMPLETED, wait
     from concurrent.futures.process import BrokenProcessPool
 
-    from .executors import _program_key
+    from .spec import program_key
 
     groups: deque = deque()
     last = None
     for item in todo:
-        k = _program_key(item[0])
+        k = program_key(item[0])
         if k != last:
             groups.append(deque())
             last = k

@@ -1,6 +1,7 @@
 """Sweep results: arrow table helpers, column unification, SweepResult, reading and merging parts."""
 from __future__ import annotations
 
+import itertools
 import os
 import uuid
 from pathlib import Path
@@ -230,3 +231,21 @@ def _row_groups(path: Path):
     f = pq.ParquetFile(path)
     for i in range(f.num_row_groups):
         yield f.read_row_group(i)
+
+
+def _write_part(parts: Path, key: str, tables: Iterable) -> None:
+    """Stream ``tables`` into ``parts/<key>.parquet``, which exists only once complete."""
+    import pyarrow.parquet as pq
+
+    tables = iter(tables)
+    first = next(tables, None)
+    if first is None:
+        return
+    tmp = parts / f"{key}.parquet.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with pq.ParquetWriter(tmp, first.schema) as writer:
+            _write_tables(writer, itertools.chain([first], (t.cast(first.schema) for t in tables)))
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, parts / f"{key}.parquet")

@@ -13,7 +13,7 @@ import attrs
 import numpy as np
 
 from ..core.errors import GraphsimError, require
-from ..core.identity import combined
+from ..driver.identity import combined
 from ..core.ir import REQUEST_KINDS
 from ..core.limits import MAX_SWEEP_POINTS
 
@@ -35,7 +35,7 @@ PRECISIONS = ("exact", "fast")
 EXTRA_OUTPUTS = ("stages", "kinds", "traffic")
 IDENTITY_HEAD = ("struct_id", "sweep", "graphsim_version", "model", "hw", "profile", "view", "backend", "measured",
                  "inputs_digest", "model_digest", "hw_digest", "profile_digest", "view_digest", "mapping")
-#: digest columns -> the input each is the content digest of (graphsim.core.identity.input_digest keys)
+#: digest columns -> the input each is the content digest of (graphsim.driver.identity.input_digest keys)
 DIGEST_COLUMNS = {"model_digest": "model", "hw_digest": "hw", "profile_digest": "profile", "view_digest": "view"}
 TOKEN_COLUMNS = ("prefill_tokens", "decode_tokens", "decode_requests", "ttft_s", "itl_s", "tokens_per_s",
                  "tokens_per_s_per_gpu", "output_tokens_per_s_per_gpu", "tokens_per_s_per_user", "energy_j",
@@ -553,8 +553,9 @@ class StructuralPoint:
     def input_digests(self, memo: dict | None = None) -> dict:
         """{model, hw, profile, [measured | fpm], graphsim} -> content digest of what this point reads
         (``memo``: digests already computed in this run, per input)."""
-        from .. import __version__
-        from ..core.identity import fpm_digest, measured_digest, model_digest, toml_digest
+        from ..core.version import __version__
+        from ..driver.identity import fpm_digest, model_digest, toml_digest
+        from ..views.measured.schema import measured_digest
 
         memo = {} if memo is None else memo
 
@@ -581,7 +582,7 @@ class StructuralPoint:
 
     def identity(self) -> dict:
         """Identity columns (policies completed with their defaults)."""
-        from .. import __version__
+        from ..core.version import __version__
 
         from ..driver.pipeline import Policies
         from ..core.plan import ParallelMapping
@@ -616,3 +617,8 @@ class StructuralPoint:
         ident = {k: v for k, v in self.identity().items() if k != "inputs_digest" and k not in DIGEST_COLUMNS}
         ident = json.dumps([ident, spec.signature()], sort_keys=True, default=str)
         return hashlib.sha1(ident.encode()).hexdigest()[:16]
+
+
+def program_key(sp: StructuralPoint) -> tuple:
+    """Structural points with one key share a compiled program (they differ only in profile)."""
+    return (sp.model, sp.hw, sp.mapping, sp.policies, sp.kinds, sp.view)

@@ -482,7 +482,7 @@ def _search_outputs(files: dict, tmp: str, args: list[str]) -> str | None:
     import numpy as np
     import pandas as pd
 
-    from graphsim.core.identity import part_checksum
+    from graphsim.driver.identity import part_checksum
 
     out = args[args.index("-o") + 1] if "-o" in args else None
     if not out or not out.endswith((".parquet", ".csv")):

@@ -69,7 +69,7 @@ def environment(device: str) -> dict:
     import jaxlib
     import numpy as np
 
-    from graphsim import __version__
+    from ...core.version import __version__
 
     info = device_info()
     env = {"python": sys.version.split()[0], "jax": jax.__version__, "jaxlib": jaxlib.__version__,

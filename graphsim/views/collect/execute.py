@@ -41,14 +41,8 @@ import numpy as np
 from graphsim.core.errors import GraphsimError, require
 from graphsim.core.ir import Op
 
+from .registry import FAMILY_INITS, FAMILY_KERNELS, KERNELS, Act, Unsupported, kernel  # noqa: F401 (re-exported)
 from .kernels import DTYPES, activation_fn, gated, gqa_attention, grouped_experts, matmul, rmsnorm
-
-
-class Unsupported(GraphsimError):
-    """The executor has no kernel for an op of this plan (a failure category, not a bug)."""
-
-    def __init__(self, op: Op | None, why: str):
-        super().__init__(f"op[{op.name}]" if op is not None else "plan", why)
 
 
 # ---- the request layout: which rows each token set covers --------------------------------------------
@@ -120,14 +114,6 @@ def layout_of(plan) -> Layout:
 
 # ---- values flowing along data edges -----------------------------------------------------------------
 
-@attrs.frozen(eq=False)
-class Act:
-    """An activation: ``x`` [rows of token set ``ts``, width] (or a tuple for routing)."""
-
-    x: object
-    ts: str
-
-
 class _Ctx:
     """Static facts the kernels read while the program is traced."""
 
@@ -169,23 +155,6 @@ def _layer(op: Op, cfg):
 
 
 # ---- kernels -----------------------------------------------------------------------------------------
-
-#: op kind -> kernel(op, ctx, inputs: list[Act], state: dict, params: dict) -> Act | None
-KERNELS: dict[str, Callable] = {}
-#: model family (the Model class's ``family``) -> op kind -> kernel: a family's own kernels, bound before the
-#: generic ones for that family's graphs (graphsim.views.collect.kernels_mla registers DeepSeek-V3's)
-FAMILY_KERNELS: dict[str, dict[str, Callable]] = {}
-#: model family -> {"params": init_params(compiled, seed), "caches": init_caches(ex, seed)}
-FAMILY_INITS: dict[str, dict[str, Callable]] = {}
-
-
-def kernel(*kinds: str, family: str = ""):
-    def deco(fn):
-        for k in kinds:
-            (FAMILY_KERNELS.setdefault(family, {}) if family else KERNELS)[k] = fn
-        return fn
-    return deco
-
 
 def _family(compiled) -> str:
     return getattr(type(compiled.model), "family", "")
@@ -529,4 +498,5 @@ def init_ids(ex: Executable, seed: int = 2):
 
 
 from . import kernels_mla  # noqa: E402,F401 - registers the DeepSeek-V3 family's kernels (MLA, DSA, V3 routing)
-from . import kernels_v41  # noqa: E402,F401 - registers the DeepSeek-V4.1 kernels (imports this module)
+from . import kernels_v41  # noqa: E402,F401 - registers the DeepSeek-V4.1 kernels
+from . import kernels_dspark  # noqa: E402,F401 - DSpark's kernels (they register into V4.1's)

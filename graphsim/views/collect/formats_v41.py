@@ -8,7 +8,7 @@ import contextlib
 
 import numpy as np
 
-from .execute import Unsupported
+from .registry import Unsupported
 
 #: emulate the storage/compute formats by rounding (tests switch it off to compare in plain fp32)
 EMULATE = True

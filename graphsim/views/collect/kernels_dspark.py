@@ -9,9 +9,10 @@ import math
 
 import numpy as np
 
-from .execute import Act, Unsupported
+from .registry import Act, Unsupported
 from .formats_v41 import act_in
 from .kernels_v41 import (
+    DRAFT,
     _final_premix,
     _operand,
     _prefix,
@@ -193,3 +194,4 @@ def _confidence(op, ctx, inputs, state, params):
     return Act(jax.nn.sigmoid(jnp.concatenate([h, m], axis=-1) @ params[op.reads[0]]), op.token_set)
 
 
+DRAFT["attention"] = draft_attention

@@ -45,7 +45,7 @@ import zlib
 import attrs
 import numpy as np
 
-from .execute import FAMILY_INITS, Act, Unsupported, kernel
+from .registry import FAMILY_INITS, Act, Unsupported, kernel
 
 FAMILY = "deepseek_v3"
 BLOCK = 128  #: FP8 block (weights 128x128, activations 1x128)

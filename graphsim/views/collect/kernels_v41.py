@@ -32,8 +32,7 @@ import math
 
 import numpy as np
 
-from . import execute as ex
-from .execute import KERNELS, Act, Unsupported, kernel
+from .registry import FAMILY_INITS, KERNELS, Act, Unsupported, kernel
 from .formats_v41 import act_in, bf16, formats, fp4_e4m3_16, fp8_block, mxfp4, np_format, swa_format, weight_format
 
 __all__ = ["formats", "init_params", "init_caches", "carry_caches", "V41"]
@@ -274,10 +273,14 @@ def _dispatch(kind: str):
     return run
 
 
-def _draft_attention(op, ctx, inputs, state, params):
-    from .kernels_dspark import draft_attention
+#: the drafter's attention (kernels_dspark registers it: it builds on this module's kernels)
+DRAFT: dict = {}
 
-    return draft_attention(op, ctx, inputs, state, params)
+
+def _draft_attention(op, ctx, inputs, state, params):
+    if "attention" not in DRAFT:
+        raise Unsupported(op, "DSpark's draft attention is not registered (import graphsim.views.collect.execute)")
+    return DRAFT["attention"](op, ctx, inputs, state, params)
 
 
 # ---- embedding, head ------------------------------------------------------------------------------
@@ -1032,6 +1035,5 @@ def carry_caches(prev: dict, exe, groups: dict | None = None) -> dict:
 for _kind in ("embedding", "norm", "gemm", "activation", "router", "moe_experts", "cache_write", "attention",
               "host_copy", "mhc", "engram", "compressor", "indexer", "topk", "quant", "elementwise", "sampling"):
     kernel(_kind)(_dispatch(_kind))
-ex.FAMILY_INITS["deepseek_v41"] = {"params": init_params, "caches": init_caches}
+FAMILY_INITS["deepseek_v41"] = {"params": init_params, "caches": init_caches}
 
-from . import kernels_dspark  # noqa: E402,F401  (DSpark's kernels register into V41)

@@ -18,7 +18,7 @@ _MODELS: dict = {}
 
 def _load(path: str) -> FPMModel:
     """A model file, read once per content (a file edited in place is read again)."""
-    from graphsim.core.identity import fpm_digest
+    from graphsim.driver.identity import fpm_digest
 
     key = (path, fpm_digest(path))
     if key not in _MODELS:

@@ -7,6 +7,9 @@ different partitions and are never interpolated across. Its **coordinates** are 
 """
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import attrs
 
 from graphsim.core.errors import require
@@ -133,3 +136,24 @@ def check_frame(df, where: str) -> None:
     bnd = sorted(set(df["boundary"].astype(str).unique()) - set(BOUNDARIES))
     need(not bnd, "boundary", f"must be one of {', '.join(BOUNDARIES)}, got {bnd[:3]}")
 
+
+def measured_digest(folder, device: str | None = None) -> str:
+    """A folder of measured tables: every ``.parquet`` file a store of ``device`` may read (importer layout
+    ``<device>/<family>/<fw>@<ver>/`` of that device, and any file outside the layout), path and bytes."""
+    from ...driver.identity import DIGEST_CHARS, _sha, file_digest
+
+    root = Path(folder)
+    try:
+        files = sorted(p for p in root.rglob("*.parquet") if p.is_file())
+    except OSError as e:
+        return "missing:" + _sha(str(e).encode())
+    if not files:
+        return "missing:" + _sha(str(root).encode())
+    h = hashlib.sha256()
+    for f in files:
+        rel = f.relative_to(root).parts
+        layout = len(rel) == 4 and rel[1] in FAMILIES and "@" in rel[2]
+        if device is not None and layout and rel[0].lower() != device.lower():
+            continue
+        h.update("/".join(rel).encode() + b"\0" + file_digest(f).encode() + b"\0")
+    return h.hexdigest()[:DIGEST_CHARS]

@@ -18,6 +18,8 @@ import attrs
 import numpy as np
 
 from graphsim.core.errors import GraphsimError, require
+from graphsim.driver.views import SOL as SOL_VIEW
+from graphsim.driver.views import SOURCE_NAMES, Binding, ViewContext  # noqa: F401 (SOURCE_NAMES: its old home)
 
 from .interp import EXTRAPOLATED, INTERPOLATED, MEASURED, build_curve, eval_curve
 from .mapping import Lookup, MapContext, Miss, lookup_for
@@ -28,7 +30,7 @@ VIEWS = ("sol", "op", "hybrid", "fpm")
 #: engines vs links), never across groups.
 GROUPS = {"collective": "communication", "moe_a2a": "communication"}
 FALLBACK, SOL = 3, 4
-SOURCE_NAMES = ("measured", "interpolated", "extrapolated", "fallback", "sol")
+assert SOURCE_NAMES[FALLBACK] == "fallback" and SOURCE_NAMES[SOL] == "sol"
 
 
 @attrs.frozen
@@ -51,6 +53,24 @@ class ViewSpec:
                     f"the {self.name} view needs --measured DIR (a folder of measured tables, docs/measured.md)")
             require(bool(self.backend), "backend", f"the {self.name} view needs --backend FRAMEWORK[@VERSION], "
                     "e.g. trtllm@1.3.0rc20")
+
+    def bind(self, ctx: ViewContext) -> Binding:
+        """The view protocol (:mod:`graphsim.driver.views`): ``sol`` binds nothing, ``op`` / ``hybrid`` refine the
+        cost classes by table lookup and replace their durations, ``fpm`` scales whole forwards."""
+        if self.name == "sol":
+            return SOL_VIEW.bind(ctx)
+        if self.name == "fpm":
+            from ..fpm.view import bind_fpm
+
+            require(ctx.profile is None, "profile", "an efficiency profile derates the SOL view; the fpm view takes "
+                    "its forwards from measured samples (drop --profile)")
+            return Binding("fpm", forward=bind_fpm(self, ctx.model, ctx.plan, ctx.hw))
+        require(ctx.profile is None, "profile", "an efficiency profile derates the SOL view; the op and hybrid views "
+                "take their times from measured tables (drop --profile)")
+        bound = bind(self, ctx.graph, ctx.logical, ctx.plan, ctx.hw, ctx.model)
+        if bound is None:
+            return SOL_VIEW.bind(ctx)
+        return Binding(self.name, op_key=lambda i: bound.op_key[i], attach=bound.attach)
 
     def store(self) -> Store:
         return self.measured if isinstance(self.measured, Store) else _open(str(self.measured))

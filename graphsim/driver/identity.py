@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Mapping
 
-from .errors import GraphsimError
+from ..core.errors import GraphsimError
 
 #: length of a digest in identity columns (hex characters of SHA-256)
 DIGEST_CHARS = 16
@@ -45,9 +45,9 @@ def model_digest(model) -> str:
     """A model's config and quantization sidecar (``hf_quant_config.json`` beside it), as the loader reads
     them (canonical JSON, so whitespace does not count, values do). ``model``: a shipped name, a config
     path, a checkpoint folder, a dict, or a sweep's ModelRef (its load options count too)."""
-    from .config import SHIPPED, load_config
-    from .errors import GraphsimError
-    from .quant import sibling_quant_config
+    from ..core.config import SHIPPED, load_config
+    from ..core.errors import GraphsimError
+    from ..core.quant import sibling_quant_config
 
     opts = ""
     if hasattr(model, "name") and hasattr(model, "redundant_experts"):  # a sweep's ModelRef
@@ -76,28 +76,6 @@ def toml_digest(name_or_path, kind: str = "hw") -> str:
     return _sha(text.encode("utf-8"))
 
 
-def measured_digest(folder, device: str | None = None) -> str:
-    """A folder of measured tables: every ``.parquet`` file a store of ``device`` may read (importer layout
-    ``<device>/<family>/<fw>@<ver>/`` of that device, and any file outside the layout), path and bytes."""
-    from ..views.measured.schema import FAMILIES
-
-    root = Path(folder)
-    try:
-        files = sorted(p for p in root.rglob("*.parquet") if p.is_file())
-    except OSError as e:
-        return "missing:" + _sha(str(e).encode())
-    if not files:
-        return "missing:" + _sha(str(root).encode())
-    h = hashlib.sha256()
-    for f in files:
-        rel = f.relative_to(root).parts
-        layout = len(rel) == 4 and rel[1] in FAMILIES and "@" in rel[2]
-        if device is not None and layout and rel[0].lower() != device.lower():
-            continue
-        h.update("/".join(rel).encode() + b"\0" + file_digest(f).encode() + b"\0")
-    return h.hexdigest()[:DIGEST_CHARS]
-
-
 def fpm_digest(path) -> str:
     try:
         return file_digest(path)
@@ -105,10 +83,11 @@ def fpm_digest(path) -> str:
         return "missing:" + _sha(str(e.strerror or e).encode())
 
 
-def input_digest(*, model=None, hw=None, profile=None, measured=None, fpm=None, device: str | None = None) -> dict:
+def input_digest(*, model=None, hw=None, profile=None, fpm=None) -> dict:
     """The digests of the inputs given (None: not an input of this result), plus graphsim's version.
-    Keys: ``model``, ``hw``, ``profile``, ``measured``, ``fpm``, ``graphsim``."""
-    from .. import __version__
+    Keys: ``model``, ``hw``, ``profile``, ``fpm``, ``graphsim`` (a folder of measured tables:
+    :func:`graphsim.views.measured.schema.measured_digest`, which knows the tables' layout)."""
+    from ..core.version import __version__
 
     out = {}
     if model is not None:
@@ -117,8 +96,6 @@ def input_digest(*, model=None, hw=None, profile=None, measured=None, fpm=None, 
         out["hw"] = toml_digest(hw, "hw")
     if profile is not None:
         out["profile"] = toml_digest(profile, "profile")
-    if measured:
-        out["measured"] = measured_digest(measured, device)
     if fpm:
         out["fpm"] = fpm_digest(fpm)
     out["graphsim"] = str(__version__)
@@ -200,5 +177,5 @@ def discard(path, *, field: str = "output") -> None:
                                        f"{e.strerror or e}") from None
 
 
-__all__ = ["input_digest", "file_digest", "model_digest", "toml_digest", "measured_digest", "fpm_digest",
+__all__ = ["input_digest", "file_digest", "model_digest", "toml_digest", "fpm_digest",
            "combined", "part_checksum", "seal", "verify", "discard"]
