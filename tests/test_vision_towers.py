@@ -416,6 +416,20 @@ def test_llama4_known_sizes():
     assert proc.canvas(1024, 768) == (3, 4) and proc.image_tokens(1024, 768).n_tokens == 13 * 144
 
 
+def test_llama4_reads_its_preprocessor_config(tmp_path):
+    (tmp_path / "config.json").write_text((DATA / f"{LLAMA4[0]}_config.json").read_text())
+    # a deployment capping images at 4 tiles (the checkpoint's preprocessor_config.json says max_patches 16)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"max_patches": 4, "resize_to_max_canvas": False,
+                                                                   "size": {"height": 336, "width": 336}}))
+    proc = load_model(str(tmp_path)).image_processor()
+    assert proc.source == "preprocessor_config.json" and proc.max_patches == 4
+    # 1024x768 no longer fits a canvas without downscaling: 2x2 (scale 0.656) + the global tile
+    assert proc.image_tokens(1024, 768).n_tokens == 144 * llama4_tiles(1024, 768, max_patches=4) == 5 * 144
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"size": {"height": 336, "width": 448}}))
+    with pytest.raises(GraphsimError, match="square"):
+        load_model(str(tmp_path))
+
+
 def test_llama4_vision_flops_closed_form(capsys):
     """Tensor-core FLOPs at tp=1: the unfold patch embedding (576 patches a tile, 588 pixels each), 34 x (q/k/v/o,
     fc1/fc2 on 577 positions a tile, attention over 577² pairs a tile), the adapter's fc1/fc2 and the projector on
