@@ -27,6 +27,8 @@ def brute(kind, params, lo, hi):
         return ((v - 1) % params[0] + 1).sum()
     if kind == "chunk_read":  # union of the chunk prefixes queries lo..hi-1 see
         return len({p for i in range(lo, hi) for p in range(i - i % params[0], i + 1)})
+    if kind == "block_pairs":  # the set's positions in consecutive blocks of B, each attending within itself
+        return sum(len(range(s, min(s + params[0], hi - lo))) ** 2 for s in range(0, hi - lo, params[0]))
     raise AssertionError(kind)
 
 
@@ -34,7 +36,8 @@ CASES = [("causal_pairs", ()), ("window_pairs", (128,)), ("window_pairs", (1,)),
          ("compressed_pairs", (1,)), ("compressed_pairs", (4,)), ("topk_pairs", (2, 512)), ("topk_pairs", (1, 512)),
          ("topk_pairs", (4, 3)), ("sparse_read", (2, 512)), ("sparse_read", (1, 8)), ("new_groups", (2,)),
          ("new_groups", (128,)), ("window_read", (128,)), ("window_read", (3,)), ("chunk_pairs", (1,)),
-         ("chunk_pairs", (7,)), ("chunk_pairs", (8192,)), ("chunk_read", (5,)), ("chunk_read", (64,))]
+         ("chunk_pairs", (7,)), ("chunk_pairs", (8192,)), ("chunk_read", (5,)), ("chunk_read", (64,)),
+         ("block_pairs", (1,)), ("block_pairs", (7,)), ("block_pairs", (577,))]
 
 
 def test_registry_is_the_one_list_of_feature_kinds():

@@ -307,6 +307,21 @@ def test_vit_attention_and_residual_closed_forms():
     assert coef(o["r"], "bytes_act") == 3 * 2 * h  # two BF16 vectors read, one written
     assert o["attn.proj"].comm and [n for n in o] == ["norm1", "attn.qkv", "attn.rope2d", "attn.core", "attn.proj",
                                                       "attn.residual", "r"]
+    assert [f.kind for f, _ in o["attn.core"].cost.component("flops_bf16")] == ["full_pairs"]
+    # fixed tiles (Llama 4: 577 positions a tile): 4h FLOPs and one exp per head for each pair within a tile;
+    # Gemma 4's extras (per-head q/k/v norms, a norm before the residual) and SigLIP's missing RoPE
+    b = builder()
+    for name, n in (("v.attn.qkv", 3 * h * h), ("v.attn.proj", h * h), ("v.norms", 2 * h), ("v.qk", 2 * h)):
+        b.weight(name, n, "bf16")
+    with b.stage("s"):
+        vit_attention(b, "all", h, heads, "bf16", prefix="v", norm="norms", qkv="qkv", out="proj", note="t", block=577,
+                      rope=False, qkv_norm="qk", post_norm="norms")
+    o = ops(b)
+    (f, v), = o["attn.core"].cost.component("flops_bf16")
+    assert (f.kind, f.params, v) == ("block_pairs", (577,), 4.0 * h) and coef(o["attn.core"], "exps", "block_pairs") == heads
+    assert [n for n in o] == ["norm1", "attn.qkv", "attn.qkv_norm", "attn.core", "attn.proj", "attn.post_norm",
+                              "attn.residual"]
+    assert coef(o["attn.qkv_norm"], "bytes_act") == 3 * h * (2 + 2)  # RMSNorm over q, k and v: 2+2 B per element
 
 
 def test_every_registered_rule_is_tested_here():

@@ -107,6 +107,16 @@ def _full_pairs(p, lo, hi, xp):
     return (hi - lo) * (hi - lo)
 
 
+@feature("block_pairs", "Σ count · (⌊n/B⌋·B² + (n mod B)²): bidirectional attention within consecutive blocks of B "
+         "(a ViT run on fixed-size tiles or images: Llama 4, Gemma 3)", ("B",), query=True)
+def _block_pairs(p, lo, hi, xp):
+    (blk,) = p
+    n = hi - lo
+    q = xp.floor(n / float(blk))
+    r = n - q * float(blk)
+    return q * float(blk) * float(blk) + r * r
+
+
 @feature("window_read", "Σ count · distinct positions a window of W reads for the set", ("W",), query=True,
          window=True)
 def _window_read(p, lo, hi, xp):  # a rank reads its positions' windows (halo neglected under CP)

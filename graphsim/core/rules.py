@@ -355,17 +355,29 @@ def residual(b: GraphBuilder, name: str, ts: str, h: int) -> str:
 
 
 @rule("vit_attention", "a ViT block's attention half over an image's patches: RMSNorm, fused QKV GEMM, 2-D RoPE on "
-      "q and k (4 FLOPs per element), bidirectional attention (4h FLOPs per (query, key) pair of one image), the "
-      "output GEMM with its TP all-reduce, the residual")
+      "q and k (4 FLOPs per element), bidirectional attention (4h FLOPs per (query, key) pair of one image, or of one "
+      "B-patch tile), the output GEMM with its TP all-reduce, the residual; optionally per-head q/k/v RMSNorms and a "
+      "norm on the output before the residual (Gemma 4), no RoPE (SigLIP)")
 def vit_attention(b: GraphBuilder, ts: str, h: int, heads: int, precision: str, *, prefix: str, norm: str, qkv: str,
-                  out: str, note: str, split=("tp", "dp")) -> str:
+                  out: str, note: str, split=("tp", "dp"), block: int = 0, rope: bool = True, qkv_norm: str = "",
+                  post_norm: str = "") -> str:
+    """``block`` > 0: the tower runs on fixed blocks of ``block`` positions (Llama 4's 577-position tiles, Gemma 3's
+    4096-patch images), attention within each (``block_pairs``); 0: within the request's patches (``full_pairs``).
+    ``qkv_norm`` / ``post_norm``: the weights of per-head q/k/v RMSNorms and of a norm on the attention output
+    before the residual (read from ``prefix``.name); ``rope`` False: absolute position embeddings only."""
     rmsnorm(b, "norm1", ts, h, reads=(f"{prefix}.{norm}",))
     b.gemm(f"attn.{qkv}", ts, h, 3 * h, weight=f"{prefix}.attn.{qkv}", split=split)
-    b.elementwise("attn.rope2d", ts, 2 * h, bytes_in=2.0, bytes_out=2.0, flops_per_elem=4, split=split)
-    b.attention("attn.core", ts, pairs=Feature("full_pairs", ts), flops_per_pair=4.0 * h, heads=heads,
+    if qkv_norm:
+        rmsnorm(b, "attn.qkv_norm", ts, 3 * h, split=split, reads=(f"{prefix}.{qkv_norm}",))
+    if rope:
+        b.elementwise("attn.rope2d", ts, 2 * h, bytes_in=2.0, bytes_out=2.0, flops_per_elem=4, split=split)
+    pairs = Feature("block_pairs", ts, (block,)) if block else Feature("full_pairs", ts)
+    b.attention("attn.core", ts, pairs=pairs, flops_per_pair=4.0 * h, heads=heads,
                 precision=precision, q_bytes_per_token=(3 * h + h) * 2.0, split=split,
                 params={"attn": "encoder", "head_dim": h // heads})
     b.gemm(f"attn.{out}", ts, h, h, weight=f"{prefix}.attn.{out}", split=split, comm=(all_reduce_tp(ts, h, note=note),))
+    if post_norm:
+        rmsnorm(b, "attn.post_norm", ts, h, reads=(f"{prefix}.{post_norm}",))
     return residual(b, "attn.residual", ts, h)
 
 

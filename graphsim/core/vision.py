@@ -44,8 +44,8 @@ import attrs
 
 from .errors import GraphsimError, require
 
-__all__ = ["ImageRule", "ImageTokens", "VisionProcessor", "QwenVLProcessor", "KimiProcessor", "default_processor",
-           "parse_image_suffix"]
+__all__ = ["ImageRule", "ImageTokens", "VisionProcessor", "QwenVLProcessor", "KimiProcessor", "Llama4Processor",
+           "Gemma3Processor", "Gemma4Processor", "default_processor", "parse_image_suffix"]
 
 
 def _pos_int(value, field: str) -> int:
@@ -311,12 +311,182 @@ class KimiProcessor:
         return sum(t.n_tokens for t in out), sum(t.n_patches for t in out)
 
 
+@attrs.frozen
+class Llama4Processor:
+    """Llama 4's image processor (``image_processing_llama4_fast.py``, ``processing_llama4.py``):
+
+    1. canvases: every (a x b) grid of ``tile`` x ``tile`` tiles with a·b <= ``max_patches`` (16);
+    2. ``get_best_fit``: per canvas the scale min(H / h, W / w); the smallest scale >= 1 if any (the largest one with
+       ``resize_to_max_canvas``), else the largest below 1; among the canvases with that scale the smallest area;
+    3. the image is resized into the canvas without distortion, padded, and split into its a·b tiles; a canvas of
+       more than one tile adds a global tile (the whole image at ``tile`` x ``tile``);
+    4. the ViT runs on each tile: (tile / patch)² patches + a class token (577 positions); the pixel shuffle
+       (``pixel_shuffle_ratio`` 0.5) leaves (tile / patch)² / 4 = 144 ``<|patch|>`` tokens per tile.
+
+    ``n_patches`` counts the ViT's positions (class tokens included), ``n_tokens`` the ``<|patch|>`` positions the
+    image features fill. The processor's markers (``<|image_start|>``, ``<|image|>``, ``<|image_end|>`` and, for a
+    tiled image, one separator per tile) are text positions, like Qwen's ``<|vision_start|>``. Scales are compared as
+    exact fractions (HF compares float32 quotients; the tile count is the same for all but ties closer than 1e-7)."""
+
+    patch_size: int = attrs.field(converter=lambda v: _pos_int(v, "vision_config.patch_size"))
+    merge_size: int = attrs.field(converter=lambda v: _pos_int(v, "vision_config.pixel_shuffle_ratio"))
+    tile: int = attrs.field(converter=lambda v: _pos_int(v, "preprocessor_config.size.height"))
+    max_patches: int = attrs.field(converter=lambda v: _pos_int(v, "preprocessor_config.max_patches"))
+    resize_to_max_canvas: bool = False
+    source: str = "family defaults"
+
+    def __attrs_post_init__(self):
+        require(self.tile % (self.patch_size * self.merge_size) == 0, "preprocessor_config.size",
+                f"tile {self.tile} must be a multiple of patch_size x 1/pixel_shuffle_ratio "
+                f"({self.patch_size * self.merge_size})")
+
+    @classmethod
+    def from_preprocessor(cls, pp: Mapping | None, source: str = "family defaults") -> "Llama4Processor":
+        """Read ``preprocessor_config.json`` (``size``, ``max_patches``, ``resize_to_max_canvas``, and the tower's
+        ``patch_size`` / ``merge_size``, which :func:`graphsim.models._vision_of` fills from ``vision_config``)."""
+        pp = dict(pp or {})
+        size = pp.get("size") if isinstance(pp.get("size"), Mapping) else {"height": 336, "width": 336}
+        require(size.get("height") == size.get("width"), "preprocessor_config.size", f"must be square, got {size}")
+        return cls(pp.get("patch_size", 14), pp.get("merge_size", 2), size.get("height"), pp.get("max_patches", 16),
+                   bool(pp.get("resize_to_max_canvas", False)), source)
+
+    @property
+    def tile_positions(self) -> int:
+        """ViT positions a tile: its patches and the class token."""
+        return (self.tile // self.patch_size) ** 2 + 1
+
+    @property
+    def tile_tokens(self) -> int:
+        """``<|patch|>`` tokens a tile: its patches after the pixel shuffle."""
+        return (self.tile // self.patch_size // self.merge_size) ** 2
+
+    def canvas(self, width: int, height: int) -> tuple[int, int]:
+        """(tile rows, tile columns) of ``get_best_fit``'s canvas."""
+        w0, h0 = _pos_int(width, "width"), _pos_int(height, "height")
+        grids = [(a, n // a) for n in range(1, self.max_patches + 1) for a in range(1, n + 1) if n % a == 0]
+        scale = {g: min(Fraction(g[0] * self.tile, h0), Fraction(g[1] * self.tile, w0)) for g in grids}
+        up = [s for s in scale.values() if s >= 1]
+        pick = (max(up) if self.resize_to_max_canvas else min(up)) if up else max(scale.values())
+        return min((g for g in grids if scale[g] == pick), key=lambda g: g[0] * g[1])
+
+    def image_tokens(self, width: int, height: int) -> ImageTokens:
+        rows, cols = self.canvas(width, height)
+        tiles = rows * cols + (1 if rows * cols > 1 else 0)  # the global tile
+        g = self.tile // self.patch_size
+        return ImageTokens(int(width), int(height), cols * self.tile, rows * self.tile, rows * g, cols * g, rows * g,
+                           cols * g, tiles * self.tile_positions, tiles * self.tile_tokens)
+
+    def total_tokens(self, sizes: Iterable[tuple[int, int]]) -> tuple[int, int]:
+        out = [self.image_tokens(w, h) for w, h in sizes]
+        return sum(t.n_tokens for t in out), sum(t.n_patches for t in out)
+
+
+@attrs.frozen
+class Gemma3Processor:
+    """Gemma 3's image processor (``image_processing_gemma3.py``) at its defaults: every image resized to
+    ``image_size`` x ``image_size`` (896², no aspect ratio kept), (896 / 14)² = 4096 SigLIP patches, average-pooled
+    ``merge_size`` x ``merge_size`` (4 x 4) to ``mm_tokens_per_image`` (256) soft tokens. Pan & Scan (extra crops,
+    ``do_pan_and_scan``, off by default) is not modelled."""
+
+    patch_size: int = attrs.field(converter=lambda v: _pos_int(v, "vision_config.patch_size"))
+    merge_size: int = attrs.field(converter=lambda v: _pos_int(v, "mm_tokens_per_image"))
+    image_size: int = attrs.field(converter=lambda v: _pos_int(v, "vision_config.image_size"))
+    source: str = "family defaults"
+
+    def __attrs_post_init__(self):
+        require(self.image_size % (self.patch_size * self.merge_size) == 0, "vision_config.image_size",
+                f"{self.image_size} must be a multiple of patch_size x pooling kernel ({self.patch_size * self.merge_size})")
+
+    @classmethod
+    def from_preprocessor(cls, pp: Mapping | None, source: str = "family defaults") -> "Gemma3Processor":
+        pp = dict(pp or {})
+        require(not pp.get("do_pan_and_scan"), "preprocessor_config.do_pan_and_scan",
+                f"{source}: Pan & Scan crops are not modelled (graphsim prices one 896x896 view per image)")
+        size = pp.get("size") if isinstance(pp.get("size"), Mapping) else {}
+        side = size.get("height", pp.get("image_size", 896))
+        require(size.get("width", side) == side, "preprocessor_config.size", f"must be square, got {size}")
+        return cls(pp.get("patch_size", 14), pp.get("merge_size", 4), side, source)
+
+    def image_tokens(self, width: int, height: int) -> ImageTokens:
+        w0, h0 = _pos_int(width, "width"), _pos_int(height, "height")
+        g = self.image_size // self.patch_size
+        return ImageTokens(w0, h0, self.image_size, self.image_size, g, g, g, g, g * g, (g // self.merge_size) ** 2)
+
+    def total_tokens(self, sizes: Iterable[tuple[int, int]]) -> tuple[int, int]:
+        out = [self.image_tokens(w, h) for w, h in sizes]
+        return sum(t.n_tokens for t in out), sum(t.n_patches for t in out)
+
+
+#: Gemma 4's image processor's soft-token budgets (``max_soft_tokens``)
+GEMMA4_SOFT_TOKENS = (70, 140, 280, 560, 1120)
+
+
+@attrs.frozen
+class Gemma4Processor:
+    """Gemma 4's image processor (``image_processing_gemma4.get_aspect_ratio_preserving_size``), in floats as HF runs it:
+
+    1. max_patches = ``max_soft_tokens`` (280, from the config's ``vision_soft_tokens_per_image``) x k² (k =
+       ``pooling_kernel_size``, 3); factor = sqrt(max_patches · p² / (h · w));
+    2. each side floor(side · factor / (k·p)) · k·p (a side rounding to 0 becomes k·p, the other
+       min(floor(long / short) · k·p, max_patches / k² · k·p));
+    3. patches = (h' / p) · (w' / p); soft tokens = patches / k² (the pooler averages k x k patches).
+
+    ``n_patches`` counts real patches: HF pads every image to max_patches and masks the padding in attention (an
+    implementation that runs the padding does up to max_patches positions per image)."""
+
+    patch_size: int = attrs.field(converter=lambda v: _pos_int(v, "vision_config.patch_size"))
+    merge_size: int = attrs.field(converter=lambda v: _pos_int(v, "vision_config.pooling_kernel_size"))
+    max_soft_tokens: int = attrs.field(converter=lambda v: _pos_int(v, "preprocessor_config.max_soft_tokens"))
+    source: str = "family defaults"
+
+    def __attrs_post_init__(self):
+        require(self.max_soft_tokens in GEMMA4_SOFT_TOKENS, "preprocessor_config.max_soft_tokens",
+                f"must be one of {GEMMA4_SOFT_TOKENS}, got {self.max_soft_tokens}")
+
+    @classmethod
+    def from_preprocessor(cls, pp: Mapping | None, source: str = "family defaults") -> "Gemma4Processor":
+        pp = dict(pp or {})
+        return cls(pp.get("patch_size", 16), pp.get("pooling_kernel_size", pp.get("merge_size", 3)),
+                   pp.get("max_soft_tokens", 280), source)
+
+    @property
+    def max_patches(self) -> int:
+        return self.max_soft_tokens * self.merge_size ** 2
+
+    def resize(self, width: int, height: int) -> tuple[int, int]:
+        """(resized width, resized height), as ``get_aspect_ratio_preserving_size``."""
+        w0, h0 = _pos_int(width, "width"), _pos_int(height, "height")
+        p, k = self.patch_size, self.merge_size
+        factor = math.sqrt(self.max_patches * p * p / (h0 * w0))
+        side = k * p
+        th, tw = int(math.floor(factor * h0 / side)) * side, int(math.floor(factor * w0 / side)) * side
+        require(th or tw, "width", f"{w0}x{h0} resizes to 0x0 (the Gemma 4 processor rejects it)")
+        longest = (self.max_patches // k ** 2) * side
+        if th == 0:
+            th, tw = side, min(int(math.floor(w0 / h0)) * side, longest)
+        elif tw == 0:
+            tw, th = side, min(int(math.floor(h0 / w0)) * side, longest)
+        return tw, th
+
+    def image_tokens(self, width: int, height: int) -> ImageTokens:
+        w, h = self.resize(width, height)
+        gh, gw, k = h // self.patch_size, w // self.patch_size, self.merge_size
+        return ImageTokens(int(width), int(height), w, h, gh, gw, gh, gw, gh * gw, gh * gw // k ** 2)
+
+    def total_tokens(self, sizes: Iterable[tuple[int, int]]) -> tuple[int, int]:
+        out = [self.image_tokens(w, h) for w, h in sizes]
+        return sum(t.n_tokens for t in out), sum(t.n_patches for t in out)
+
+
+#: vision tower family -> its image processor class (each reads ``preprocessor_config.json`` or its defaults)
+PROCESSORS = {"qwen3_vl": QwenVLProcessor, "kimi_k25": KimiProcessor, "llama4": Llama4Processor,
+              "gemma3": Gemma3Processor, "gemma4": Gemma4Processor}
+
+
 def processor_for(family: str, pp: Mapping | None, source: str = "family defaults"):
-    """The image processor of a vision tower's family (``qwen3_vl`` or ``kimi_k25``), from ``preprocessor_config.json``
+    """The image processor of a vision tower's family (:data:`PROCESSORS`), from ``preprocessor_config.json``
     (``pp``) or the family's defaults."""
-    if family == "kimi_k25":
-        return KimiProcessor.from_preprocessor(pp, source)
-    return QwenVLProcessor.from_preprocessor(pp, source)
+    return PROCESSORS.get(family, QwenVLProcessor).from_preprocessor(pp, source)
 
 
 def _floor_sqrt_ratio(num: int, den: int, step: int) -> int:

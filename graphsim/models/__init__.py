@@ -73,8 +73,9 @@ def load_model(name_or_path: str | Path | dict, *, weights: str | None = None, r
 
 
 def _vision_of(cfg: dict, path: Path | None) -> tuple:
-    """(vision tower, image processor) graphsim prices for this config (Qwen3-VL, Qwen3.5, Kimi K2.5), or (None, None);
-    the processor reads ``preprocessor_config.json`` beside the config when there is one, else the family's defaults."""
+    """(vision tower, image processor) graphsim prices for this config (Qwen3-VL, Qwen3.5, Kimi K2.5, Llama 4, Gemma 3,
+    Gemma 4), or (None, None); the processor reads ``preprocessor_config.json`` beside the config when there is one,
+    its missing keys taking the tower's own sizes (patch, merge), else the family's defaults."""
     from ..core.vision import processor_for
     from .vision_tower import tower
 
@@ -82,8 +83,9 @@ def _vision_of(cfg: dict, path: Path | None) -> tuple:
     if vit is None:
         return None, None
     pp, source = _sibling_preprocessor(path)
-    if pp is None and vit.family != "kimi_k25":  # the defaults, at the tower's own patch and merge sizes
-        pp = {"patch_size": vit.patch, "merge_size": vit.merge, "temporal_patch_size": vit.temporal_patch}
+    fixed = vit.preprocessor_defaults()
+    if fixed is not None and (pp is None or vit.family not in ("qwen3_vl", "kimi_k25")):
+        pp = {**fixed, **(pp or {})}
     proc = processor_for(vit.family, pp, source or "family defaults")
     require(proc.patch_size == vit.patch and proc.merge_size == vit.merge, "preprocessor_config.patch_size",
             f"{source}: patch_size {proc.patch_size} / merge_size {proc.merge_size} disagree with vision_config's "
@@ -97,7 +99,7 @@ def _with_vision(spec, cfg: dict, path: Path | None):
 
     vit, proc = _vision_of(cfg, path)
     if vit is None:
-        if isinstance(cfg.get("vision_config"), dict) and not spec.vision_note:  # e.g. Llama 4's, Gemma 3's
+        if isinstance(cfg.get("vision_config"), dict) and not spec.vision_note:  # a layout graphsim does not model
             return attrs.evolve(spec, vision_note=f"the {cfg.get('model_type') or spec.family} vision tower in "
                                 "vision_config is not modelled yet (the text model is)")
         return spec

@@ -73,9 +73,9 @@ class DecoderSpec:
     mtp_layers: int = 0  #: shipped MTP modules (not part of the trunk; reported)
     #: a vision tower the config names but graphsim does not price yet (image requests are refused, saying why)
     vision_note: str = ""
-    #: the vision tower graphsim prices (graphsim.models.vision_tower.QwenViT), or None
+    #: the vision tower graphsim prices (graphsim.models.vision_tower: Qwen/Kimi, Llama 4, Gemma 3/4), or None
     vision: object = None
-    #: its image processor (graphsim.core.vision.QwenVLProcessor): image sizes -> patches and image tokens
+    #: its image processor (graphsim.core.vision.PROCESSORS): image sizes -> patches and image tokens
     processor: object = None
 
     def __attrs_post_init__(self):

@@ -268,9 +268,14 @@ def gemma(t: Mapping) -> DecoderSpec:
         a = _attention(t, window=w if lt == "sliding_attention" else 0, qk_norm=mt.startswith("gemma3"))
         layers.append(LayerSpec(a, need(t, "intermediate_size"), "gelu_pytorch_tanh",
                                 extra=2 * h + (2 * a.head_dim if a.qk_norm else 0)))
-    common = _common(t)
+    common = _common({**GEMMA3_TEXT_DEFAULTS, **t} if mt.startswith("gemma3") else t)
     common["tie_embeddings"] = bool(t.get("tie_word_embeddings", True))
     return DecoderSpec(mt, layers=tuple(layers), **common)
+
+
+#: transformers' Gemma3TextConfig defaults that published Gemma 3 configs leave out (google/gemma-3-27b-it's
+#: text_config names neither)
+GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262_208, "max_position_embeddings": 131_072}
 
 
 # ---- hybrids: linear attention and state-space layers -----------------------------------------------------
