@@ -289,3 +289,50 @@ def test_prefix_restored_from_host_and_disk_equals_the_no_hit_forward(model):
     params2, caches2, ids2 = ex.init(0)
     with pytest.raises(E.Unsupported, match="layers.0.restore is not an ancestor"):
         jax.eval_shape(E.lower_to_jax(c2).fn, params2, caches2, ids2)
+
+
+@pytest.fixture(scope="module")
+def verified(model):
+    """A 40-token prompt with DSpark on, then a verify step (decode:40v4) of the last token t0 and four drafts of
+    which the reference target accepts exactly two (d1, d2 its greedy tokens, d3 not): (params, the prompt, the
+    verified tokens, the verify forward's output and caches)."""
+    N = 40
+    _, params, ids, _, caches = _run(model, [f"prefill:{N}x1"], Policies(dspark="on"))
+    seq = [int(x) for x in ids]
+    t0 = 7
+    d1 = int(np.argmax(_ref(model, params, seq + [t0])[-1]))
+    d2 = int(np.argmax(_ref(model, params, seq + [t0, d1])[-1]))
+    d3 = (int(np.argmax(_ref(model, params, seq + [t0, d1, d2])[-1])) + 1) % 512  # rejected
+    verify = [t0, d1, d2, d3, 11]
+    with K.formats(False):
+        c = compile_plan(model[0], Plan([f"decode:{N}x1v4"], ParallelMapping(), Policies(dspark="on")),
+                         load_hw("gb200"))
+        ex = E.lower_to_jax(c)
+        conf, caches = ex.fn(params, K.carry_caches(caches, ex), np.asarray(verify, np.int32))
+    return params, seq, verify, np.asarray(conf), caches
+
+
+def test_dspark_verification_rejects_drafts(model, verified):
+    """Greedy verification keeps the drafts up to the first that differs from the target's token (here 2 of 4):
+    the drafter then starts after the accepted prefix — its input the target's token at the last accepted
+    position, its positions and context cut there — so the confidence head equals the reference drafter run
+    on the prompt + t0 + the two accepted drafts (and not on all five verified tokens: a different length)."""
+    params, seq, verify, conf, _ = verified
+    _, ref_conf = R.draft(params, model[1], np.asarray(seq + verify[:3]), emulate=False)
+    assert conf.shape == (5, 1)
+    np.testing.assert_allclose(conf, ref_conf, atol=TOL, rtol=0)
+
+
+@FULL_ONLY
+def test_decode_after_a_rejection_continues_the_accepted_prefix(model, verified):
+    """The commit rolled the m=2 compressors' pending group back to the accepted prefix (43 positions: one
+    pending row, the accepted d2's, not the rejected tail's): the next decode step at context 43 on the carried
+    caches equals the reference over the accepted tokens plus the target's next one."""
+    params, seq, verify, _, caches = verified
+    acc = seq + verify[:3]
+    nxt = int(np.argmax(_ref(model, params, acc)[-1]))
+    with K.formats(False):
+        c = compile_plan(model[0], Plan([f"decode:{len(acc)}x1"], ParallelMapping(), Policies()), load_hw("gb200"))
+        ex = E.lower_to_jax(c)
+        out, _ = ex.fn(params, K.carry_caches(caches, ex), np.asarray([nxt], np.int32))
+    np.testing.assert_allclose(np.asarray(out)[0], _ref(model, params, acc + [nxt])[-1], atol=TOL, rtol=0)

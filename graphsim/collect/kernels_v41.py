@@ -351,6 +351,18 @@ def _streams(x):
     return x["x"] if isinstance(x, dict) else x
 
 
+def positions(ctx, ts: str):
+    """Positions of the rows of ``ts``: the layout's, except that a draft block after a verification that
+    rejected drafts follows the accepted prefix (``dspark.shift``, per layout row: traced, since how many
+    drafts a request keeps is known only when the forward runs)."""
+    import jax.numpy as jnp
+
+    rows = ctx.rows[ts]
+    pos = _v(ctx).pos[rows]
+    shift = ctx._state.get("v41", {}).get("dspark.shift")
+    return pos if shift is None else jnp.asarray(pos) + shift[jnp.asarray(rows)]
+
+
 def _image_set():
     from graphsim.ir import TokenSet
 
@@ -631,7 +643,7 @@ def _rope(op, ctx, inputs, state, params):
     q = _operand(ctx, op, "attn.wq_b")
     (a,) = inputs
     kv = sel(ctx, a, op.token_set)
-    pos = _v(ctx).pos[ctx.rows[op.token_set]]
+    pos = positions(ctx, op.token_set)
     th, rd = _v(ctx).theta, c.qk_rope_head_dim
     q = rope(q.reshape(q.shape[0], c.num_attention_heads, c.head_dim), pos, rd, th)
     return Act({"q": q, "kv": rope(kv, pos, rd, th)}, op.token_set)
@@ -686,6 +698,9 @@ def _pool(op, ctx, inputs, state, params):
         pad = ((0, 0), (0, m - left), (0, 0))
         st[gi] = (jnp.pad(kv[:, e * m:], pad), jnp.pad(gt[:, e * m:], pad))
         out.append((P // m, ent))
+        # the rows this pool saw (pending + new, from position P - r on): a verification that rejects drafts
+        # rolls the pending group back to its accepted prefix from them (kernels_dspark's commit)
+        state.setdefault("v41", {}).setdefault(f"{name}.rows", {})[gi] = (P - r, kv, gt)
     state["caches"][name] = st
     return Act(tuple(out), op.token_set)
 
