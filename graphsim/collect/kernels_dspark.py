@@ -95,8 +95,8 @@ def _commit_state(op, ctx, inputs, state, params):
             r = end % m
             idx = (end - r - start)[:, None] + jnp.arange(m)[None, :]
             keep = (jnp.arange(m)[None, :] < r[:, None])[..., None]
-            take = lambda x: jnp.where(keep, jnp.take_along_axis(x, jnp.clip(idx, 0, x.shape[1] - 1)[..., None], 1), 0.0)
-            st[gi] = (take(kv), take(gt))
+            st[gi] = tuple(jnp.where(keep, jnp.take_along_axis(x, jnp.clip(idx, 0, x.shape[1] - 1)[..., None], 1), 0.0)
+                           for x in (kv, gt))
         state["caches"][name] = st
     return Act(a.x, a.ts)
 

@@ -1,10 +1,11 @@
 """DeepSeek-V4.1-Flash executed op for op: the kernels :mod:`graphsim.collect.execute` binds to the op kinds of
 a V4.1 graph (mHC, Engram, the CSA2 compressors and entry writers, the hierarchical indexer, Top-K, SWA +
-sparse attention with sinks, MoE, quantizers, RoPE), registered with its ``@kernel`` decorator.
+sparse attention with sinks, MoE, quantizers, RoPE, the per-layer prefix restores from host / disk memory),
+registered with its ``@kernel`` decorator.
 
 Every kind is dispatched on the model: a V4.1 graph's op goes to its kernel here (chosen by the op's leaf
-name, e.g. ``attn.wq_a`` of ``layers.7.attn.wq_a``), any other model's op to the kernel the kind had before
-(Llama / Qwen3-MoE are unchanged).
+name, e.g. ``attn.wq_a`` of ``layers.7.attn.wq_a``; a ``vision.`` op to :mod:`graphsim.collect.kernels_vision`),
+any other model's op to the kernel the kind had before (Llama / Qwen3-MoE are unchanged).
 
 What flows along the graph's data edges is what the op computes. The V4.1 graph is priced as a chain
 (``wkv`` follows ``wq_b`` in program order, it does not read it), so each kernel finds its real operand by
@@ -102,7 +103,8 @@ class _V41:
             pos.append(np.tile(np.arange(g.past + g.new, g.past + g.new + self.ahead), g.count))
         # then the ViT patches (the ``patches`` rule), per request its patch index 0..patches-1
         if lay.patch_base != sum(len(x) for x in grp):
-            raise Unsupported(None, f"the layout places patches at row {lay.patch_base}, after {sum(map(len, grp))} rows")
+            raise Unsupported(None, f"the layout places patches at row {lay.patch_base}, "
+                              f"after {sum(map(len, grp))} rows")
         for gi, g in enumerate(lay.groups):
             grp.append(np.full(g.count * g.patches, gi))
             req.append(np.repeat(np.arange(g.count), g.patches))

@@ -194,8 +194,8 @@ def vision(P, config: dict, pixels, grid, *, emulate: bool = True):
     row, col = np.arange(gh * gw) // gw, np.arange(gh * gw) % gw
 
     def rope2(x):  # [T, H, hd]: channels [0, hd/2) by the row, [hd/2, hd) by the column
-        return jnp.concatenate([_rot(x[..., :hd // 2], row, hd // 2, theta), _rot(x[..., hd // 2:], col, hd // 2, theta)],
-                               axis=-1)
+        half = hd // 2
+        return jnp.concatenate([_rot(x[..., :half], row, half, theta), _rot(x[..., half:], col, half, theta)], axis=-1)
 
     x = f.bf(jnp.asarray(pixels, jnp.float32)) @ P["vision.patch_embed.weight"]
     for i in range(v["num_hidden_layers"]):
