@@ -193,3 +193,146 @@ def test_deleting_a_dependency_edge_fails(model):
         c2 = attrs.evolve(c, graph=g2)
         with pytest.raises(E.Unsupported, match="missing dependency|no data input"):
             jax.eval_shape(E.lower_to_jax(c2).fn, params, caches, ids)
+
+
+def test_image_grid_is_the_processors(model):
+    """The executor recovers an image's patch grid from the request's (patches, image tokens): for one image
+    through the tiny config's processor (graphsim.vision, V41_FACTS §12: ceil-snap to 14-px patches, 3×3
+    aligner padding) it is the processor's grid — square and landscape images, padded (5×7 -> 6×9) or not."""
+    from graphsim.views.collect.kernels_vision import image_grid
+    from graphsim.vision import VisionProcessor
+
+    proc = VisionProcessor.from_config(model[1]["vision_config"])
+    for w, h in [(98, 70), (126, 84), (84, 84), (56, 56), (300, 200), (140, 98)]:
+        t = proc.image_tokens(w, h)
+        assert image_grid(t.n_patches, t.n_tokens, 3) == (t.grid_h, t.grid_w), (w, h)
+    assert proc.image_tokens(98, 70).n_tokens == 6 and proc.image_tokens(98, 70).n_patches == 35  # 5×7 -> 2·3
+    with pytest.raises(E.Unsupported, match="several images"):
+        image_grid(35, 7, 3)  # 5×7 makes 6 tokens, 1×35 makes 12: no single image has 7
+
+
+def test_image_prefill_equals_the_reference(model):
+    """Prefill with a vision stage: two requests with a 5×7-patch image (35 patches, padded to 6×9 -> 6 image
+    tokens) and 14 text tokens each, batched with a text-only prompt. The ViT tower (2-D RoPE, bidirectional
+    attention within each request's image), the aligner's 3×3 unfold and MLP, the embedding of the image
+    positions and Engram's text-only gate, executed op for op, equal the reference forward with its own ViT;
+    another request's image gives different logits (the image reaches them)."""
+    from graphsim.views.collect.kernels_vision import image_grid
+
+    with K.formats(False):
+        c = compile_plan(model[0], Plan(["prefill:14x2+img:6tok/35patches", "prefill:20x1"], ParallelMapping(),
+                                        Policies()), load_hw("gb200"))
+        ex = E.lower_to_jax(c)
+        params, caches, ids = ex.init(0)
+        pixels = [np.asarray(p) for p in caches["pixels"]]
+        logits, _ = ex.fn(params, caches, ids)
+    assert {st.op.name for st in ex.steps} >= {"vision.patch_embed", "vision.blocks.1.attn.core", "vision.aligner.fc2"}
+    logits, ids = np.asarray(logits), np.asarray(ids)
+    assert logits.shape == (3, 512)
+    row = o = 0
+    seen = []
+    for g, px in zip(ex.layout.groups, pixels):
+        for b in range(g.count):
+            seq = ids[o:o + g.new]
+            o += g.new
+            image = (px[b], image_grid(g.patches, g.image, 3)) if g.patches else None
+            if image is not None:
+                assert g.image == 6 and (seq[:6] == model[1]["image_token_id"]).all()
+                seen.append((row, seq, image))
+            np.testing.assert_allclose(logits[row], _ref(model, params, seq, image=image)[-1], atol=TOL, rtol=0)
+            row += 1
+    assert len(seen) == 2
+    (r0, seq0, _), (_, _, other) = seen
+    assert np.abs(logits[r0] - _ref(model, params, seq0, image=other)[-1]).max() > 100 * TOL
+
+
+def test_prefix_restored_from_host_and_disk_equals_the_no_hit_forward(model):
+    """A 23-token prefix (odd: its m=2 compressors hold a pending row) restored from host memory and from disk
+    (one request each), then 17 new tokens: the restore copies each layer's SWA window, main KV, index K and
+    pending rows from the offloaded copy into device caches that hold other values, so the logits equal the
+    same prompts computed without a hit (and the reference); with other offloaded contents they do not.
+    Without the edge from a (SWA-only) layer's copy to its attention, the graph is refused."""
+    import attrs
+
+    N, H = 40, 23
+    m, hw = model[0], load_hw("gb200")
+    rng = np.random.default_rng(3)
+    pre, tails = rng.integers(0, 512, H), rng.integers(0, 512, (2, N - H))
+    with K.formats(False):
+        # one forward computes the prefix alone and both whole prompts without a hit
+        c0 = compile_plan(m, Plan([f"prefill:{H}x1", f"prefill:{N}x2"], ParallelMapping(), Policies()), hw)
+        ex0 = E.lower_to_jax(c0)
+        params, caches, _ = ex0.init(0)
+        order = [g.new for g in ex0.layout.groups]
+        parts = {H: [pre], N: [np.concatenate([pre, t]) for t in tails]}
+        ids0 = np.concatenate([x for n in order for x in parts[n]]).astype(np.int32)
+        out0, caches = ex0.fn(params, caches, ids0)
+        nohit = np.asarray(out0)[[1, 2] if order[0] == H else [0, 1]]
+        c = compile_plan(m, Plan([f"prefill:{N}x1@{H}:host", f"prefill:{N}x1@{H}:disk"], ParallelMapping(),
+                                 Policies()), hw)
+        ex = E.lower_to_jax(c)
+        tiers = [g.tier for g in ex.layout.groups]
+        assert sorted(tiers) == ["disk", "host"]
+        ids = np.concatenate([tails[0], tails[1]]).astype(np.int32)  # group i continues prompt i
+        src = order.index(H)
+        hit, _ = ex.fn(params, K.carry_caches(caches, ex, {0: src, 1: src}), ids)
+        other, _ = ex.fn(params, K.init_caches(ex, 7), ids)
+    hit, other = np.asarray(hit), np.asarray(other)
+    np.testing.assert_allclose(hit, nohit, atol=TOL, rtol=0)
+    for i in range(2):
+        np.testing.assert_allclose(hit[i], _ref(model, params, parts[N][i])[-1], atol=TOL, rtol=0)
+    assert np.abs(other - nohit).max() > 100 * TOL
+    # the copy must precede the layer's attention along the graph's edges
+    g = c.graph
+    cut = next(e for e in g.edges if e.src == "layers.0.restore" and e.dst == "layers.0.attn.sparse")
+    c2 = attrs.evolve(c, graph=attrs.evolve(g, edges=tuple(e for e in g.edges if e is not cut)))
+    params2, caches2, ids2 = ex.init(0)
+    with pytest.raises(E.Unsupported, match="layers.0.restore is not an ancestor"):
+        jax.eval_shape(E.lower_to_jax(c2).fn, params2, caches2, ids2)
+
+
+@pytest.fixture(scope="module")
+def verified(model):
+    """A 40-token prompt with DSpark on, then a verify step (decode:40v4) of the last token t0 and four drafts of
+    which the reference target accepts exactly two (d1, d2 its greedy tokens, d3 not): (params, the prompt, the
+    verified tokens, the verify forward's output and caches)."""
+    N = 40
+    _, params, ids, _, caches = _run(model, [f"prefill:{N}x1"], Policies(dspark="on"))
+    seq = [int(x) for x in ids]
+    t0 = 7
+    d1 = int(np.argmax(_ref(model, params, seq + [t0])[-1]))
+    d2 = int(np.argmax(_ref(model, params, seq + [t0, d1])[-1]))
+    d3 = (int(np.argmax(_ref(model, params, seq + [t0, d1, d2])[-1])) + 1) % 512  # rejected
+    verify = [t0, d1, d2, d3, 11]
+    with K.formats(False):
+        c = compile_plan(model[0], Plan([f"decode:{N}x1v4"], ParallelMapping(), Policies(dspark="on")),
+                         load_hw("gb200"))
+        ex = E.lower_to_jax(c)
+        conf, caches = ex.fn(params, K.carry_caches(caches, ex), np.asarray(verify, np.int32))
+    return params, seq, verify, np.asarray(conf), caches
+
+
+def test_dspark_verification_rejects_drafts(model, verified):
+    """Greedy verification keeps the drafts up to the first that differs from the target's token (here 2 of 4):
+    the drafter then starts after the accepted prefix — its input the target's token at the last accepted
+    position, its positions and context cut there — so the confidence head equals the reference drafter run
+    on the prompt + t0 + the two accepted drafts (and not on all five verified tokens: a different length)."""
+    params, seq, verify, conf, _ = verified
+    _, ref_conf = R.draft(params, model[1], np.asarray(seq + verify[:3]), emulate=False)
+    assert conf.shape == (5, 1)
+    np.testing.assert_allclose(conf, ref_conf, atol=TOL, rtol=0)
+
+
+@FULL_ONLY
+def test_decode_after_a_rejection_continues_the_accepted_prefix(model, verified):
+    """The commit rolled the m=2 compressors' pending group back to the accepted prefix (43 positions: one
+    pending row, the accepted d2's, not the rejected tail's): the next decode step at context 43 on the carried
+    caches equals the reference over the accepted tokens plus the target's next one."""
+    params, seq, verify, _, caches = verified
+    acc = seq + verify[:3]
+    nxt = int(np.argmax(_ref(model, params, acc)[-1]))
+    with K.formats(False):
+        c = compile_plan(model[0], Plan([f"decode:{len(acc)}x1"], ParallelMapping(), Policies()), load_hw("gb200"))
+        ex = E.lower_to_jax(c)
+        out, _ = ex.fn(params, K.carry_caches(caches, ex), np.asarray([nxt], np.int32))
+    np.testing.assert_allclose(np.asarray(out)[0], _ref(model, params, acc + [nxt])[-1], atol=TOL, rtol=0)

@@ -13,8 +13,16 @@ of the sequence that includes it), layer by layer as the model is described:
   post -> mHC pre (FFN) -> sqrt-softplus routed MoE + shared expert -> mHC post; head: mean of the streams,
   RMSNorm, LM head.
 
-The [reconstructed] choices (hashes, mHC parameterisation, positions of compressed entries) are the ones
-graphsim's executor documents; formats are emulated by rounding when ``emulate`` is true.
+A request with an image (``forward(..., image=(pixels, grid))``): the ViT tower over the image's patches
+(patch embed; per block RMSNorm, QKV, 2-D RoPE — a head's first half of channels by the patch row, the second
+half by its column —, bidirectional attention, output projection, residual; RMSNorm, SwiGLU MLP, residual;
+final RMSNorm), then the aligner (the grid zero-padded to multiples of r, each r×r block one image token of
+r²·h features in (row, column, channel) order, fc1, tanh-GELU, fc2); its features replace the embeddings of
+the first image-token positions, which bypass Engram.
+
+The [reconstructed] choices (hashes, mHC parameterisation, positions of compressed entries, the image's
+place in the prompt and the aligner's feature order) are the ones graphsim's executor documents; formats are
+emulated by rounding when ``emulate`` is true.
 """
 from __future__ import annotations
 
@@ -122,7 +130,7 @@ def _mhc_post(X, post, M, y):
     return jnp.einsum("tij,tjd->tid", M, X) + post[:, :, None] * y[:, None, :]
 
 
-def _engram(P, t, layer, X, ids, f):
+def _engram(P, t, layer, X, ids, f, text=None):
     orders = range(2, t["engram_max_ngram_size"] + 1)
     heads, N = t["engram_n_heads"], t["engram_max_ngram_size"]
     rows = t["engram_num_embeddings"][t["engram_layer_ids"].index(layer)]
@@ -147,6 +155,8 @@ def _engram(P, t, layer, X, ids, f):
     K, V = proj[:, :n * d].reshape(T, n, d), proj[:, n * d:]
     gn = P[f"{p}.gate_norm"]
     g = jax.nn.sigmoid((_rms(X, gn[0]) * _rms(K, gn[1])).sum(-1) / math.sqrt(d))
+    if text is not None:  # image positions bypass Engram
+        g = jnp.where(jnp.asarray(text)[:, None], g, 0.0)
     return X + g[:, :, None] * V[:, None, :]
 
 
@@ -173,11 +183,45 @@ def _experts(P, p, t, x, f, limit, k=None):
     return y + f.fp8(hs) @ P[f"{s_}.w2"]
 
 
+def vision(P, config: dict, pixels, grid, *, emulate: bool = True):
+    """Image features [tokens, hidden] of one image: ``pixels`` [rows·cols, channels·p²] in raster order of
+    its patch ``grid`` (rows, cols)."""
+    v = config["vision_config"]
+    f = Fmt(emulate)
+    h, H, r = v["hidden_size"], v["num_attention_heads"], v["downsample_ratio"]
+    hd, theta = h // H, v.get("rope_theta", 10000.0)
+    gh, gw = grid
+    row, col = np.arange(gh * gw) // gw, np.arange(gh * gw) % gw
+
+    def rope2(x):  # [T, H, hd]: channels [0, hd/2) by the row, [hd/2, hd) by the column
+        half = hd // 2
+        return jnp.concatenate([_rot(x[..., :half], row, half, theta), _rot(x[..., half:], col, half, theta)], axis=-1)
+
+    x = f.bf(jnp.asarray(pixels, jnp.float32)) @ P["vision.patch_embed.weight"]
+    for i in range(v["num_hidden_layers"]):
+        p = f"vision.blocks.{i}"
+        qkv = f.bf(_rms(x, P[f"{p}.norm1"])) @ P[f"{p}.attn.wqkv"]
+        q, k, val = (qkv[:, j * h:(j + 1) * h].reshape(-1, H, hd) for j in range(3))
+        pr = jax.nn.softmax(jnp.einsum("qhd,khd->hqk", rope2(q), rope2(k)) / math.sqrt(hd), axis=-1)
+        x = x + f.bf(jnp.einsum("hqk,khd->qhd", pr, val).reshape(-1, h)) @ P[f"{p}.attn.wo"]
+        y = f.bf(_rms(x, P[f"{p}.norm2"]))
+        x = x + f.bf(jax.nn.silu(y @ P[f"{p}.mlp.w1"]) * (y @ P[f"{p}.mlp.w3"])) @ P[f"{p}.mlp.w2"]
+    x = np.asarray(_rms(x, P["vision.norm"])).reshape(gh, gw, h)
+    th, tw = -(-gh // r), -(-gw // r)
+    padded = np.zeros((th * r, tw * r, h), np.float32)
+    padded[:gh, :gw] = x
+    tok = np.stack([np.concatenate([padded[a * r + dy, b * r + dx] for dy in range(r) for dx in range(r)])
+                    for a in range(th) for b in range(tw)])
+    y = jax.nn.gelu(f.bf(jnp.asarray(tok)) @ P["vision.aligner.fc1"], approximate=True)
+    return f.bf(y) @ P["vision.aligner.fc2"]
+
+
 def forward(P, config: dict, ids, *, emulate: bool = True, swa_start: int = 0, layers_from: int | None = None,
-            taps: dict | None = None):
+            taps: dict | None = None, image=None):
     """Logits [N, vocab] of one request's token ids [N] (positions 0..N-1). ``swa_start``: decoder layers
     from ``layers_from`` on read no SWA entry before it (decoder bounded replay truncates their history).
-    ``taps`` (a dict) receives each layer's attention input (its mHC pre-mix) under the layer number."""
+    ``taps`` (a dict) receives each layer's attention input (its mHC pre-mix) under the layer number.
+    ``image`` = (pixels, grid): an image whose tokens are the first positions of the sequence."""
     t = config.get("text_config", config)
     f = Fmt(emulate)
     ids = np.asarray(ids)
@@ -192,12 +236,18 @@ def forward(P, config: dict, ids, *, emulate: bool = True, swa_start: int = 0, l
     cand_src, B, C = t["candidate_source_layer_id"], t["candidate_block_size"], t["candidate_topk_blocks"]
     roles = _roles(t)
     ratios = t["compress_ratios"]
-    X = jnp.repeat(P["embed.weight"][jnp.asarray(ids)][:, None, :], n, axis=1)
+    E0 = P["embed.weight"][jnp.asarray(ids)]
+    text = None
+    if image is not None:
+        feats = vision(P, config, *image, emulate=emulate)
+        E0 = E0.at[:feats.shape[0]].set(feats)
+        text = np.arange(T) >= feats.shape[0]
+    X = jnp.repeat(E0[:, None, :], n, axis=1)
     owner_kv, owner_ik, topk_of, pool = {}, {}, {}, None
     for L, (path, owner, prod) in enumerate(roles):
         p = f"layers.{L}"
         if L in t["engram_layer_ids"]:
-            X = _engram(P, t, L, X, ids, f)
+            X = _engram(P, t, L, X, ids, f, text)
         hmix, post, M = _mhc_pre(P, f"{p}.hc_attn", X, iters)
         if taps is not None:
             taps[L] = hmix

@@ -21,15 +21,19 @@ where they differ from a production kernel is said there and here):
   softmax in fp32 (a reference kernel, not a flash kernel: it materialises the scores).
 * ``moe_experts``: a block-grouped GEMM — slots sorted by expert, each expert's slots padded to blocks of
   ``B`` rows, each block multiplied by its expert's weights (gathered per block) — then the weighted combine.
-* A ``host_copy`` with no positions (no prefix in host memory) does nothing.
+* A ``host_copy`` with no positions (no prefix in host memory) does nothing; a family that keeps its
+  offloaded prefixes (:data:`FAMILY_RUNS` ``"restores"``) copies them back into the device caches.
 
 A model family may bring its own kernels and initialisers (``kernel(..., family=)``, :data:`FAMILY_INITS`),
 bound before the generic ones: DeepSeek-V3 / V3.2 (MLA, DSA, V3 routing, FP8 blocks) in
 :mod:`graphsim.views.collect.kernels_mla`; a DeepSeek-V4.1 graph's ops (mHC, Engram, compressors, indexer, Top-K, sparse
 attention, DSpark) in :mod:`graphsim.views.collect.kernels_v41`.
 
-Anything else — collectives (one device runs mapping 1), other sparse attention, recurrent mixers, vision — raises
-:class:`Unsupported` naming the op: the forward is recorded as an ``unsupported`` sample.
+A family runs image requests (its vision stage) and prefix hits in host / disk memory only where it says so in
+:data:`FAMILY_RUNS` (DeepSeek-V4.1: both, in :mod:`graphsim.views.collect.kernels_vision` and
+:mod:`graphsim.views.collect.kernels_v41`). Anything else — collectives (one device runs mapping 1), other sparse
+attention, recurrent mixers, another family's vision — raises :class:`Unsupported` naming the op: the forward
+is recorded as an ``unsupported`` sample.
 """
 from __future__ import annotations
 
@@ -41,7 +45,8 @@ import numpy as np
 from graphsim.core.errors import GraphsimError, require
 from graphsim.core.ir import Op
 
-from .registry import FAMILY_INITS, FAMILY_KERNELS, KERNELS, Act, Unsupported, kernel  # noqa: F401 (re-exported)
+from .registry import (FAMILY_INITS, FAMILY_KERNELS, FAMILY_RUNS, INPUT_OPS, KERNELS, Act, Unsupported,  # noqa: F401
+                       kernel)
 from .kernels import DTYPES, activation_fn, gated, gqa_attention, grouped_experts, matmul, rmsnorm
 
 
@@ -53,6 +58,9 @@ class Group:
     count: int
     new: int  # positions processed per request
     past: int  # positions already cached per request
+    image: int = 0  # image tokens per request: the first ``image`` new positions (*choice*: image, then the text)
+    patches: int = 0  # ViT patches per request (rows of the ``patches`` token set, after every position row)
+    tier: str = "hbm"  # where the cached prefix lives (host / disk: a restore copies it in)
 
 
 @attrs.frozen(eq=False)
@@ -60,10 +68,16 @@ class Layout:
     """The plan's request groups flattened into token rows (group-major, then request, then position)."""
 
     groups: tuple
+    ahead: int = 0  #: the longest draft block (``ahead:A`` rule) of the graph: its rows follow the new positions
 
     @property
     def rows(self) -> int:
         return sum(g.count * g.new for g in self.groups)
+
+    @property
+    def patch_base(self) -> int:
+        """First row of the ViT patches: after every new position and every draft-block row."""
+        return self.rows + self.ahead * sum(g.count for g in self.groups)
 
     def offsets(self) -> list[int]:
         out, o = [], 0
@@ -77,14 +91,19 @@ class Layout:
         idx = []
         for gi, (g, off) in enumerate(zip(self.groups, self.offsets())):
             rule = ts.rule(g.kind)
-            if rule.startswith("replay+"):  # a prefix on the device replays nothing (host/disk hits are refused)
+            if rule.startswith("replay+"):  # a hit with its SWA window replays nothing (hits without it are refused)
                 rule = rule[len("replay+"):]
             if rule == "none" or rule.startswith("cached"):
                 continue  # cached positions are not new rows: a restore with an HBM prefix copies nothing
             if rule == "all":
                 idx.append(off + np.arange(g.count * g.new))
-            elif rule == "text":  # text-only forwards: every new position is text
-                idx.append(off + np.arange(g.count * g.new))
+            elif rule in ("text", "image"):  # per request, the first ``image`` new positions are the image's
+                j = np.arange(g.new)
+                keep = j >= g.image if rule == "text" else j < g.image
+                idx.append(off + (np.arange(g.count)[:, None] * g.new + j[keep][None, :]).ravel())
+            elif rule == "patches":  # ViT patch rows: their own row range, per request its patches
+                base = self.patch_base + sum(h.count * h.patches for h in self.groups[:gi])
+                idx.append(base + np.arange(g.count * g.patches))
             elif rule.startswith(("tail:", "dtail:")):  # the last min(new, W) positions of each request
                 w = min(g.new, int(rule.split(":")[1]))
                 idx.append(off + (np.arange(g.count)[:, None] * g.new + np.arange(g.new - w, g.new)[None, :]).ravel())
@@ -103,12 +122,13 @@ def layout_of(plan) -> Layout:
     """The executor's layout of a plan's requests; refuses what one local forward cannot hold."""
     groups = []
     for r in plan.requests:
-        if r.image_tokens or r.image_patches:
-            raise Unsupported(None, "image requests (the executor runs text forwards)")
-        if r.kind == "prefill" and r.cached and r.tier != "hbm":
-            raise Unsupported(None, f"a prefix hit in {r.tier} memory (the executor keeps the prefix on the device: "
-                              "give the request @CACHED:hbm)")
-        groups.append(Group(r.kind, r.count, r.new_tokens, r.past_tokens))
+        if r.image_tokens and not r.image_patches:
+            raise Unsupported(None, "image tokens encoded by an earlier chunk (the executor encodes a request's "
+                              "image in the forward that carries its patches)")
+        tier = r.tier if r.kind == "prefill" and r.cached else "hbm"
+        if tier != "hbm" and not r.swa_cached:
+            raise Unsupported(None, f"a prefix hit in {tier} memory without its SWA window (encoder replay)")
+        groups.append(Group(r.kind, r.count, r.new_tokens, r.past_tokens, r.image_tokens, r.image_patches, tier))
     return Layout(tuple(groups))
 
 
@@ -337,7 +357,7 @@ def _moe_experts(op, ctx, inputs, state, params):
 
 @kernel("host_copy")
 def _host_copy(op, ctx, inputs, state, params):
-    if not op.token_set or len(ctx.rows.get(op.token_set, ())) == 0:
+    if all(g.tier == "hbm" for g in ctx.layout.groups):
         return None  # nothing in host memory: the prefix (if any) is already on the device
     raise Unsupported(op, "copies from host memory")
 
@@ -378,6 +398,16 @@ def lower_to_jax(compiled, layout: Layout | None = None, numerics: str = "emulat
 
     require(numerics in ("emulate", "exact"), "numerics", f"must be 'emulate' or 'exact', got {numerics!r}")
     layout = layout or layout_of(compiled.plan)
+    ahead = [int(r.split(":")[1]) for t in compiled.graph.token_sets for r in (t.prefill, t.decode)
+             if r.startswith("ahead:")]
+    layout = attrs.evolve(layout, ahead=max(ahead, default=0))
+    runs = FAMILY_RUNS.get(_family(compiled), frozenset())
+    if any(g.patches for g in layout.groups) and "images" not in runs:
+        raise Unsupported(None, "image requests (the executor runs this model's text forwards)")
+    tiers = sorted({g.tier for g in layout.groups} - {"hbm"})
+    if tiers and "restores" not in runs:
+        raise Unsupported(None, f"a prefix hit in {tiers[0]} memory (the executor keeps this model's prefix on the "
+                          "device: give the request @CACHED:hbm)")
     m = compiled.plan.mapping
     if (m.tp, m.dp, m.ep, m.pp, m.cp) != (1, 1, 1, 1, 1):
         raise Unsupported(None, f"mapping tp{m.tp} dp{m.dp} ep{m.ep} pp{m.pp} cp{m.cp}: the local executor "
@@ -402,7 +432,7 @@ def lower_to_jax(compiled, layout: Layout | None = None, numerics: str = "emulat
         for st, fn in zip(steps, fns):
             op = st.op
             inputs = [state["out"][p] for p in ctx.preds[op.name] if p in state["out"]]
-            if not inputs and op.kind not in ("embedding", "host_copy"):
+            if not inputs and op.kind not in ("embedding", "host_copy") and op.name not in INPUT_OPS:
                 raise Unsupported(op, "no data input")
             out = fn(op, ctx, inputs, state, params)
             if out is not None:
@@ -492,6 +522,8 @@ def init_ids(ex: Executable, seed: int = 2):
     import jax
     import jax.numpy as jnp
 
+    if "ids" in FAMILY_INITS.get(_family(ex.compiled), {}):
+        return FAMILY_INITS[_family(ex.compiled)]["ids"](ex, seed)
     cfg = ex.compiled.model.cfg
     vocab = getattr(cfg, "vocab", None) or cfg.vocab_size  # V4.1's config names it as HF does
     return jax.random.randint(jax.random.PRNGKey(seed), (ex.layout.rows,), 0, vocab, jnp.int32)
@@ -500,3 +532,4 @@ def init_ids(ex: Executable, seed: int = 2):
 from . import kernels_mla  # noqa: E402,F401 - registers the DeepSeek-V3 family's kernels (MLA, DSA, V3 routing)
 from . import kernels_v41  # noqa: E402,F401 - registers the DeepSeek-V4.1 kernels
 from . import kernels_dspark  # noqa: E402,F401 - DSpark's kernels (they register into V4.1's)
+from . import kernels_vision  # noqa: E402,F401 - V4.1's vision tower and aligner (they register into V4.1's)

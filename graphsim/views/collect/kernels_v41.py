@@ -1,10 +1,11 @@
 """DeepSeek-V4.1-Flash executed op for op: the kernels :mod:`graphsim.views.collect.execute` binds to the op kinds of
 a V4.1 graph (mHC, Engram, the CSA2 compressors and entry writers, the hierarchical indexer, Top-K, SWA +
-sparse attention with sinks, MoE, quantizers, RoPE), registered with its ``@kernel`` decorator.
+sparse attention with sinks, MoE, quantizers, RoPE, the per-layer prefix restores from host / disk memory),
+registered with its ``@kernel`` decorator.
 
 Every kind is dispatched on the model: a V4.1 graph's op goes to its kernel here (chosen by the op's leaf
-name, e.g. ``attn.wq_a`` of ``layers.7.attn.wq_a``), any other model's op to the kernel the kind had before
-(Llama / Qwen3-MoE are unchanged).
+name, e.g. ``attn.wq_a`` of ``layers.7.attn.wq_a``; a ``vision.`` op to :mod:`graphsim.views.collect.kernels_vision`),
+any other model's op to the kernel the kind had before (Llama / Qwen3-MoE are unchanged).
 
 What flows along the graph's data edges is what the op computes. The V4.1 graph is priced as a chain
 (``wkv`` follows ``wq_b`` in program order, it does not read it), so each kernel finds its real operand by
@@ -32,7 +33,7 @@ import math
 
 import numpy as np
 
-from .registry import FAMILY_INITS, KERNELS, Act, Unsupported, kernel
+from .registry import FAMILY_INITS, FAMILY_RUNS, KERNELS, Act, Unsupported, kernel
 from .formats_v41 import act_in, bf16, formats, fp4_e4m3_16, fp8_block, mxfp4, np_format, swa_format, weight_format
 
 __all__ = ["formats", "init_params", "init_caches", "carry_caches", "V41"]
@@ -99,6 +100,14 @@ class _V41:
             grp.append(np.full(g.count * self.ahead, gi))
             req.append(np.repeat(np.arange(g.count), self.ahead))
             pos.append(np.tile(np.arange(g.past + g.new, g.past + g.new + self.ahead), g.count))
+        # then the ViT patches (the ``patches`` rule), per request its patch index 0..patches-1
+        if lay.patch_base != sum(len(x) for x in grp):
+            raise Unsupported(None, f"the layout places patches at row {lay.patch_base}, "
+                              f"after {sum(map(len, grp))} rows")
+        for gi, g in enumerate(lay.groups):
+            grp.append(np.full(g.count * g.patches, gi))
+            req.append(np.repeat(np.arange(g.count), g.patches))
+            pos.append(np.tile(np.arange(g.patches), g.count))
         cat = (lambda v: np.concatenate(v).astype(np.int64)) if grp else (lambda v: np.zeros(0, np.int64))
         self.grp, self.req, self.pos = cat(grp), cat(req), cat(pos)
         self.all_preds: dict[str, list[str]] = {op.name: [] for op in ctx.g.ops}
@@ -184,11 +193,22 @@ def _reaches(ctx, op, target: str) -> bool:
 
 
 def read_tensor(ctx, op, tensor: str, where: str = "caches"):
-    """A cache / transient tensor another op wrote, only if a writer of it is an ancestor of ``op``."""
+    """A cache / transient tensor another op wrote, only if a writer of it is an ancestor of ``op`` — and, when a
+    restore copied the cached prefix of it in from host / disk memory, only if that copy is an ancestor too."""
     writers = _v(ctx).writer.get(tensor, [])
     if not any(_reaches(ctx, op, w) for w in writers):
         raise Unsupported(op, f"reads {tensor} but no writer of it is an ancestor (a missing dependency edge)")
+    _restored_before(ctx, op, tensor)
     return ctx._state[where][tensor]
+
+
+def _restored_before(ctx, op, tensor: str, *also: str) -> None:
+    """Refuse a read of ``tensor``'s restored prefix unless the restore that copied it reaches ``op`` (or one of
+    ``also``) along the graph's edges."""
+    copy = ctx._state.get("restored", {}).get(tensor)
+    if copy is not None and not any(_reaches(ctx, ctx.g.op(n), copy) for n in (op.name,) + also):
+        raise Unsupported(op, f"reads the restored prefix of {tensor} but its copy {copy} is not an ancestor "
+                          "(a missing dependency edge)")
 
 
 def sel(ctx, a: Act, ts: str):
@@ -263,6 +283,10 @@ def _dispatch(kind: str):
                 raise Unsupported(op, f"no executor kernel for {kind} ops")
             return base(op, ctx, inputs, state, params)
         ctx._state = state
+        if op.name.startswith("vision."):  # the ViT tower and aligner (kernels_vision registers the hook)
+            if "vision" not in HOOKS:
+                raise Unsupported(op, "the vision kernels are not registered (import graphsim.views.collect.execute)")
+            return HOOKS["vision"](op)(op, ctx, inputs, state, params)
         table = V41.get(kind, {})
         fn = table.get(_leaf(op)) or table.get(op.name) or table.get("*")
         if fn is None:
@@ -273,20 +297,23 @@ def _dispatch(kind: str):
     return run
 
 
-#: the drafter's attention (kernels_dspark registers it: it builds on this module's kernels)
-DRAFT: dict = {}
+#: kernels other modules register here because they build on this module's: "draft_attention" (kernels_dspark),
+#: "vision" (kernels_vision: op -> its kernel)
+HOOKS: dict = {}
 
 
 def _draft_attention(op, ctx, inputs, state, params):
-    if "attention" not in DRAFT:
+    if "draft_attention" not in HOOKS:
         raise Unsupported(op, "DSpark's draft attention is not registered (import graphsim.views.collect.execute)")
-    return DRAFT["attention"](op, ctx, inputs, state, params)
+    return HOOKS["draft_attention"](op, ctx, inputs, state, params)
 
 
 # ---- embedding, head ------------------------------------------------------------------------------
 
 @v41("embedding", "embed")
 def _embed(op, ctx, inputs, state, params):
+    """Token rows of the embedding table, spread over the mHC streams; a request's image positions take the
+    aligner's image features instead (its data input; the ids there are ``image_token_id``)."""
     import jax.numpy as jnp
 
     rows = ctx.rows[op.token_set]
@@ -301,6 +328,15 @@ def _embed(op, ctx, inputs, state, params):
             o += n
         state["caches"]["tokens"] = out
     e = jnp.take(params[op.reads[0]], ids, axis=0).astype(jnp.float32)
+    img = _image_rows(ctx)
+    if len(img):
+        feats = [a for a in inputs if np.array_equal(ctx.rows[a.ts], img)]
+        if not feats:
+            raise Unsupported(op, "image positions but no image features among its inputs (a missing dependency edge)")
+        at = np.searchsorted(rows, img)
+        if at.max() >= len(rows) or not np.array_equal(rows[at], img):
+            raise Unsupported(op, f"image positions outside its token set {op.token_set!r}")
+        e = e.at[jnp.asarray(at)].set(feats[0].x.astype(jnp.float32))
     n = ctx.cfg.hc_mult
     return Act(jnp.repeat(e[:, None, :], n, axis=1), op.token_set)
 
@@ -319,6 +355,32 @@ def _final_norm(op, ctx, inputs, state, params):
 
 def _streams(x):
     return x["x"] if isinstance(x, dict) else x
+
+
+def positions(ctx, ts: str):
+    """Positions of the rows of ``ts``: the layout's, except that a draft block after a verification that
+    rejected drafts follows the accepted prefix (``dspark.shift``, per layout row: traced, since how many
+    drafts a request keeps is known only when the forward runs)."""
+    import jax.numpy as jnp
+
+    rows = ctx.rows[ts]
+    pos = _v(ctx).pos[rows]
+    shift = ctx._state.get("v41", {}).get("dspark.shift")
+    return pos if shift is None else jnp.asarray(pos) + shift[jnp.asarray(rows)]
+
+
+def _image_set():
+    from graphsim.core.ir import TokenSet
+
+    return TokenSet("image", prefill="image", decode="none")
+
+
+_IMAGE_SET = _image_set()
+
+
+def _image_rows(ctx) -> np.ndarray:
+    """Rows of every request's image positions (the ``image`` rule: the first ``image`` new positions)."""
+    return ctx.layout.token_set_rows(_IMAGE_SET)
 
 
 # ---- GEMMs ----------------------------------------------------------------------------------------
@@ -565,13 +627,18 @@ def _engram_gate(op, ctx, inputs, state, params):
     srcs = ctx.preds[hash_op.name]
     if not srcs or not _reaches(ctx, op, hash_op.name):
         raise Unsupported(op, "no stream input (a missing dependency edge)")
-    x = _streams(sel(ctx, find(ctx, hash_op, srcs[0]), op.token_set))
+    src = find(ctx, hash_op, srcs[0])
+    x = _streams(sel(ctx, src, op.token_set))
     n, d = ctx.cfg.hc_mult, ctx.cfg.hidden_size
     gn = params[op.reads[0]]
     keys, val = proj[:, :n * d].reshape(-1, n, d), proj[:, n * d:]
     eps = _v(ctx).eps
     g = jax.nn.sigmoid(jnp.sum(rms(x, gn[0], eps) * rms(keys, gn[1], eps), axis=-1) / np.sqrt(d))
-    return Act(x + g[:, :, None] * val[:, None, :], op.token_set)
+    y = x + g[:, :, None] * val[:, None, :]
+    have, mine = ctx.rows[src.ts], ctx.rows[op.token_set]
+    if len(have) != len(mine):  # image positions bypass Engram: the streams pass through there unchanged
+        return Act(_streams(src.x).at[jnp.asarray(np.searchsorted(have, mine))].set(y), src.ts)
+    return Act(y, op.token_set)
 
 
 # ---- attention: RoPE, SWA write ---------------------------------------------------------------------
@@ -582,7 +649,7 @@ def _rope(op, ctx, inputs, state, params):
     q = _operand(ctx, op, "attn.wq_b")
     (a,) = inputs
     kv = sel(ctx, a, op.token_set)
-    pos = _v(ctx).pos[ctx.rows[op.token_set]]
+    pos = positions(ctx, op.token_set)
     th, rd = _v(ctx).theta, c.qk_rope_head_dim
     q = rope(q.reshape(q.shape[0], c.num_attention_heads, c.head_dim), pos, rd, th)
     return Act({"q": q, "kv": rope(kv, pos, rd, th)}, op.token_set)
@@ -615,6 +682,9 @@ def _pool(op, ctx, inputs, state, params):
     kvp = _operand(ctx, op, "compressor.wkv")
     gp = _operand(ctx, op, "compressor.wgate")
     name = f"layers.{op.layer}.compressor.state"
+    # the graph orders a restore before the owner's entry writes (not before this pool, which reads the restored
+    # pending rows first); the program runs the copies first, so either ancestry is accepted
+    _restored_before(ctx, op, name, f"layers.{op.layer}.indexer.k_write")
     st = list(state["caches"][name])
     out = []
     for gi, s, b, pos in groups_of(ctx, op.token_set):
@@ -634,6 +704,9 @@ def _pool(op, ctx, inputs, state, params):
         pad = ((0, 0), (0, m - left), (0, 0))
         st[gi] = (jnp.pad(kv[:, e * m:], pad), jnp.pad(gt[:, e * m:], pad))
         out.append((P // m, ent))
+        # the rows this pool saw (pending + new, from position P - r on): a verification that rejects drafts
+        # rolls the pending group back to its accepted prefix from them (kernels_dspark's commit)
+        state.setdefault("v41", {}).setdefault(f"{name}.rows", {})[gi] = (P - r, kv, gt)
     state["caches"][name] = st
     return Act(tuple(out), op.token_set)
 
@@ -924,11 +997,48 @@ def _experts(op, ctx, inputs, state, params):
     return Act(jnp.einsum("tk,tkd->td", w, y), op.token_set)
 
 
+#: the caches key prefix of a tensor's offloaded copy (per request group: the cached prefix a hit in host or disk
+#: memory holds; zero positions for groups whose prefix is on the device)
+OFFLOADED = "offloaded:"
+
+
+def restored_tensors(li) -> tuple:
+    """The cache tensors of a layer a prefix restore copies (the ``prefix_restore`` rule's terms): its SWA
+    window and, on a KV owner, the main KV, the index K and (m > 1) the pending compressor rows."""
+    L = li.layer
+    out = (f"layers.{L}.swa",)
+    if li.kv_source:
+        out += (f"layers.{L}.kv", f"layers.{L}.index_k")
+        if li.ratio > 1:
+            out += (f"layers.{L}.compressor.state",)
+    return out
+
+
 @v41("host_copy")
 def _host_copy(op, ctx, inputs, state, params):
-    if not op.token_set or len(ctx.rows.get(op.token_set, ())) == 0:
+    """A layer's prefix restore: for every request group whose hit lives in host or disk memory, copy the kept
+    last min(cached, W) SWA entries and, on a KV owner, the cached//m completed main-KV and index-K entries and
+    the cached mod m pending compressor rows from the offloaded copy into the device caches (the bytes the
+    ``prefix_restore`` rule prices; a disk hit is held like a host one: a program cannot read NVMe). Records
+    which op restored each tensor, so a reader that no edge orders after the copy is refused."""
+    hits = [gi for gi, g in enumerate(ctx.layout.groups) if g.tier != "hbm" and g.past]
+    if not hits:
         return None
-    raise Unsupported(op, "copies from host memory")
+    li = _v(ctx).layers[op.layer]
+    W, m = ctx.cfg.sliding_window, max(li.ratio, 1)
+    for name in restored_tensors(li):
+        dev, off = list(state["caches"][name]), state["caches"][OFFLOADED + name]
+        for gi in hits:
+            P = ctx.layout.groups[gi].past
+            if name.endswith(".compressor.state"):  # (kv rows, gate rows): the pending group's first P mod m
+                r = P % m
+                dev[gi] = tuple(d.at[:, :r].set(o[:, :r]) for d, o in zip(dev[gi], off[gi]))
+                continue
+            lo, hi = (max(0, P - W), P) if name.endswith(".swa") else (0, P // m)
+            dev[gi] = dev[gi].at[:, lo:hi].set(off[gi][:, lo:hi])
+        state["caches"][name] = dev
+        state.setdefault("restored", {})[name] = op.name
+    return None
 
 
 # ---- params and caches ------------------------------------------------------------------------------
@@ -970,7 +1080,11 @@ def init_params(compiled, seed: int = 0) -> dict:
 def init_caches(exe, seed: int = 1) -> dict:
     """Random history for the cached positions (and room for the new ones), per request group: every
     layer's SWA KV (FP8), each KV owner's main KV (FP4) / index K (MXFP4) / pending compressor rows, and
-    the token ids (Engram's n-gram history)."""
+    the token ids (Engram's n-gram history). A group whose prefix hit lives in host or disk memory holds its
+    history in the offloaded copy (``OFFLOADED + name``, what a restore copies in) and other random values on
+    the device; every other group's offloaded copy is empty. A group with image patches gets random pixel
+    patches [count, patches, channels·p²] (``pixels``: like the ids, an input, not a graph tensor)."""
+    import jax
     import jax.numpy as jnp
 
     c = exe.compiled.model.cfg
@@ -999,6 +1113,16 @@ def init_caches(exe, seed: int = 1) -> dict:
                 out[f"layers.{L}.compressor.state"] = per_group(lambda g: (rnd((g.count, m, D)), rnd((g.count, m, D))))
     for j in range(c.n_dspark_blocks):  # the drafter's SWA-only blocks (written only when DSpark runs)
         out[f"dspark.blocks.{j}.swa"] = per_group(lambda g: rnd((g.count, g.past + g.new, c.kv_dim), "swa"))
+    kinds = {"swa": "swa", "kv": "kv", "index_k": "ik", "state": None}
+    for li in layers if any(g.tier != "hbm" for g in groups) else ():  # offloaded prefixes: a host / disk
+        for name in restored_tensors(li):  # hit's history (empty for the other groups)
+            kind = kinds[name.rsplit(".", 1)[1]]
+            out[OFFLOADED + name] = tuple(
+                jax.tree.map(lambda a: rnd(a.shape, kind) if g.tier != "hbm" else a[:, :0], d)
+                for g, d in zip(groups, out[name]))
+    if any(g.patches for g in groups):
+        v = c.vision
+        out["pixels"] = per_group(lambda g: rnd((g.count, g.patches, v.patch_dim)))
     for op in exe.compiled.graph.ops:  # a cache this graph writes that has no layout here
         for t in op.writes:
             if t.endswith((".swa", ".kv", ".index_k")) and t not in out:
@@ -1010,30 +1134,65 @@ def carry_caches(prev: dict, exe, groups: dict | None = None) -> dict:
     """Caches for ``exe`` whose request groups continue earlier ones (``groups``: new group index -> the
     previous forward's group index; default the same index for every group): the previous contents copied
     in, room for the new positions — a real decode after a real prefill, a prompt's next chunk, a decode
-    inside a mixed batch. Groups not listed start from random history."""
+    inside a mixed batch. Groups not listed start from random history. A group whose prefix hit this plan puts
+    in host or disk memory gets the previous contents in its offloaded copy (the device caches keep random
+    values until its restore copies them in); the token history is the prompt's, carried as it is."""
     import jax.numpy as jnp
 
     fresh = init_caches(exe, 0)
     groups = {gi: gi for gi in range(len(exe.layout.groups))} if groups is None else groups
-    out = {}
+    out = dict(fresh)
     for name, per in fresh.items():
-        new = []
+        if name.startswith(OFFLOADED) or name == "pixels":  # filled below / a new input
+            continue
+        off = OFFLOADED + name in fresh
+        new, kept = [], list(fresh.get(OFFLOADED + name, ()))
         for gi, arr in enumerate(per):
             if gi not in groups:
                 new.append(arr)
                 continue
-            o = prev[name][groups[gi]]
-            if isinstance(arr, tuple):  # compressor pending rows: same shape
-                new.append(tuple(jnp.asarray(x) for x in o))
+            if off and exe.layout.groups[gi].tier != "hbm":  # the prefix lives offloaded: carry it there
+                kept[gi] = _carried(prev[name][groups[gi]], kept[gi])
+                new.append(arr)
                 continue
-            n = min(o.shape[1], arr.shape[1])
-            new.append(arr.at[:, :n].set(o[:, :n].astype(arr.dtype)))
+            new.append(_carried(prev[name][groups[gi]], arr))
         out[name] = tuple(new)
+        if off:
+            out[OFFLOADED + name] = tuple(kept)
     return out
 
 
+def _carried(o, arr):
+    """The previous contents ``o`` in a buffer shaped like ``arr`` (room for the new positions)."""
+    import jax.numpy as jnp
+
+    if isinstance(arr, tuple):  # compressor pending rows: same shape
+        return tuple(jnp.array(x, copy=True) for x in o)  # a copy: two groups may continue one
+    n = min(o.shape[1], arr.shape[1])
+    return arr.at[:, :n].set(o[:, :n].astype(arr.dtype))
+
+
+def init_ids(exe, seed: int = 2):
+    """Uniform random token ids; a request's image positions hold ``image_token_id`` (HF's placeholder; the
+    embedding takes the aligner's features there, Engram's history sees the placeholder)."""
+    import jax
+    import jax.numpy as jnp
+
+    c = exe.compiled.model.cfg
+    ids = jax.random.randint(jax.random.PRNGKey(seed), (exe.layout.rows,), 0, c.vocab_size, jnp.int32)
+    img = exe.layout.token_set_rows(_IMAGE_SET)
+    if len(img):
+        tok = exe.compiled.model.raw.get("image_token_id")
+        if tok is None:
+            raise Unsupported(None, "an image request on a config without image_token_id")
+        ids = ids.at[jnp.asarray(img)].set(int(tok))
+    return ids
+
+
 for _kind in ("embedding", "norm", "gemm", "activation", "router", "moe_experts", "cache_write", "attention",
-              "host_copy", "mhc", "engram", "compressor", "indexer", "topk", "quant", "elementwise", "sampling"):
+              "host_copy", "mhc", "engram", "compressor", "indexer", "topk", "quant", "elementwise", "sampling",
+              "data_movement"):
     kernel(_kind)(_dispatch(_kind))
-FAMILY_INITS["deepseek_v41"] = {"params": init_params, "caches": init_caches}
+FAMILY_INITS["deepseek_v41"] = {"params": init_params, "caches": init_caches, "ids": init_ids}
+FAMILY_RUNS["deepseek_v41"] = frozenset({"images", "restores"})
 

@@ -32,8 +32,13 @@ KERNELS: dict[str, Callable] = {}
 #: model family (the Model class's ``family``) -> op kind -> kernel: a family's own kernels, bound before the
 #: generic ones for that family's graphs (graphsim.views.collect.kernels_mla registers DeepSeek-V3's)
 FAMILY_KERNELS: dict[str, dict[str, Callable]] = {}
-#: model family -> {"params": init_params(compiled, seed), "caches": init_caches(ex, seed)}
+#: model family -> {"params": init_params(compiled, seed), "caches": init_caches(ex, seed)[, "ids": init_ids(ex, seed)]}
 FAMILY_INITS: dict[str, dict[str, Callable]] = {}
+#: model family -> what its kernels run beyond text forwards whose prefix is on the device: "images" (the
+#: vision stage of a request with image patches), "restores" (prefix hits copied in from host / disk memory)
+FAMILY_RUNS: dict[str, frozenset] = {}
+#: ops that read the forward's inputs (like an embedding reads the ids), not another op's output
+INPUT_OPS = {"vision.patch_embed"}  # the pixel patches
 
 
 def kernel(*kinds: str, family: str = ""):
