@@ -192,17 +192,21 @@ class BoundView:
                 rep += single
                 rows.append(t)
                 frows.append(f)
+            whole: dict = {}  # module key -> (its SOL, its time held at or above it): once for all its members
             for c in table:
                 key = self.cls_lookup[c]
                 if key not in self.modules:
                     continue
                 # one timing for the module, split over its members by their SOL
-                t, f = T[timed[key]], F[timed[key]]
-                members = list(self.modules[key].items())
-                Sm = sol_rows([m for m, _ in members] + [c])
-                sol = Sm[-1]
-                total = sum(n * Sm[j] for j, (_, n) in enumerate(members))
-                t = xp.where(f == EXTRAPOLATED, xp.maximum(t, total), t)
+                f = F[timed[key]]
+                if key not in whole:
+                    members = list(self.modules[key].items())
+                    Sm = sol_rows([m for m, _ in members])
+                    total = sum(n * Sm[j] for j, (_, n) in enumerate(members))
+                    t = T[timed[key]]
+                    whole[key] = total, xp.where(f == EXTRAPOLATED, xp.maximum(t, total), t)
+                total, t = whole[key]
+                sol = sol_rows([c])[0]
                 t = xp.where(total > 0, t * sol / xp.where(total > 0, total, 1.0), 0.0)
                 tab_t[c], sol_of[c] = t, sol
                 rep.append(c)
