@@ -12,7 +12,7 @@ The schedule (streams, overlap, critical path) is the SOL view's: only op durati
 """
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 import attrs
 import numpy as np
@@ -71,11 +71,19 @@ def _open(path: str) -> Store:
 
 
 def _signature(path: str) -> tuple:
+    """(file, size, mtime) of every table file under ``path`` (``os.walk``: half the time of ``Path.rglob``,
+    which a search pays once per bound program)."""
+    out = []
     try:
-        return tuple((str(p), st.st_size, st.st_mtime_ns) for p in sorted(Path(path).rglob("*.parquet"))
-                     if (st := p.stat()) and p.is_file())
+        for root, _, files in os.walk(path):
+            for f in files:
+                if f.endswith(".parquet"):
+                    p = os.path.join(root, f)
+                    st = os.stat(p)
+                    out.append((p, st.st_size, st.st_mtime_ns))
     except OSError:
         return ()
+    return tuple(sorted(out))
 
 
 @attrs.frozen(eq=False)
