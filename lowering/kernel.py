@@ -456,7 +456,7 @@ def run(lay: Layout, consts: dict, features, token_sets, kinds, arrays, ut, ut0,
                 cls = cls.at[prim].set(xp.stack(least_rows))
     else:
         raw, cls = _class_array(lay, consts, feats, ut, ut0, overhead, varying, arrays, token_sets, kinds, view, xp,
-                                dtype)
+                                dtype, features)
         alt_rows = [[raw[c] for c in (p, *a)] for p, a in lay.alts]
         prods = M @ cls
     rows, at = {}, 0
@@ -516,30 +516,44 @@ def _chosen_components(lay: Layout, consts: dict, feats, rows: list, xp):
     return out
 
 
-def _class_array(lay, consts, feats, ut, ut0, overhead, varying, arrays, token_sets, kinds, view, xp, dtype):
+def _class_array(lay, consts, feats, ut, ut0, overhead, varying, arrays, token_sets, kinds, view, xp, dtype,
+                 features=()):
     """(C, P) class durations as one array: the SOL roofline (each op at its fastest alternative), then a
     measured view's tables. Returns the roofline before the alternatives' least too."""
     if xp is np:
         raw = class_durations(lay, consts, feats, ut, ut0, overhead, varying, xp)
     else:
-        raw = xp.concatenate(class_blocks(lay, consts, feats, ut, ut0, overhead, varying, xp))
+        from jax import lax
+
+        # the blocks computed once each, as arrays, then concatenated: fused into the concatenation (and into
+        # the view's reads of their rows) they become one loop that branches per element and does not vectorize
+        blocks = class_blocks(lay, consts, lax.optimization_barrier(feats), ut, ut0, overhead, varying, xp)
+        raw = xp.concatenate(lax.optimization_barrier(blocks))
     cls = least(lay, raw, xp)
     if view is None:
         return raw, cls
-    from .features import feature_matrix  # a measured view: class durations from its tables
-
-    P = feats.shape[1]
-    vf = feature_matrix(view.features, token_sets, kinds, arrays, xp).astype(dtype) if view.features \
-        else xp.zeros((P, 0), dtype=dtype)
-    base, V, E = view.split(cls.T[:, np.argsort(lay.order)], vf, xp)  # the view indexes program classes
-    cls = base.T[lay.order]
-    if V is not None:
-        rep = np.argsort(lay.order)[np.argmax(E, axis=1)]
-        cls = cls.at[rep].add(V) if hasattr(cls, "at") else _add_rows(cls, rep, V)
+    kc = np.argsort(lay.order)  # program class -> kernel class (the view indexes program classes)
+    rep, V = view.replace(lambda cs: cls[kc[cs]], _view_columns(view, features, feats, token_sets, kinds, arrays, xp,
+                                                                dtype), xp)
+    if rep:
+        cls = cls.at[kc[rep]].set(V) if hasattr(cls, "at") else _set_rows(cls, kc[rep], V)
     return raw, cls
 
 
-def _add_rows(cls, rows, V):
+def _view_columns(view, features, feats, token_sets, kinds, arrays, xp, dtype):
+    """A measured view's features as rows (P,): the kernel's own rows where it has them, the others computed
+    once (in the arrays' precision, then cast like the kernel's)."""
+    have = {f: j for j, f in enumerate(features)}
+    memo: dict = {}
+    extra = {}
+    for f in view.features:
+        if f not in have:
+            extra[f] = xp.broadcast_to(feature_column(f, token_sets, kinds, arrays, xp, memo),
+                                       (feats.shape[1],)).astype(dtype)
+    return lambda f: feats[have[f]] if f in have else extra[f]
+
+
+def _set_rows(cls, rows, V):
     out = cls.copy()
-    np.add.at(out, rows, V)
+    out[rows] = V
     return out

@@ -12,7 +12,7 @@ The schedule (streams, overlap, critical path) is the SOL view's: only op durati
 """
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 import attrs
 import numpy as np
@@ -91,11 +91,19 @@ def _open(path: str) -> Store:
 
 
 def _signature(path: str) -> tuple:
+    """(file, size, mtime) of every table file under ``path`` (``os.walk``: half the time of ``Path.rglob``,
+    which a search pays once per bound program)."""
+    out = []
     try:
-        return tuple((str(p), st.st_size, st.st_mtime_ns) for p in sorted(Path(path).rglob("*.parquet"))
-                     if (st := p.stat()) and p.is_file())
+        for root, _, files in os.walk(path):
+            for f in files:
+                if f.endswith(".parquet"):
+                    p = os.path.join(root, f)
+                    st = os.stat(p)
+                    out.append((p, st.st_size, st.st_mtime_ns))
     except OSError:
         return ()
+    return tuple(sorted(out))
 
 
 @attrs.frozen(eq=False)
@@ -152,88 +160,113 @@ class BoundView:
     # ---- evaluation (NumPy or JAX) --------------------------------------------------------------------
     def apply(self, cls_sol, fcols, xp):
         """(P, C) SOL class durations -> (view durations (P, C), source flags (P, C))."""
-        cols, flags, _ = self._apply(cls_sol, fcols, xp)
-        P = cls_sol.shape[0]
-        full = [cols[c] if c in cols else cls_sol[:, c] for c in range(len(self.cls_kind))]
-        fl = [flags[c] if c in flags else xp.full((P,), int(self.cls_kind[c])) for c in range(len(self.cls_kind))]
-        return xp.stack(full, axis=1), xp.stack(fl, axis=1)
+        rep, V, F, _ = self._rows(lambda cs: cls_sol[:, cs].T, _columns(self.features, fcols), xp)
+        P, C = cls_sol.shape
+        kind = np.broadcast_to(np.asarray(self.cls_kind)[None, :], (P, C))
+        if not rep:
+            return cls_sol, xp.asarray(kind)
+        tab = rep[: F.shape[0]]
+        if xp is np:
+            out, fl = cls_sol.copy(), kind.copy()
+            out[:, rep], fl[:, tab] = V.T, F.T
+            return out, fl
+        return cls_sol.at[:, rep].set(V.T), xp.asarray(kind).at[:, tab].set(F.T)
 
-    def split(self, cls_sol, fcols, xp):
-        """The view as ``base + Vᵀ·E`` without building a (P, C) array column by column (slow on CPU):
-        ``base`` the SOL durations with the replaced classes zeroed, ``V`` (k, P) their view durations,
-        ``E`` (k, C) which class each row replaces (NumPy, so products with it fold at compile time)."""
-        cols, _, _ = self._apply(cls_sol, fcols, xp, flags=False)
-        C = len(self.cls_kind)
-        rep = sorted(cols)
-        keep = np.ones(C)
-        keep[rep] = 0.0
-        E = np.zeros((len(rep), C))
-        E[np.arange(len(rep)), rep] = 1.0
-        V = xp.stack([cols[c] for c in rep], axis=0) if rep else None
-        return cls_sol * xp.asarray(keep)[None, :], V, E
+    def replace(self, sol_rows, col, xp):
+        """The replaced classes (program ids) and their view durations ``(k, P)``, from the SOL durations of
+        classes as rows (``sol_rows(classes)`` -> (n, P)) and the features (``col(feature)`` -> (P,)): what the
+        kernel swaps into its class rows (``[]`` and None when nothing is replaced)."""
+        rep, V, _, _ = self._rows(sol_rows, col, xp)
+        return rep, V
 
-    def _apply(self, cls_sol, fcols, xp, flags=True):
-        """Per replaced class (table or fallback): its view durations (P,) and source flags; the fits."""
-        fidx = {f: j for j, f in enumerate(self.features)}
-
-        def col(f):
-            return fcols[:, fidx[f]]
-
-        cols, flag_cols = {}, {}
-        table_t, table_sol, table_fam = [], [], []
-        # SOL columns are strided reads of a (P, C) array: only fused modules and the hybrid fit need them
-        fitting = bool((np.asarray(self.cls_kind) == FALLBACK).any())
-        timed: dict = {}  # lookup key -> (latency, flag) at every point
-        located: dict = {}  # (coordinate, grid) -> where its points fall: shared by curves on one grid
-        coords: dict = {}  # Coord -> (value, log value): shared by every curve that reads it
-
-        def coord(co):
-            if co not in coords:
-                v = co.value(col, xp)
-                coords[co] = (v, xp.log(xp.maximum(v, 1e-300)))
-            return coords[co]
-
-        for c in range(len(self.cls_kind)):
-            if self.cls_kind[c] == 0:
-                cv, lk = self.cls_curve[c]
+    def _rows(self, sol_rows, col, xp):
+        """The view's classes as rows: ``rep`` the replaced classes (program ids; the table classes first, in
+        class order, then the fallback classes), ``V`` (len(rep), P) their durations, ``F`` (tables, P) the
+        table classes' source flags; and the fits. Each coordinate is computed (and its log taken) once for
+        every lookup that reads it, the lookups' rows are stacked, and the post-processing (held at or above
+        SOL beyond the tables, no time without work) runs over every table class at once, as do the hybrid
+        fallbacks of one family; a fused module's members per module."""
+        kind = np.asarray(self.cls_kind)
+        table = [int(c) for c in np.flatnonzero(kind == 0)]
+        rep, rows, frows = [], [], []
+        tab_t: dict = {}  # table class -> its view duration (P,) (the fits read them)
+        sol_of: dict = {}  # table class -> its SOL (P,)
+        if table:
+            keys = list(dict.fromkeys(self.cls_lookup[c] for c in table))
+            coords = list(dict.fromkeys(co for k in keys for _, co in self.curves[k][1].varying))
+            cpos = {co: j for j, co in enumerate(coords)}
+            Q = xp.stack([co.value(col, xp) for co in coords])  # every coordinate, (u, P)
+            LQ = xp.log(xp.maximum(Q, 1e-300))
+            located: dict = {}  # (coordinate, grid) -> where its points fall
+            got = []
+            for k in keys:  # one lookup per curve (curves on one grid at one coordinate share the search)
+                cv, lk = self.curves[k]
+                js = [cpos[co] for _, co in lk.varying]
+                got.append(eval_curve(cv, [Q[j] for j in js], xp, [LQ[j] for j in js], [co for _, co in lk.varying],
+                                      located))
+            timed = {k: j for j, k in enumerate(keys)}
+            T = xp.stack([t for t, _ in got])
+            F = xp.stack([xp.broadcast_to(f, t.shape) for t, f in got])
+            single = [c for c in table if self.cls_lookup[c] not in self.modules]
+            if single:  # at or above SOL where extrapolated; no time where the op has no work
+                kr = np.array([timed[self.cls_lookup[c]] for c in single])
+                t, f = _pick(T, kr, xp), _pick(F, kr, xp)
+                S = sol_rows(single)
+                t = xp.where(f == EXTRAPOLATED, xp.maximum(t, S), t)
+                q0 = _pick(Q, np.array([cpos[self.curves[self.cls_lookup[c]][1].varying[0][1]] for c in single]), xp)
+                t = xp.where(q0 > 0, t, 0.0)
+                for j, c in enumerate(single):
+                    tab_t[c], sol_of[c] = t[j], S[j]
+                rep += single
+                rows.append(t)
+                frows.append(f)
+            whole: dict = {}  # module key -> (its SOL, its time held at or above it): once for all its members
+            for c in table:
                 key = self.cls_lookup[c]
-                if key not in timed:
-                    got = [coord(co) for _, co in lk.varying]
-                    timed[key] = eval_curve(cv, [v for v, _ in got], xp, [lg for _, lg in got],
-                                            [co for _, co in lk.varying], located)
-                t, f = timed[key]
-                beyond = f == EXTRAPOLATED  # not measured: held at or above the SOL at the point
-                if key in self.modules:  # one timing for the module, split over its members by their SOL
-                    sol = cls_sol[:, c]
-                    total = sum(n * cls_sol[:, m] for m, n in self.modules[key].items())
-                    t = xp.where(beyond, xp.maximum(t, total), t)
-                    t = xp.where(total > 0, t * sol / xp.where(total > 0, total, 1.0), 0.0)
-                else:  # no work at this point (no tokens, no requests): no time
-                    t = xp.where(beyond, xp.maximum(t, cls_sol[:, c]), t)
-                    t = xp.where(coord(lk.varying[0][1])[0] > 0, t, 0.0)
-                if fitting:
-                    table_t.append((t, self.cls_count[c]))
-                    table_sol.append(cls_sol[:, c])
-                    table_fam.append(self.cls_family[c])
-                cols[c] = t
-                if flags:
-                    flag_cols[c] = f
-        fits = {}
-        for c in range(len(self.cls_kind)):
-            if self.cls_kind[c] == FALLBACK:
-                fam = self.cls_family[c]
-                if fam not in fits:
-                    fits[fam] = _affine(*self._basis(fam, table_fam, table_t, table_sol), xp)
-                eff = dict(self.family_eff).get(fam)
-                if eff is not None and fam not in table_fam:
-                    # no covered op of the family in this plan: the family's own tables on the device, at
-                    # this op's work (its median measured / SOL at the same SOL time)
-                    cols[c] = cls_sol[:, c] * _efficiency_at(eff, cls_sol[:, c], xp)
+                if key not in self.modules:
                     continue
-                a, b = fits[fam]
-                if a is not None:
-                    cols[c] = a + b * cls_sol[:, c]
-        return cols, flag_cols, fits
+                # one timing for the module, split over its members by their SOL
+                f = F[timed[key]]
+                if key not in whole:
+                    members = list(self.modules[key].items())
+                    Sm = sol_rows([m for m, _ in members])
+                    total = sum(n * Sm[j] for j, (_, n) in enumerate(members))
+                    t = T[timed[key]]
+                    whole[key] = total, xp.where(f == EXTRAPOLATED, xp.maximum(t, total), t)
+                total, t = whole[key]
+                sol = sol_rows([c])[0]
+                t = xp.where(total > 0, t * sol / xp.where(total > 0, total, 1.0), 0.0)
+                tab_t[c], sol_of[c] = t, sol
+                rep.append(c)
+                rows.append(t[None, :])
+                frows.append(f[None, :])
+        # the fits read the table classes in class order
+        table_t = [(tab_t[c], self.cls_count[c]) for c in table]
+        table_sol = [sol_of[c] for c in table]
+        table_fam = [self.cls_family[c] for c in table]
+        fits = {}
+        by_fam: dict = {}
+        for c in np.flatnonzero(kind == FALLBACK):
+            by_fam.setdefault(self.cls_family[c], []).append(int(c))
+        for fam, cs in by_fam.items():
+            fits[fam] = _affine(*self._basis(fam, table_fam, table_t, table_sol), xp)
+            eff = dict(self.family_eff).get(fam)
+            if eff is not None and fam not in table_fam:
+                # no covered op of the family in this plan: the family's own tables on the device, at
+                # this op's work (its median measured / SOL at the same SOL time)
+                S = sol_rows(cs)
+                rows.append(S * _efficiency_at(eff, S, xp))
+                rep += cs
+                continue
+            a, b = fits[fam]
+            if a is not None:
+                rows.append(a[None, :] + b[None, :] * sol_rows(cs))
+                rep += cs
+        if not rows:
+            return [], None, None, fits
+        V = rows[0] if len(rows) == 1 else xp.concatenate(rows)
+        F = (frows[0] if len(frows) == 1 else xp.concatenate(frows)) if frows else xp.zeros((0, V.shape[1]), np.int64)
+        return rep, V, F, fits
 
     @staticmethod
     def _basis(fam, table_fam, table_t, table_sol):
@@ -249,7 +282,7 @@ class BoundView:
         """Per fallback family at point 0: the fit t = a + b x SOL it was priced by, what it was fitted from,
         and its ops' SOL and view time."""
         view, _ = self.apply(cls_sol, fcols, np)
-        fits = self._apply(cls_sol, fcols, np, flags=False)[2]
+        fits = self._rows(lambda cs: cls_sol[:, cs].T, _columns(self.features, fcols), np)[3]
         out = {}
         covered = [self.cls_family[c] for c in range(len(self.cls_kind)) if self.cls_kind[c] == 0]
         for fam in sorted(fits):
@@ -262,6 +295,19 @@ class BoundView:
                 "view_s": sum(float(view[0, c] * self.cls_count[c]) for c in cs),
                 "fitted_from": self._fitted_from(fam, covered, same)}
         return out
+
+
+def _columns(features: tuple, fcols):
+    """A feature's column of ``fcols`` (P, len(features))."""
+    fidx = {f: j for j, f in enumerate(features)}
+    return lambda f: fcols[:, fidx[f]]
+
+
+def _pick(a, rows: np.ndarray, xp):
+    """Rows ``rows`` (static) of ``a``: ``a`` itself when they are all of its rows in order."""
+    if len(rows) == a.shape[0] and (rows == np.arange(len(rows))).all():
+        return a
+    return a[rows] if xp is np else a.at[rows].get(mode="promise_in_bounds")
 
 
 def _efficiency_at(eff: tuple, sol, xp):
