@@ -197,10 +197,10 @@ def test_deleting_a_dependency_edge_fails(model):
 
 def test_image_grid_is_the_processors(model):
     """The executor recovers an image's patch grid from the request's (patches, image tokens): for one image
-    through the tiny config's processor (graphsim.vision, V41_FACTS §12: ceil-snap to 14-px patches, 3×3
+    through the tiny config's processor (graphsim.core.vision, V41_FACTS §12: ceil-snap to 14-px patches, 3×3
     aligner padding) it is the processor's grid — square and landscape images, padded (5×7 -> 6×9) or not."""
     from graphsim.views.collect.kernels_vision import image_grid
-    from graphsim.vision import VisionProcessor
+    from graphsim.core.vision import VisionProcessor
 
     proc = VisionProcessor.from_config(model[1]["vision_config"])
     for w, h in [(98, 70), (126, 84), (84, 84), (56, 56), (300, 200), (140, 98)]:
@@ -312,6 +312,7 @@ def verified(model):
     return params, seq, verify, np.asarray(conf), caches
 
 
+@FULL_ONLY  # its program compiles for ~50 s on 2 cores; the suite keeps test_dspark_drafts_as_the_reference_drafter
 def test_dspark_verification_rejects_drafts(model, verified):
     """Greedy verification keeps the drafts up to the first that differs from the target's token (here 2 of 4):
     the drafter then starts after the accepted prefix — its input the target's token at the last accepted

@@ -57,6 +57,26 @@ def test_only_each_layers_first_reader_waits_for_its_copy():
     assert s.start[0, g.op_index["layers.60.wkv_b"]] >= last_copy
 
 
+def test_v41_compressor_pool_waits_for_the_restored_partial_group():
+    """A pooled compressor continues the partial group a prefix hit restores (its pending rows are part of the copy,
+    the prefix_restore rule), so on every pooled KV owner the layer's restore is an ancestor of its
+    ``compressor.pool`` — found missing by executing the graph (tests/test_exec_v41.py)."""
+    c = gs.compile_plan("deepseek-v4.1-flash", gs.Plan(["prefill:4096@1027"]), "gb200")
+    g = c.graph
+    pools = [op.name for op in g.ops if op.name.endswith(".compressor.pool")]
+    assert pools  # the CSA owners pool (V41_FACTS: m = 4 / 128)
+    preds = {}
+    for e in g.edges:
+        preds.setdefault(e.dst, set()).add(e.src)
+    for name in pools:
+        layer = name.split(".")[1]
+        assert f"layers.{layer}.restore" in preds.get(name, set()), name
+    s = c.schedule()
+    for name in pools:
+        layer = name.split(".")[1]
+        assert s.start[0, g.op_index[name]] >= s.finish[0, g.op_index[f"layers.{layer}.restore"]] - 1e-15
+
+
 @pytest.mark.parametrize("model", ["deepseek-v3", "deepseek-v4.1-flash"])
 def test_chunked_prefill_never_copies_its_own_chunks(model):
     """A 32K prompt in 4,096-token chunks on H200 (issue acceptance): no step copies anything."""

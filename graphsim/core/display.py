@@ -1,10 +1,12 @@
-"""Notebook display without upward imports: the HTML tables every record's ``_repr_html_`` writes, a graph's HTML
-summary, and a registry of renderers that higher layers provide (a Graph's SVG picture comes from
+"""Tables for people and notebook display without upward imports: plain-text tables laid out by rich
+(:func:`text_table`), the HTML tables every record's ``_repr_html_`` writes, a graph's HTML summary, and a registry of renderers that higher layers provide (a Graph's SVG picture comes from
 :mod:`graphsim.exports`, which registers it when imported; ``graphsim/__init__.py`` names that package as the
 provider, so the first picture asked for imports it — the core itself never imports the exporters)."""
 from __future__ import annotations
 
 import importlib
+import io
+from typing import Sequence
 
 #: Rows of a summary table before the rest is folded into one "… n more" row.
 MAX_ROWS = 30
@@ -83,3 +85,27 @@ def graph_html(graph) -> str:
                           right=(1, 2))
     by_kind = html_table(("op kind", "ops"), sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])), right=(1,))
     return f'<div class="graphsim-graph">{head}{side_by_side(by_stage, by_kind)}</div>'
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence], *, right: Sequence[bool] | None = None,
+               indent: int = 0) -> list[str]:
+    """``rows`` under ``headers`` as text lines: each column as wide as its widest cell (nothing is cut), numbers
+    right-aligned where ``right`` says so (default: every column but the text ones of the first row)."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    if right is None:
+        first = rows[0] if rows else ()
+        right = [not isinstance(v, str) for v in first] + [False] * (len(headers) - len(first))
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), header_style="",
+              show_lines=False)
+    for h, r in zip(headers, right):
+        t.add_column(h, justify="right" if r else "left", no_wrap=True)
+    for row in rows:
+        t.add_row(*(v if isinstance(v, str) else f"{v}" for v in row))
+    buf = io.StringIO()
+    Console(file=buf, width=100_000, color_system=None, force_terminal=False, highlight=False, emoji=False,
+            soft_wrap=True).print(t)
+    pad = " " * indent
+    return [pad + ln.rstrip().replace("\u2500", "-") for ln in buf.getvalue().splitlines() if ln.strip()]

@@ -6,6 +6,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from ..core.display import text_table
 from ..core.ir import COMPONENTS
 
 
@@ -121,16 +122,18 @@ class Report:
         if t.get("tokens_per_joule") is not None:
             lines.append(f"energy           {t['tokens_per_joule']:,.2f} tok/J at board power "
                          f"({t['energy_j']:,.2f} J per forward on {i['gpus']} GPUs at TDP: an upper bound on energy)")
-        lines += ["", "stage            busy        share"]
-        for s, v in self.stages.items():
-            lines.append(f"  {s:<14} {_ms(v['busy_s'])}  {100 * v['busy_s'] / max(self.forward_s, 1e-30):5.1f} %")
-        lines += ["", "op kind          busy        share"]
-        for k, v in sorted(self.breakdown.items(), key=lambda kv: -kv[1]):
-            lines.append(f"  {k:<14} {_ms(v)}  {100 * v / max(self.forward_s, 1e-30):5.1f} %")
+        fwd = max(self.forward_s, 1e-30)
+        lines += ["", *text_table(("stage", "busy", "share"), [(s, _ms(v["busy_s"]).strip(),
+                                                               f"{100 * v['busy_s'] / fwd:.1f} %")
+                                                              for s, v in self.stages.items()], right=(False, True, True), indent=2)]
+        lines += ["", *text_table(("op kind", "busy", "share"),
+                                  [(k, _ms(v).strip(), f"{100 * v / fwd:.1f} %")
+                                   for k, v in sorted(self.breakdown.items(), key=lambda kv: -kv[1])],
+                                  right=(False, True, True), indent=2)]
         if self.collectives:
-            lines += ["", "collective       algorithm           ops   busy"]
-            for r in self.collectives:
-                lines.append(f"  {r['collective']:<14} {r['algorithm']:<18} {r['ops']:4d}  {_ms(r['busy_s'])}")
+            lines += ["", *text_table(("collective", "algorithm", "ops", "busy"),
+                                      [(r["collective"], r["algorithm"], r["ops"], _ms(r["busy_s"]).strip())
+                                       for r in self.collectives], right=(False, False, True, True), indent=2)]
         if self.coverage:
             lines += ["", *coverage_text(self.coverage)]
         lines += ["", "memory per device"]
@@ -146,9 +149,11 @@ class Report:
             lines += ["", f"communication    {_ms(comm)} busy, {_ms(exposed).strip()} exposed on the critical path, "
                           f"{_ms(max(comm - exposed, 0.0)).strip()} hidden beside compute"]
         lines += ["", f"critical path (top {top} of {len(self.critical_path)} ops by time)"]
-        for op in sorted(self.critical_path, key=lambda o: -o["duration_s"])[:top]:
-            algo = f"  [{op['algorithm']}]" if op.get("algorithm") else ""
-            lines.append(f"  {op['name']:<34} {op['kind']:<12} {_ms(op['duration_s'])}  {op['bound']}{algo}")
+        lines += text_table(("op", "kind", "time", "bound", "algorithm"),
+                            [(op["name"], op["kind"], _ms(op["duration_s"]).strip(), op["bound"],
+                              op.get("algorithm") or "")
+                             for op in sorted(self.critical_path, key=lambda o: -o["duration_s"])[:top]],
+                            right=(False, False, True, False, False), indent=2)
         return "\n".join(lines)
 
 

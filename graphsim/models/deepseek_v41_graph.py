@@ -188,7 +188,7 @@ class DeepSeekV41(Model):
                     # the Decoder KV source's input: every position that needs its KV *and* every replayed
                     # position its queries need (kv_in = kv, widened by encoder replay)
                     self._mhc_pre(b, li.layer, "hc_attn", "kv_in", norm_weight=f"layers.{li.layer}.attn_norm")
-                    owners_write[li.layer] = self._kv_producer(b, li)
+                    owners_write[li.layer] = self._kv_producer(b, li, copy)
                     if copy:  # the compressor continues the restored partial group
                         b.depends(copy, owners_write[li.layer], "cache_read")
             with b.stage(stage), b.layer(li.layer):
@@ -198,7 +198,7 @@ class DeepSeekV41(Model):
                     self._mhc_pre(b, li.layer, "hc_attn", ts, norm_weight=f"layers.{li.layer}.attn_norm")
                 self._attention_in(b, li, ts)
                 if li.kv_source and li.stage == "encoder":
-                    owners_write[li.layer] = self._kv_producer(b, li)
+                    owners_write[li.layer] = self._kv_producer(b, li, copy)
                     if copy:
                         b.depends(copy, owners_write[li.layer], "cache_read")
                 if li.index_source:
@@ -316,8 +316,9 @@ class DeepSeekV41(Model):
                        module=p)
         b.cache_write("attn.swa_write", ts, swa, self.sem.swa_entry_bytes(c), split=("dp",))
 
-    def _kv_producer(self, b: GraphBuilder, li: sem.LayerInfo) -> str:
-        """Compressor -> main-KV quantize/write (FP4) -> index-K projection/write (MXFP4) on a KV owner."""
+    def _kv_producer(self, b: GraphBuilder, li: sem.LayerInfo, copy: str | None = None) -> str:
+        """Compressor -> main-KV quantize/write (FP4) -> index-K projection/write (MXFP4) on a KV owner. ``copy``:
+        the layer's prefix restore, which the pooling waits for (it continues the restored partial group)."""
         c = self.cfg
         m, L = li.ratio, li.layer
         p = f"layers.{L}.attn"
@@ -329,6 +330,8 @@ class DeepSeekV41(Model):
             entries = compressor_pool(b, "compressor.pool", m=m, width=c.head_dim, state=state,
                                       formula=f"softmax-gated pooling of groups of {m}; partial-group state "
                                               f"{state:g} B per request")
+            if copy:  # the pool reads the restored pending rows of the partial group
+                b.depends(copy, b.last, "cache_read")
         else:
             b.gemm("compressor.wkv", "kv", c.hidden_size, c.head_dim, weight=f"{p}.compressor.wkv", act_in="bf16",
                    split=("dp",), kind="compressor")
