@@ -99,7 +99,14 @@ def import_graph() -> nx.DiGraph:
     return g
 
 
-GRAPH = import_graph()
+_GRAPH: list = []
+
+
+def _graph() -> nx.DiGraph:
+    """Read once per process, when a test here first asks (collection stays cheap on the other workers)."""
+    if not _GRAPH:
+        _GRAPH.append(import_graph())
+    return _GRAPH[0]
 
 
 def _layer(module: str) -> int:
@@ -107,17 +114,19 @@ def _layer(module: str) -> int:
 
 
 def _edge(a: str, b: str) -> str:
-    return f"{a} -> {b} ({MODULES[a].relative_to(ROOT)}:{GRAPH.edges[a, b]['line']})"
+    return f"{a} -> {b} ({MODULES[a].relative_to(ROOT)}:{_graph().edges[a, b]['line']})"
 
 
 def test_the_parser_sees_the_imports():
     # the graph is not empty by accident: the driver imports the IR, the CLI reaches the search, lazily
+    GRAPH = _graph()
     assert GRAPH.has_edge("graphsim.driver.pipeline", "graphsim.core.ir")
     assert nx.has_path(GRAPH, "graphsim.cli.search", "graphsim.serving.search")
     assert len(MODULES) > 100 and GRAPH.number_of_edges() > 400
 
 
 def test_no_import_cycles():
+    GRAPH = _graph()
     cycles = [sorted(c) for c in nx.strongly_connected_components(GRAPH) if len(c) > 1]
     detail = []
     for c in cycles:
@@ -131,6 +140,7 @@ def test_every_module_has_a_layer():
 
 
 def test_imports_point_down_the_layers():
+    GRAPH = _graph()
     up = [_edge(a, b) for a, b in GRAPH.edges if _layer(b) > _layer(a)]
     assert not up, "imports that point up the layers:\n" + "\n".join(sorted(up))
 
@@ -138,7 +148,7 @@ def test_imports_point_down_the_layers():
 @pytest.mark.parametrize("mutation", ["cycle", "upward"])
 def test_the_checks_can_fail(mutation):
     """The checks above are not vacuous: one added edge of each kind is caught."""
-    g = GRAPH.copy()
+    g = _graph().copy()
     if mutation == "cycle":
         g.add_edge("graphsim.core.ir", "graphsim.core.builder")
         assert any(len(c) > 1 for c in nx.strongly_connected_components(g))

@@ -76,6 +76,8 @@ def _vision_of(cfg: dict, path: Path | None) -> tuple:
     """(vision tower, image processor) graphsim prices for this config (Qwen3-VL, Qwen3.5, Kimi K2.5, Llama 4, Gemma 3,
     Gemma 4), or (None, None); the processor reads ``preprocessor_config.json`` beside the config when there is one,
     its missing keys taking the tower's own sizes (patch, merge), else the family's defaults."""
+    if not isinstance(cfg.get("vision_config"), dict):  # every modelled tower is described there
+        return None, None
     from ..core.vision import processor_for
     from .vision_tower import tower
 
