@@ -251,7 +251,8 @@ def test_prefix_restored_from_host_and_disk_equals_the_no_hit_forward(model):
     (one request each), then 17 new tokens: the restore copies each layer's SWA window, main KV, index K and
     pending rows from the offloaded copy into device caches that hold other values, so the logits equal the
     same prompts computed without a hit (and the reference); with other offloaded contents they do not.
-    Without the edge from a (SWA-only) layer's copy to its attention, the graph is refused."""
+    Without the edge from a (SWA-only) layer's copy to its attention, or from a pooled layer's copy to its
+    compressor's pool, the graph is refused."""
     import attrs
 
     N, H = 40, 23
@@ -289,6 +290,11 @@ def test_prefix_restored_from_host_and_disk_equals_the_no_hit_forward(model):
     params2, caches2, ids2 = ex.init(0)
     with pytest.raises(E.Unsupported, match="layers.0.restore is not an ancestor"):
         jax.eval_shape(E.lower_to_jax(c2).fn, params2, caches2, ids2)
+    # ... and a pooled compressor's, which reads the restored pending rows (the edge this check found missing)
+    cut = next(e for e in g.edges if e.src.endswith(".restore") and e.dst.endswith(".compressor.pool"))
+    c3 = attrs.evolve(c, graph=attrs.evolve(g, edges=tuple(e for e in g.edges if e is not cut)))
+    with pytest.raises(E.Unsupported, match=f"{cut.src} is not an ancestor"):
+        jax.eval_shape(E.lower_to_jax(c3).fn, params2, caches2, ids2)
 
 
 @pytest.fixture(scope="module")

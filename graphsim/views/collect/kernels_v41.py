@@ -682,9 +682,8 @@ def _pool(op, ctx, inputs, state, params):
     kvp = _operand(ctx, op, "compressor.wkv")
     gp = _operand(ctx, op, "compressor.wgate")
     name = f"layers.{op.layer}.compressor.state"
-    # the graph orders a restore before the owner's entry writes (not before this pool, which reads the restored
-    # pending rows first); the program runs the copies first, so either ancestry is accepted
-    _restored_before(ctx, op, name, f"layers.{op.layer}.indexer.k_write")
+    # the pool reads the restored pending rows first: the layer's restore must be its own ancestor
+    _restored_before(ctx, op, name)
     st = list(state["caches"][name])
     out = []
     for gi, s, b, pos in groups_of(ctx, op.token_set):
