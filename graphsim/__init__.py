@@ -35,8 +35,8 @@ _LAZY = {
 #: modules users reach as attributes (``gs.ir.COMPONENTS``, ``gs.search``) by their place in the layer packages
 _MODULES = {
     **{m: f".core.{m}" for m in ("errors", "limits", "features", "ir", "workload", "plan", "builder", "rules",
-                                 "rules_v4", "quant", "config", "vision", "identity", "outputs")},
-    **{m: f".driver.{m}" for m in ("pipeline", "report", "metrics", "memory", "ledger")},
+                                 "rules_v4", "quant", "config", "vision", "outputs")},
+    **{m: f".driver.{m}" for m in ("pipeline", "report", "metrics", "memory", "ledger", "identity")},
     **{m: f".views.{m}" for m in ("measured", "fpm", "collect")},
     **{m: f".serving.{m}" for m in ("search", "disagg", "speculative", "fit", "studies")},
     "hub": ".models.hub", "dspark": ".models.dspark",

@@ -34,6 +34,16 @@ def test_import_graphsim_is_light():
     assert _loaded_after("import graphsim", HEAVY + ("numpy",)) == []
 
 
+def test_moved_modules_resolve_as_attributes():
+    """``gs.ir``, ``gs.search``, ... (the flat modules before the layer packages) are the modules now in them."""
+    import importlib
+
+    import graphsim as gs
+
+    for name, where in gs._MODULES.items():
+        assert getattr(gs, name) is importlib.import_module(where, "graphsim"), name
+
+
 def test_public_names_still_resolve():
     code = ("import graphsim as gs\n"
             "for n in gs.__all__: getattr(gs, n)\n"
