@@ -214,9 +214,8 @@ class VisionTower:
     def build(self, b) -> str:
         """Add the ``vision`` stage (the caller checks a prefill request carries patches); returns the last op,
         which the trunk's embedding depends on (image features fill the image positions)."""
-        P = b.token_set(VIS_PATCHES, prefill="patches", decode="none")
-        I = b.token_set(VIS_IMAGE, prefill="image", decode="none")
-        h, f, m, hd = self.hidden, self.inter, self.merged, self.hidden // self.heads
+        P, I = _vision_sets(b)
+        h, f, m = self.hidden, self.inter, self.merged
         tp = ("tp", "dp")
         _, exps = activation(self.act)
         prec = b.meta.get("attention_precision", "bf16")
@@ -244,8 +243,7 @@ class VisionTower:
                 b.gemm(f"{name}.linear_fc1", I, m, m, weight=f"{name}.linear_fc1", split=tp)
                 b.elementwise(f"{name}.act", I, m, bytes_in=BF16, bytes_out=BF16, flops_per_elem=8,
                               kind="activation", split=tp, exps=m)  # nn.GELU (erf): one SFU op per element
-                last = b.gemm(f"{name}.linear_fc2", I, m, self.out_hidden, weight=f"{name}.linear_fc2", split=tp,
-                              comm=(all_reduce_tp(I, self.out_hidden, note="merger linear_fc2"),))
+                last = _projection(b, f"{name}.linear_fc2", I, m, self.out_hidden, note="merger linear_fc2")
         return last
 
 
@@ -268,6 +266,19 @@ def vit_mlp(b, ts: str, h: int, f: int, exps: float, *, prefix: str, fc1: str, f
                   exps=exps * f)
     b.gemm(f"mlp.{fc2}", ts, f, h, weight=f"{prefix}.mlp.{fc2}", split=tp, comm=(all_reduce_tp(ts, h, note=f"ViT {fc2}"),))
     return residual(b, "mlp.residual", ts, h)
+
+
+def _vision_sets(b) -> tuple[str, str]:
+    """The tower's two token sets, prefill only: the images' patches (ViT positions) and the image tokens its
+    projector emits (the positions the trunk's embedding fills)."""
+    return (b.token_set(VIS_PATCHES, prefill="patches", decode="none"),
+            b.token_set(VIS_IMAGE, prefill="image", decode="none"))
+
+
+def _projection(b, name: str, ts: str, n_in: int, n_out: int, *, note: str) -> str:
+    """A row-split projection ending the tower (or its adapter): TP ranks each hold a slice of its inputs and
+    all-reduce the ``n_out`` outputs (weight tensor of the same name)."""
+    return b.gemm(name, ts, n_in, n_out, weight=name, split=("tp", "dp"), comm=(all_reduce_tp(ts, n_out, note=note),))
 
 
 def _t(name: str, elems: int) -> Tensor:
@@ -355,8 +366,7 @@ class Llama4Tower:
     def build(self, b) -> str:
         """The ``vision`` stage: ``vis_patches`` are the tiles' ViT positions (577 a tile), ``vis_image`` their
         ``<|patch|>`` tokens (144 a tile)."""
-        P = b.token_set(VIS_PATCHES, prefill="patches", decode="none")
-        I = b.token_set(VIS_IMAGE, prefill="image", decode="none")
+        P, I = _vision_sets(b)
         h, f, m2 = self.hidden, self.inter, self.merge ** 2
         tp = ("tp", "dp")
         _, exps = activation(self.act)
@@ -379,13 +389,11 @@ class Llama4Tower:
             b.gemm("vision.vision_adapter.fc1", I, self.adapter_in, self.projector_in,
                    weight="vision.vision_adapter.fc1", split=tp)
             _gelu(b, "vision.vision_adapter.act1", I, self.projector_in, tp)
-            b.gemm("vision.vision_adapter.fc2", I, self.projector_in, self.projector_out,
-                   weight="vision.vision_adapter.fc2", split=tp,
-                   comm=(all_reduce_tp(I, self.projector_out, note="vision_adapter fc2"),))
+            _projection(b, "vision.vision_adapter.fc2", I, self.projector_in, self.projector_out,
+                        note="vision_adapter fc2")
             _gelu(b, "vision.vision_adapter.act2", I, self.projector_out, ("dp",))
-            return b.gemm("vision.multi_modal_projector.linear_1", I, self.projector_out, self.out_hidden,
-                          weight="vision.multi_modal_projector.linear_1", split=tp,
-                          comm=(all_reduce_tp(I, self.out_hidden, note="multi_modal_projector"),))
+            return _projection(b, "vision.multi_modal_projector.linear_1", I, self.projector_out, self.out_hidden,
+                               note="multi_modal_projector")
 
     def preprocessor_defaults(self) -> dict:
         return {"patch_size": self.patch, "merge_size": self.merge, "size": {"height": self.image, "width": self.image}}
@@ -444,8 +452,7 @@ class SiglipTower:
 
     def build(self, b) -> str:
         """The ``vision`` stage: ``vis_patches`` are the images' patches (4096 each), ``vis_image`` their soft tokens."""
-        P = b.token_set(VIS_PATCHES, prefill="patches", decode="none")
-        I = b.token_set(VIS_IMAGE, prefill="image", decode="none")
+        P, I = _vision_sets(b)
         h, f = self.hidden, self.inter
         tp = ("tp", "dp")
         _, exps = activation(self.act)
@@ -465,8 +472,7 @@ class SiglipTower:
             m2 = self.merge ** 2  # AvgPool2d(merge): merge² patch vectors read for each soft token
             b.elementwise("vision.avg_pool", I, h, bytes_in=m2 * BF16, bytes_out=BF16, flops_per_elem=m2, split=("dp",))
             rmsnorm(b, "vision.mm_soft_emb_norm", I, h, reads=("vision.mm_soft_emb_norm",))
-            return b.gemm("vision.mm_input_projection", I, h, self.out_hidden, weight="vision.mm_input_projection",
-                          split=tp, comm=(all_reduce_tp(I, self.out_hidden, note="mm_input_projection"),))
+            return _projection(b, "vision.mm_input_projection", I, h, self.out_hidden, note="mm_input_projection")
 
     def preprocessor_defaults(self) -> dict:
         return {"patch_size": self.patch, "merge_size": self.merge, "image_size": self.image}
@@ -526,8 +532,7 @@ class Gemma4Tower:
 
     def build(self, b) -> str:
         """The ``vision`` stage: ``vis_patches`` are the images' patches, ``vis_image`` their pooled soft tokens."""
-        P = b.token_set(VIS_PATCHES, prefill="patches", decode="none")
-        I = b.token_set(VIS_IMAGE, prefill="image", decode="none")
+        P, I = _vision_sets(b)
         h, f = self.hidden, self.inter
         tp = ("tp", "dp")
         prec = b.meta.get("attention_precision", "bf16")
@@ -551,9 +556,8 @@ class Gemma4Tower:
                           flops_per_elem=k2 + 1 + 2 * self.standardize, split=("dp",),
                           reads=("vision.standardize",) if self.standardize else ())
             rmsnorm(b, "vision.embed_vision.norm", I, h)  # embedding_pre_projection_norm: no scale
-            return b.gemm("vision.embed_vision.embedding_projection", I, h, self.out_hidden,
-                          weight="vision.embed_vision.embedding_projection", split=tp,
-                          comm=(all_reduce_tp(I, self.out_hidden, note="embed_vision"),))
+            return _projection(b, "vision.embed_vision.embedding_projection", I, h, self.out_hidden,
+                               note="embed_vision")
 
     def preprocessor_defaults(self) -> dict:
         return {"patch_size": self.patch, "pooling_kernel_size": self.merge, "max_soft_tokens": self.soft_tokens}

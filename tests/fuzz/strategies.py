@@ -30,6 +30,7 @@ small = st.integers(-3, 300)
 ints = st.one_of(small, small, st.integers(-(2**70), 2**70), st.sampled_from([2**53 + 1, 10**200, 4294967296]))
 anything = st.one_of(ints, weird, st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12))
 HF_IDS = ("deepseek-ai/DeepSeek-V3", "meta-llama/Llama-3.1-70B-Instruct", "Qwen/Qwen3-VL-2B-Instruct", "nobody/none",
+          "meta-llama/Llama-4-Scout-17B-16E-Instruct", "google/gemma-3-27b-it",
           "DeepSeek-AI/deepseek-v3", "a/b/c", "/x", "org/")
 name = st.one_of(st.sampled_from(MODELS), st.sampled_from(MODELS), st.just("x" * 300), st.text(max_size=10),
                  st.just("../../etc/passwd"), st.just("deepseek-v3.json"), st.sampled_from(HF_IDS))
@@ -76,7 +77,8 @@ def request_string(draw) -> str:
         if draw(st.booleans()):
             s += draw(st.sampled_from(["/noswa", "/swa", "/"]))
     if rare(draw, 8):
-        s += "+img:" + draw(st.sampled_from(["1024x768", "224x224", "0x0", "-1x5", "axb", "99999x99999", "14"]))
+        s += "+img:" + draw(st.sampled_from(["1024x768", "224x224", "0x0", "-1x5", "axb", "99999x99999", "14",
+                                                   "3000x17", "17x3000"]))
     return s
 
 
@@ -261,7 +263,8 @@ def _shipped_config(model: str) -> dict:
 #: Real checkpoints' configs of the other families (graphsim/configs/hf) mutated like the shipped ones.
 FAMILY_CONFIGS = ("Qwen--Qwen3-30B-A3B", "openai--gpt-oss-20b", "meta-llama--Llama-4-Scout-17B-16E-Instruct",
                   "Qwen--Qwen3.5-27B", "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "mistralai--Mixtral-8x7B-v0.1",
-                  "deepseek-ai--DeepSeek-V3.2", "moonshotai--Kimi-K2.5", "zai-org--GLM-5-FP8")
+                  "deepseek-ai--DeepSeek-V3.2", "moonshotai--Kimi-K2.5", "zai-org--GLM-5-FP8",
+                  "google--gemma-3-27b-it", "Qwen--Qwen3-VL-8B-Instruct")
 
 
 def _family_config(name: str) -> dict:
@@ -277,6 +280,8 @@ def config_case(draw) -> tuple:
     if rare(draw, 30):
         return base, draw(st.sampled_from([[], "x", 3, None, [cfg]]))
     section = cfg.get("text_config", cfg)
+    if isinstance(cfg.get("vision_config"), dict) and draw(st.booleans()):  # the vision towers' parsers too
+        section = cfg["vision_config"]
     keys = sorted(k for k in section if not k.startswith("_"))
     for _ in range(draw(st.integers(1, 3))):
         key = draw(st.sampled_from(keys))

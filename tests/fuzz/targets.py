@@ -145,6 +145,8 @@ def run_config(base: str, cfg: Any, requests=("decode:1024x4", "prefill:2048")) 
     try:
         m = gs.load_model(cfg)
         kv = [m.kv_bytes(n) for n in (0, 1, 127, 128, 129, 4096)]
+        if not m.vision():  # a model with a vision tower prices an image request too (its processor and tower)
+            requests = (*requests, "prefill:256+img:640x480")
         c = gs.compile_plan(m, gs.Plan(list(requests)), "gb200")
         rep = c.report()
     except gs.GraphsimError as e:
