@@ -285,9 +285,8 @@ def test_eval_reports_all_views_and_failures(micro, fpm_file, tmp_path, capsys):
     assert "fpm   in" in text and "failures: oom 1" in text
 
 
-@pytest.mark.skipif(not __import__("os").environ.get("GRAPHSIM_EXEC_FULL"),
-                    reason="the example end to end (~80 s on 2 cores): GRAPHSIM_EXEC_FULL=1 runs it; the suite checks "
-                           "its parts (collect forward, fpm fit / eval) in the tests above")
+@pytest.mark.full  # the example end to end (~80 s on 2 cores); the suite checks its parts (collect forward, fpm
+# fit / eval) in the tests above
 def test_local_fpm_example_runs_end_to_end(tmp_path):
     """examples/local_fpm.py --quick: probe, op tables, forwards, fit and the held-out table of all three views."""
     import pathlib

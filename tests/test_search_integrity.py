@@ -151,16 +151,11 @@ def test_a_folder_in_place_of_a_cache_checksum_is_one_line(tmp_path, capsys, ent
 
 
 @pytest.mark.slow
-def test_ray_executor_gives_the_local_search():
+def test_ray_executor_gives_the_local_search(ray_local):
     """Issue 30 item 6: `search --executor ray` (a local Ray instance) ranks the same rows as the local search."""
-    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'graphsim[ray]'): the Ray executor "
-                                            "is not tested here")
-    try:
-        local = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30), space=SPACE)
-        remote = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30), space=SPACE,
-                        executor="ray")
-        cols = ["mode", "mapping", "policies", "decode_batch", "ttft_ms", "tpot_ms", "tokens_per_s_per_gpu"]
-        assert remote.table[cols].equals(local.table[cols]) and remote.stats["programs_compiled"] > 0
-        assert [b["mapping"] for b in remote.best] == [b["mapping"] for b in local.best]
-    finally:
-        ray.shutdown()
+    local = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30), space=SPACE)
+    remote = search("deepseek-v3", "gb200", gpus=8, traffic=TRAFFIC, sla=SLA(2000, 30), space=SPACE,
+                    executor="ray")
+    cols = ["mode", "mapping", "policies", "decode_batch", "ttft_ms", "tpot_ms", "tokens_per_s_per_gpu"]
+    assert remote.table[cols].equals(local.table[cols]) and remote.stats["programs_compiled"] > 0
+    assert [b["mapping"] for b in remote.best] == [b["mapping"] for b in local.best]

@@ -219,17 +219,12 @@ def test_a_dead_worker_is_an_error_row_that_is_not_a_part(head30, tmp_path):
 
 
 @pytest.mark.slow
-def test_ray_gives_the_local_table(head30, tmp_path):
-    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'graphsim[ray]'): the Ray executor "
-                                            "is not tested here")
+def test_ray_gives_the_local_table(head30, tmp_path, ray_local):
     axes = {"mapping": ["tp8-dp1-ep8-pp1", "tp3-dp1-ep1-pp1"]}  # a point and a refused one
-    try:
-        local = grid(head30, V3, axes, validate=0)
-        pd.testing.assert_frame_equal(grid(head30, V3, axes, executor="ray", validate=0), local)
-        pd.testing.assert_frame_equal(grid(head30, V3, axes, executor="ray", output=tmp_path / "g.parquet",
-                                           validate=0), local)
-    finally:
-        ray.shutdown()
+    local = grid(head30, V3, axes, validate=0)
+    pd.testing.assert_frame_equal(grid(head30, V3, axes, executor="ray", validate=0), local)
+    pd.testing.assert_frame_equal(grid(head30, V3, axes, executor="ray", output=tmp_path / "g.parquet",
+                                       validate=0), local)
 
 
 def _cli(*args):

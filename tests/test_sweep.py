@@ -234,16 +234,12 @@ def test_local_executor_does_not_import_ray():
 
 
 @pytest.mark.slow
-def test_ray_executor_matches_local(tmp_path):
-    ray = pytest.importorskip("ray")
-    try:
-        local = run(BAD).to_pandas()
-        remote = run(BAD, executor="ray").to_pandas()
-        pd.testing.assert_frame_equal(local, remote)
-        run(BAD, tmp_path / "r.parquet", executor="ray")
-        check_bad(read_results(tmp_path / "r.parquet"))
-    finally:
-        ray.shutdown()
+def test_ray_executor_matches_local(tmp_path, ray_local):
+    local = run(BAD).to_pandas()
+    remote = run(BAD, executor="ray").to_pandas()
+    pd.testing.assert_frame_equal(local, remote)
+    run(BAD, tmp_path / "r.parquet", executor="ray")
+    check_bad(read_results(tmp_path / "r.parquet"))
 
 
 # ---- plots -----------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """An independent reference forward of DeepSeek-V4.1-Flash (tiny configs), written from V41_FACTS.md and the
-model description — it shares no code with graphsim's graph or its executor (``graphsim.views.collect``).
+model description — it shares no code with graphsim's graph or its executor (``graphsim.views.collect``),
+and runs in NumPy (with ml_dtypes for the formats), so it compiles nothing: each new sequence length would cost
+seconds of XLA compilation in eager JAX.
 
 One request at a time, the whole token sequence 0..N-1 at once (no cache: a decode step is the last position
 of the sequence that includes it), layer by layer as the model is described:
@@ -28,9 +30,46 @@ from __future__ import annotations
 
 import math
 
-import jax
-import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
+
+F32 = np.float32
+
+
+def _softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _sigmoid(x):  # the tanh form: no overflow for large |x|
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+def _silu(x):
+    return x * _sigmoid(x)
+
+
+def _softplus(x):
+    return np.logaddexp(x, F32(0.0))
+
+
+def _relu(x):
+    return np.maximum(x, F32(0.0))
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(F32(math.sqrt(2.0 / math.pi)) * (x + F32(0.044715) * x ** 3)))
+
+
+def _top_k(x, k):
+    """The k largest along the last axis, ties to the lower index (as XLA's TopK)."""
+    idx = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+    return np.take_along_axis(x, idx, axis=-1), idx
+
+
+def _np(P):
+    """The checkpoint's tensors as NumPy arrays (the reference runs in NumPy: no compilation per shape)."""
+    return {k: np.asarray(v) for k, v in P.items()}
 
 
 class Fmt:
@@ -44,51 +83,51 @@ class Fmt:
         shp = x.shape
         b = min(width, shp[-1])
         t = x.reshape(shp[:-1] + (shp[-1] // b, b))
-        s = scale_of(jnp.abs(t).max(axis=-1, keepdims=True))
+        s = scale_of(np.abs(t).max(axis=-1, keepdims=True))
         y = t / s
         if lim is not None:
-            y = jnp.clip(y, -lim, lim)
-        return (y.astype(dtype).astype(jnp.float32) * s).reshape(shp)
+            y = np.clip(y, -lim, lim)
+        return (y.astype(dtype).astype(F32) * s).reshape(shp)
 
     def fp8(self, x):  # E4M3, power-of-two scale per 32
         if not self.on:
             return x
-        return self._grid(x, 32, lambda a: jnp.where(a > 0, 2.0 ** jnp.ceil(jnp.log2(jnp.maximum(a, 1e-30) / 448.0)), 1.0),
-                          jnp.float8_e4m3fn)
+        return self._grid(x, 32, lambda a: np.where(a > 0, 2.0 ** np.ceil(np.log2(np.maximum(a, 1e-30) / 448.0)), 1.0),
+                          ml_dtypes.float8_e4m3fn)
 
     def kv4(self, x):  # E2M1 + E4M3 scale per 16
         if not self.on:
             return x
 
         def sc(a):
-            s = (a / 6.0).astype(jnp.float8_e4m3fn).astype(jnp.float32)
-            return jnp.where(s > 0, s, 1.0)
-        return self._grid(x, 16, sc, jnp.float4_e2m1fn, 6.0)
+            s = (a / 6.0).astype(ml_dtypes.float8_e4m3fn).astype(F32)
+            return np.where(s > 0, s, 1.0)
+        return self._grid(x, 16, sc, ml_dtypes.float4_e2m1fn, 6.0)
 
     def mx4(self, x):  # MXFP4: E2M1 + E8M0 2^(floor(log2 amax) - 2) per 32
         if not self.on:
             return x
-        return self._grid(x, 32, lambda a: jnp.where(a > 0, 2.0 ** (jnp.floor(jnp.log2(jnp.maximum(a, 1e-30))) - 2.0), 1.0),
-                          jnp.float4_e2m1fn, 6.0)
+        return self._grid(x, 32, lambda a: np.where(a > 0, 2.0 ** (np.floor(np.log2(np.maximum(a, 1e-30))) - 2.0), 1.0),
+                          ml_dtypes.float4_e2m1fn, 6.0)
 
     def bf(self, x):
-        return x.astype(jnp.bfloat16).astype(jnp.float32) if self.on else x
+        return x.astype(ml_dtypes.bfloat16).astype(F32) if self.on else x
 
 
 def _rms(x, w=None, eps=1e-6):
-    y = x / jnp.sqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + eps)
+    y = x / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + eps)
     return y if w is None else y * w
 
 
 def _rot(x, pos, rd, theta):
     half = rd // 2
     freq = 1.0 / (theta ** (np.arange(half, dtype=np.float64) * 2.0 / rd))
-    ang = jnp.asarray(pos, jnp.float32)[:, None] * jnp.asarray(freq, jnp.float32)[None, :]
+    ang = np.asarray(pos, F32)[:, None] * np.asarray(freq, F32)[None, :]
     if x.ndim == 3:
         ang = ang[:, None, :]
-    c, s = jnp.cos(ang), jnp.sin(ang)
+    c, s = np.cos(ang), np.sin(ang)
     x1, x2 = x[..., -rd:-half], x[..., -half:]
-    return jnp.concatenate([x[..., :-rd], x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
+    return np.concatenate([x[..., :-rd], x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
 
 
 def _roles(t):
@@ -114,12 +153,12 @@ def _roles(t):
 def _mhc_pre(P, p, X, iters):
     n = X.shape[1]
     flat = X.reshape(X.shape[0], -1)
-    z = (flat @ P[f"{p}.fn"].T) / jnp.sqrt(jnp.mean(flat * flat, axis=-1, keepdims=True) + 1e-6)
+    z = (flat @ P[f"{p}.fn"].T) / np.sqrt(np.mean(flat * flat, axis=-1, keepdims=True) + 1e-6)
     a, b = P[f"{p}.scale"], P[f"{p}.base"]
-    pre = jax.nn.sigmoid(z[:, :n] * a[0] + b[:n])
-    post = 2 * jax.nn.sigmoid(z[:, n:2 * n] * a[1] + b[n:2 * n])
+    pre = _sigmoid(z[:, :n] * a[0] + b[:n])
+    post = 2 * _sigmoid(z[:, n:2 * n] * a[1] + b[n:2 * n])
     Z = (z[:, 2 * n:] * a[2] + b[2 * n:]).reshape(-1, n, n)
-    M = jnp.exp(Z - Z.max(axis=(1, 2), keepdims=True))
+    M = np.exp(Z - Z.max(axis=(1, 2), keepdims=True))
     for _ in range(iters):
         M = M / M.sum(axis=2, keepdims=True)
         M = M / M.sum(axis=1, keepdims=True)
@@ -127,7 +166,7 @@ def _mhc_pre(P, p, X, iters):
 
 
 def _mhc_post(X, post, M, y):
-    return jnp.einsum("tij,tjd->tid", M, X) + post[:, :, None] * y[:, None, :]
+    return np.einsum("tij,tjd->tid", M, X) + post[:, :, None] * y[:, None, :]
 
 
 def _engram(P, t, layer, X, ids, f, text=None):
@@ -149,35 +188,35 @@ def _engram(P, t, layer, X, ids, f, text=None):
                 acc = (acc + hist[:, k] * mult) & 0xFFFFFFFF
             keys.append(acc % rows)
     p = f"layers.{layer}.engram"
-    e = P[f"{p}.table"][jnp.asarray(np.stack(keys, 1).astype(np.int32))].reshape(T, -1)
+    e = P[f"{p}.table"][np.asarray(np.stack(keys, 1).astype(np.int32))].reshape(T, -1)
     proj = f.fp8(e) @ P[f"{p}.wkv"]
     n, d = X.shape[1], X.shape[2]
     K, V = proj[:, :n * d].reshape(T, n, d), proj[:, n * d:]
     gn = P[f"{p}.gate_norm"]
-    g = jax.nn.sigmoid((_rms(X, gn[0]) * _rms(K, gn[1])).sum(-1) / math.sqrt(d))
+    g = _sigmoid((_rms(X, gn[0]) * _rms(K, gn[1])).sum(-1) / math.sqrt(d))
     if text is not None:  # image positions bypass Engram
-        g = jnp.where(jnp.asarray(text)[:, None], g, 0.0)
+        g = np.where(np.asarray(text)[:, None], g, 0.0)
     return X + g[:, :, None] * V[:, None, :]
 
 
 def _experts(P, p, t, x, f, limit, k=None):
     logits = f.bf(x) @ P[f"{p}.gate.weight"]
-    s = jnp.sqrt(jax.nn.softplus(logits))
+    s = np.sqrt(_softplus(logits))
     k = k or t["num_experts_per_tok"]
-    _, ids = jax.lax.top_k(s + P[f"{p}.gate.bias"], k)
-    w = jnp.take_along_axis(s, ids, 1)
+    _, ids = _top_k(s + P[f"{p}.gate.bias"], k)
+    w = np.take_along_axis(s, ids, 1)
     w = w / w.sum(-1, keepdims=True) * t["routed_scaling_factor"]
     xq = f.fp8(x)
 
     def glu(a, b):
         if limit:
-            a, b = jnp.minimum(a, limit), jnp.clip(b, -limit, limit)
-        return jax.nn.silu(a) * b
+            a, b = np.minimum(a, limit), np.clip(b, -limit, limit)
+        return _silu(a) * b
     y = 0.0
     for j in range(k):
         e = ids[:, j]
-        h = glu(jnp.einsum("td,tdf->tf", xq, P[f"{p}.experts.w1"][e]), jnp.einsum("td,tdf->tf", xq, P[f"{p}.experts.w3"][e]))
-        y = y + w[:, j:j + 1] * jnp.einsum("tf,tfd->td", f.fp8(h), P[f"{p}.experts.w2"][e])
+        h = glu(np.einsum("td,tdf->tf", xq, P[f"{p}.experts.w1"][e]), np.einsum("td,tdf->tf", xq, P[f"{p}.experts.w3"][e]))
+        y = y + w[:, j:j + 1] * np.einsum("tf,tfd->td", f.fp8(h), P[f"{p}.experts.w2"][e])
     s_ = f"{p}.shared_experts"
     hs = glu(xq @ P[f"{s_}.w1"], xq @ P[f"{s_}.w3"])
     return y + f.fp8(hs) @ P[f"{s_}.w2"]
@@ -187,6 +226,7 @@ def vision(P, config: dict, pixels, grid, *, emulate: bool = True):
     """Image features [tokens, hidden] of one image: ``pixels`` [rows·cols, channels·p²] in raster order of
     its patch ``grid`` (rows, cols)."""
     v = config["vision_config"]
+    P = _np(P)
     f = Fmt(emulate)
     h, H, r = v["hidden_size"], v["num_attention_heads"], v["downsample_ratio"]
     hd, theta = h // H, v.get("rope_theta", 10000.0)
@@ -195,24 +235,24 @@ def vision(P, config: dict, pixels, grid, *, emulate: bool = True):
 
     def rope2(x):  # [T, H, hd]: channels [0, hd/2) by the row, [hd/2, hd) by the column
         half = hd // 2
-        return jnp.concatenate([_rot(x[..., :half], row, half, theta), _rot(x[..., half:], col, half, theta)], axis=-1)
+        return np.concatenate([_rot(x[..., :half], row, half, theta), _rot(x[..., half:], col, half, theta)], axis=-1)
 
-    x = f.bf(jnp.asarray(pixels, jnp.float32)) @ P["vision.patch_embed.weight"]
+    x = f.bf(np.asarray(pixels, F32)) @ P["vision.patch_embed.weight"]
     for i in range(v["num_hidden_layers"]):
         p = f"vision.blocks.{i}"
         qkv = f.bf(_rms(x, P[f"{p}.norm1"])) @ P[f"{p}.attn.wqkv"]
         q, k, val = (qkv[:, j * h:(j + 1) * h].reshape(-1, H, hd) for j in range(3))
-        pr = jax.nn.softmax(jnp.einsum("qhd,khd->hqk", rope2(q), rope2(k)) / math.sqrt(hd), axis=-1)
-        x = x + f.bf(jnp.einsum("hqk,khd->qhd", pr, val).reshape(-1, h)) @ P[f"{p}.attn.wo"]
+        pr = _softmax(np.einsum("qhd,khd->hqk", rope2(q), rope2(k)) / math.sqrt(hd), axis=-1)
+        x = x + f.bf(np.einsum("hqk,khd->qhd", pr, val).reshape(-1, h)) @ P[f"{p}.attn.wo"]
         y = f.bf(_rms(x, P[f"{p}.norm2"]))
-        x = x + f.bf(jax.nn.silu(y @ P[f"{p}.mlp.w1"]) * (y @ P[f"{p}.mlp.w3"])) @ P[f"{p}.mlp.w2"]
+        x = x + f.bf(_silu(y @ P[f"{p}.mlp.w1"]) * (y @ P[f"{p}.mlp.w3"])) @ P[f"{p}.mlp.w2"]
     x = np.asarray(_rms(x, P["vision.norm"])).reshape(gh, gw, h)
     th, tw = -(-gh // r), -(-gw // r)
     padded = np.zeros((th * r, tw * r, h), np.float32)
     padded[:gh, :gw] = x
     tok = np.stack([np.concatenate([padded[a * r + dy, b * r + dx] for dy in range(r) for dx in range(r)])
                     for a in range(th) for b in range(tw)])
-    y = jax.nn.gelu(f.bf(jnp.asarray(tok)) @ P["vision.aligner.fc1"], approximate=True)
+    y = _gelu_tanh(f.bf(np.asarray(tok, F32)) @ P["vision.aligner.fc1"])
     return f.bf(y) @ P["vision.aligner.fc2"]
 
 
@@ -223,6 +263,7 @@ def forward(P, config: dict, ids, *, emulate: bool = True, swa_start: int = 0, l
     ``taps`` (a dict) receives each layer's attention input (its mHC pre-mix) under the layer number.
     ``image`` = (pixels, grid): an image whose tokens are the first positions of the sequence."""
     t = config.get("text_config", config)
+    P = _np(P)
     f = Fmt(emulate)
     ids = np.asarray(ids)
     T = ids.shape[0]
@@ -236,13 +277,14 @@ def forward(P, config: dict, ids, *, emulate: bool = True, swa_start: int = 0, l
     cand_src, B, C = t["candidate_source_layer_id"], t["candidate_block_size"], t["candidate_topk_blocks"]
     roles = _roles(t)
     ratios = t["compress_ratios"]
-    E0 = P["embed.weight"][jnp.asarray(ids)]
+    E0 = P["embed.weight"][np.asarray(ids)]
     text = None
     if image is not None:
         feats = vision(P, config, *image, emulate=emulate)
-        E0 = E0.at[:feats.shape[0]].set(feats)
+        E0 = E0.copy()
+        E0[:feats.shape[0]] = feats
         text = np.arange(T) >= feats.shape[0]
-    X = jnp.repeat(E0[:, None, :], n, axis=1)
+    X = np.repeat(E0[:, None, :], n, axis=1)
     owner_kv, owner_ik, topk_of, pool = {}, {}, {}, None
     for L, (path, owner, prod) in enumerate(roles):
         p = f"layers.{L}"
@@ -263,7 +305,7 @@ def forward(P, config: dict, ids, *, emulate: bool = True, swa_start: int = 0, l
                 e = T // m
                 ck = (h @ P[f"{c}.wkv"])[:e * m].reshape(e, m, D)
                 cg = (h @ P[f"{c}.wgate"])[:e * m].reshape(e, m, D)
-                ent = (jax.nn.softmax(cg, axis=1) * ck).sum(1)
+                ent = (_softmax(cg, axis=1) * ck).sum(1)
             else:
                 e = T
                 ent = f.bf(h) @ P[f"{c}.wkv"]
@@ -278,40 +320,41 @@ def forward(P, config: dict, ids, *, emulate: bool = True, swa_start: int = 0, l
             wi = f.bf(h) @ P[f"{ix}.weights_proj"]
             ik = owner_ik[owner]
             E = ik.shape[0]
-            sc = (jax.nn.relu(jnp.einsum("thd,ed->the", qi, ik)) * wi[:, :, None]).sum(1) / math.sqrt(Hi * Di)
+            sc = (_relu(np.einsum("thd,ed->the", qi, ik)) * wi[:, :, None]).sum(1) / math.sqrt(Hi * Di)
             visible = np.arange(E)[None, :] < ((pos + 1) // m)[:, None]
             if path == "reindex" and L > cand_src:
-                visible = jnp.asarray(visible) & pool
-            sc = jnp.where(visible, sc, -jnp.inf)
+                visible = np.asarray(visible) & pool
+            sc = np.where(visible, sc, -np.inf)
             if L == cand_src:  # block max, candidate pool (newest visible block always kept)
                 nb = -(-E // B)
-                bm = jnp.pad(sc, ((0, 0), (0, nb * B - E)), constant_values=-jnp.inf).reshape(T, nb, B).max(-1)
+                bm = np.pad(sc, ((0, 0), (0, nb * B - E)), constant_values=-np.inf).reshape(T, nb, B).max(-1)
                 newest = ((pos + 1) // m - 1) // B
-                bm = jnp.where(np.arange(nb)[None, :] == newest[:, None], jnp.inf, bm)
-                top, bi = jax.lax.top_k(bm, min(C, nb))
-                keep = jnp.zeros((T, nb), bool).at[np.arange(T)[:, None], bi].set(top > -jnp.inf)
-                pool = jnp.repeat(keep, B, axis=1)[:, :E]
-            top, ti = jax.lax.top_k(sc, min(K, E))
-            topk_of[L] = (ti, top > -jnp.inf)
+                bm = np.where(np.arange(nb)[None, :] == newest[:, None], np.inf, bm)
+                top, bi = _top_k(bm, min(C, nb))
+                keep = np.zeros((T, nb), bool)
+                keep[np.arange(T)[:, None], bi] = top > -np.inf
+                pool = np.repeat(keep, B, axis=1)[:, :E]
+            top, ti = _top_k(sc, min(K, E))
+            topk_of[L] = (ti, top > -np.inf)
         # attention: the SWA window + the selected compressed entries, a sink per head
         start = swa_start if (layers_from is not None and L >= layers_from) else 0
         kp = pos[:, None] - np.arange(W)[None, ::-1]
         ok_w = kp >= max(start, 0)
         keys = [swa[np.maximum(kp, 0)]]
-        oks = [jnp.asarray(ok_w)]
+        oks = [np.asarray(ok_w)]
         if owner is not None:
             ti, tv = topk_of[prod]
             keys.append(owner_kv[owner][ti])
             oks.append(tv)
-        Kx = jnp.concatenate(keys, 1)
-        ok = jnp.concatenate(oks, 1)
-        lg = jnp.where(ok[:, None, :], jnp.einsum("thd,tsd->ths", q, Kx) / math.sqrt(D), -jnp.inf)
+        Kx = np.concatenate(keys, 1)
+        ok = np.concatenate(oks, 1)
+        lg = np.where(ok[:, None, :], np.einsum("thd,tsd->ths", q, Kx) / math.sqrt(D), -np.inf)
         sink = P[f"{p}.attn.sink"]
-        lg_all = jnp.concatenate([lg, jnp.broadcast_to(sink[None, :, None], (T, H, 1))], axis=-1)
-        pr = jax.nn.softmax(lg_all, axis=-1)[..., :-1]
-        o = jnp.einsum("ths,tsd->thd", pr, Kx).reshape(T, H * D)
+        lg_all = np.concatenate([lg, np.broadcast_to(sink[None, :, None], (T, H, 1))], axis=-1)
+        pr = _softmax(lg_all, axis=-1)[..., :-1]
+        o = np.einsum("ths,tsd->thd", pr, Kx).reshape(T, H * D)
         G = P[f"{p}.attn.wo_a"].shape[0]
-        oa = jnp.einsum("tgk,gkn->tgn", f.bf(o).reshape(T, G, -1), P[f"{p}.attn.wo_a"]).reshape(T, -1)
+        oa = np.einsum("tgk,gkn->tgn", f.bf(o).reshape(T, G, -1), P[f"{p}.attn.wo_a"]).reshape(T, -1)
         X = _mhc_post(X, post, M, f.fp8(oa) @ P[f"{p}.attn.wo_b"])
         hmix, post, M = _mhc_pre(P, f"{p}.hc_ffn", X, iters)
         h2 = f.fp8(_rms(hmix, P[f"{p}.ffn_norm"]))
@@ -327,6 +370,7 @@ def draft(P, config: dict, ids, *, emulate: bool = True):
     from the projected context, draft positions causal among themselves), the trunk's head plus the Markov
     head (vocab -> rank -> vocab on the previous draft token), the confidence head on [hidden, Markov]."""
     t = config.get("text_config", config)
+    P = _np(P)
     f = Fmt(emulate)
     taps: dict = {}
     logits = forward(P, config, ids, emulate=emulate, taps=taps)
@@ -337,10 +381,10 @@ def draft(P, config: dict, ids, *, emulate: bool = True):
     theta = t.get("rope_theta", 10000.0)
     lo = N - min(N, W)
     cpos = np.arange(lo, N)
-    ctx = jnp.concatenate([taps[L][lo:] for L in t["dspark_target_layer_ids"]], axis=-1)
+    ctx = np.concatenate([taps[L][lo:] for L in t["dspark_target_layer_ids"]], axis=-1)
     ctx = f.bf(ctx) @ P["dspark.main_proj"]
-    tok = [int(jnp.argmax(logits[-1]))] + [t["dspark_noise_token_id"]] * (A - 1)
-    X = jnp.repeat(P["embed.weight"][jnp.asarray(tok)][:, None, :], n, axis=1)
+    tok = [int(np.argmax(logits[-1]))] + [t["dspark_noise_token_id"]] * (A - 1)
+    X = np.repeat(P["embed.weight"][np.asarray(tok)][:, None, :], n, axis=1)
     dpos = np.arange(N, N + A)
     limit = t.get("swiglu_limit", 0.0) or 0.0
     for j in range(t["num_nextn_predict_layers"]):
@@ -351,23 +395,23 @@ def draft(P, config: dict, ids, *, emulate: bool = True):
         qr = f.fp8(_rms(f.fp8(h) @ P[f"{p}.attn.wq_a"], P[f"{p}.attn.q_norm"]))
         q = _rot((f.fp8(qr) @ P[f"{p}.attn.wq_b"]).reshape(A, H, D), dpos, rd, theta)
         kd = _rot(_rms(f.fp8(h) @ P[f"{p}.attn.wkv"], P[f"{p}.attn.kv_norm"]), dpos, rd, theta)
-        keys = jnp.concatenate([ck, kd], axis=0)
+        keys = np.concatenate([ck, kd], axis=0)
         kpos = np.concatenate([cpos, dpos])
         ok = (kpos[None, :] <= dpos[:, None]) & (kpos[None, :] > dpos[:, None] - W)
-        lg = jnp.where(ok[:, None, :], jnp.einsum("thd,sd->ths", q, keys) / math.sqrt(D), -jnp.inf)
+        lg = np.where(ok[:, None, :], np.einsum("thd,sd->ths", q, keys) / math.sqrt(D), -np.inf)
         sink = P[f"{p}.attn.sink"]
-        lg = jnp.concatenate([lg, jnp.broadcast_to(sink[None, :, None], (A, H, 1))], axis=-1)
-        o = jnp.einsum("ths,sd->thd", jax.nn.softmax(lg, axis=-1)[..., :-1], keys).reshape(A, H * D)
+        lg = np.concatenate([lg, np.broadcast_to(sink[None, :, None], (A, H, 1))], axis=-1)
+        o = np.einsum("ths,sd->thd", _softmax(lg, axis=-1)[..., :-1], keys).reshape(A, H * D)
         G = P[f"{p}.attn.wo_a"].shape[0]
-        oa = jnp.einsum("tgk,gkn->tgn", f.bf(o).reshape(A, G, -1), P[f"{p}.attn.wo_a"]).reshape(A, -1)
+        oa = np.einsum("tgk,gkn->tgn", f.bf(o).reshape(A, G, -1), P[f"{p}.attn.wo_a"]).reshape(A, -1)
         X = _mhc_post(X, post, M, f.fp8(oa) @ P[f"{p}.attn.wo_b"])
         hmix, post, M = _mhc_pre(P, f"{p}.hc_ffn", X, t["hc_sinkhorn_iters"])
         h2 = f.fp8(_rms(hmix, P[f"{p}.ffn_norm"]))
         X = _mhc_post(X, post, M, _experts(P, f"{p}.ffn", t, h2, f, limit, k=t["dspark_num_experts_per_tok"]))
     hn = _rms(X.mean(axis=1), P["dspark.norm"])
     dl = f.bf(hn) @ P["head.weight"]
-    prev = jnp.concatenate([jnp.asarray(tok[:1]), jnp.argmax(dl[:-1], axis=-1)])
+    prev = np.concatenate([np.asarray(tok[:1]), np.argmax(dl[:-1], axis=-1)])
     mk = P["dspark.markov.embed"][prev]
-    tokens = jnp.argmax(dl + f.bf(mk) @ P["dspark.markov.proj"], axis=-1)
-    conf = jax.nn.sigmoid(jnp.concatenate([hn, mk], axis=-1) @ P["dspark.confidence.proj"])
+    tokens = np.argmax(dl + f.bf(mk) @ P["dspark.markov.proj"], axis=-1)
+    conf = _sigmoid(np.concatenate([hn, mk], axis=-1) @ P["dspark.confidence.proj"])
     return np.asarray(tokens), np.asarray(conf)
