@@ -120,3 +120,19 @@ def test_compiled_and_schedule_html(v3):
     longest = max(path, key=lambda i: s.duration[0, i])
     assert f"forward {s.forward[0] * 1e3:.4g} ms" in sh and f"critical path {len(path):,} ops" in sh
     assert v3.graph.ops[longest].name in sh and sh.count("<tr>") == 1 + 8 and len(sh) < 5_000
+
+
+def test_report_shares_say_they_are_of_the_forward_and_why_they_can_pass_100_percent():
+    """Busy times count every stream: with two-batch overlap the all-to-alls run beside the experts, so the op
+    kinds' busy times add to more than the forward — the report says so, with the sum (sum of busy / forward);
+    one GPU of a dense model has one stream and no such line."""
+    c = gs.compile_plan("deepseek-v3", gs.Plan(["decode:4096x64"], gs.ParallelMapping(tp=4, ep=4),
+                                               gs.Policies(overlap="two-batch")), "gb200")
+    r = c.report()
+    busy = sum(r.breakdown.values())
+    assert busy > r.forward_s  # overlapped communication
+    text = r.to_text()
+    assert "of forward" in text and f"add to {100 * busy / r.forward_s:.1f} % of the forward" in text
+    assert "streams overlap" in r._repr_html_()
+    one = gs.compile_plan("llama-3.1-70b", gs.Plan(["decode:4096x8"]), "gb200").report()
+    assert sum(one.breakdown.values()) <= one.forward_s * (1 + 1e-9) and "streams overlap" not in one.to_text()

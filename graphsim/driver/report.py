@@ -82,13 +82,16 @@ class Report:
         def share(s: float) -> str:
             return f"{100 * s / fwd:.1f} %"
 
+        over = _overlap_note(sum(self.breakdown.values()), fwd)
+
         blocks = [
             html_table(("", "value"), nums, caption="headline", right=(1,)),
-            html_table(("stage", "busy", "share"), [(s, _ms(v["busy_s"]).strip(), share(v["busy_s"]))
-                                                    for s, v in self.stages.items()], caption="stages", right=(1, 2)),
-            html_table(("op kind", "busy", "share"), [(k, _ms(v).strip(), share(v)) for k, v in
-                                                      sorted(self.breakdown.items(), key=lambda kv: -kv[1])],
-                       caption="op kinds", right=(1, 2)),
+            html_table(("stage", "busy", "of forward"), [(s, _ms(v["busy_s"]).strip(), share(v["busy_s"]))
+                                                         for s, v in self.stages.items()], caption="stages",
+                       right=(1, 2)),
+            html_table(("op kind", "busy", "of forward"), [(k, _ms(v).strip(), share(v)) for k, v in
+                                                           sorted(self.breakdown.items(), key=lambda kv: -kv[1])],
+                       caption="op kinds" + (f" ({over.strip()})" if over else ""), right=(1, 2)),
             html_table(("part", "GiB"), memory, caption="memory per device", right=(1,)),
         ]
         path = sorted(self.critical_path, key=lambda o: -o["duration_s"])[:top]
@@ -123,13 +126,16 @@ class Report:
             lines.append(f"energy           {t['tokens_per_joule']:,.2f} tok/J at board power "
                          f"({t['energy_j']:,.2f} J per forward on {i['gpus']} GPUs at TDP: an upper bound on energy)")
         fwd = max(self.forward_s, 1e-30)
-        lines += ["", *text_table(("stage", "busy", "share"), [(s, _ms(v["busy_s"]).strip(),
-                                                               f"{100 * v['busy_s'] / fwd:.1f} %")
-                                                              for s, v in self.stages.items()], right=(False, True, True), indent=2)]
-        lines += ["", *text_table(("op kind", "busy", "share"),
+        lines += ["", *text_table(("stage", "busy", "of forward"), [(s, _ms(v["busy_s"]).strip(),
+                                                                    f"{100 * v['busy_s'] / fwd:.1f} %")
+                                                                   for s, v in self.stages.items()],
+                                  right=(False, True, True), indent=2)]
+        lines += ["", *text_table(("op kind", "busy", "of forward"),
                                   [(k, _ms(v).strip(), f"{100 * v / fwd:.1f} %")
                                    for k, v in sorted(self.breakdown.items(), key=lambda kv: -kv[1])],
                                   right=(False, True, True), indent=2)]
+        if (over := _overlap_note(sum(self.breakdown.values()), fwd)):
+            lines.append(over)
         if self.collectives:
             lines += ["", *text_table(("collective", "algorithm", "ops", "busy"),
                                       [(r["collective"], r["algorithm"], r["ops"], _ms(r["busy_s"]).strip())
@@ -261,6 +267,14 @@ def _policies_text(policies: dict) -> str:
     default = attrs.asdict(Policies())
     diff = [f"{k}={v}" for k, v in policies.items() if default.get(k) != v]
     return ", ".join(diff) if diff else "defaults (no replay, unfused, no overlap, Engram in HBM, DSpark off)"
+
+
+def _overlap_note(busy: float, forward: float) -> str:
+    """A line saying why the busy times add to more than the forward (streams run side by side), or ""."""
+    if busy <= forward * (1 + 1e-9):
+        return ""
+    return (f"  the busy times add to {100 * busy / forward:.1f} % of the forward: streams overlap (communication "
+            "and copies run beside compute)")
 
 
 def _ms(s: float) -> str:
