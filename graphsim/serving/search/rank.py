@@ -83,11 +83,7 @@ def _with_sol(df, s: _Search, view, profile):
         for k, c in SOL_COLUMNS.items():
             df[c] = df[k]
         return df
-    # the same batches as the prediction (the engine's memory rule decides which fit), at SOL times
-    twin = _Search(s.model, s.hw, s.gpus, s.traffic, s.sla, s.space, None, None, s.reserve_gib, None, None, s.jobs,
-                   s.engine)
-    twin.agg_maps, twin.dd_maps, twin.pp_maps = s.agg_maps, s.dd_maps, s.pp_maps
-    rows = [r for work in s.history for r in _assemble(twin, work)]
+    twin, rows = s.twin, s.twin_rows  # every work set replayed (_assemble), as it was assembled
     s.twin_compiled = twin.compiled
     s.skipped += [x for x in twin.skipped if x not in s.skipped]
     if not rows:
@@ -97,6 +93,21 @@ def _with_sol(df, s: _Search, view, profile):
     sol = pd.DataFrame(rows)[list(TWIN_KEYS) + list(SOL_COLUMNS)].rename(columns=SOL_COLUMNS)
     sol = sol.drop_duplicates(list(TWIN_KEYS))
     return df.merge(sol, on=list(TWIN_KEYS), how="left")
+
+
+def start_twin(s: _Search, view, profile) -> None:
+    """With a measured view or a profile, ``s.twin``: the speed-of-light search of the same space (the same
+    programs, compiled without the view) that :func:`_assemble` replays each work set through right after the
+    prediction's — while the compile cache still holds those programs' graphs (and a work set's at most) —
+    and whose rows :func:`_with_sol` joins. Its batches are the prediction's (the engine's memory rule decides
+    which fit), at SOL times."""
+    if view is None and profile is None:
+        return
+    twin = _Search(s.model, s.hw, s.gpus, s.traffic, s.sla, s.space, None, None, s.reserve_gib, None, None, s.jobs,
+                   s.engine)
+    twin.agg_maps, twin.dd_maps, twin.pp_maps = s.agg_maps, s.dd_maps, s.pp_maps
+    twin.compiles = s.compiles  # the same plans: their graphs are built once
+    s.twin = twin
 
 
 def _ckey(choice: dict) -> tuple:
@@ -146,6 +157,9 @@ def _assemble(s: _Search, work: dict) -> list[dict]:
         pre = [g for g in (s.group("prefill", m, p) for (m, _), p in pools["pre"].items()) if not g.error]
         dec = [g for g in (s.group("decode", m, p) for (m, _), p in pools["dec"].items()) if not g.error]
         rows += s.disagg_rows(pre, dec)
+    if s.twin is not None:  # the SOL twin of the same work set, while the cache holds its graphs
+        s.twin_rows += _assemble(s.twin, work)
+    s.compiles.clear()  # a group is evaluated once: the next work set's programs are others
     return rows
 
 
