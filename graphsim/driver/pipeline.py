@@ -175,10 +175,10 @@ class CompileCache:
     * the lowered program and its evaluator per sharded graph and chunk, for a view that keeps the SOL cost
       classes (its binding refines no op keys): the profile enters only at evaluation (unit times, overhead).
 
-    Scoped to its owner, which clears it when its plans are done (a search: after each work set). It holds at
-    most ``limit`` graphs (the first ones: a caller that compiles its plans again in the same order still gets
-    those). A descriptor is a value (an edited one is another key); a model is keyed by its object, as its own
-    build cache is."""
+    A graph is served once — the second compile of a plan takes it (and its program) out — so the cache holds
+    only plans compiled once so far; its owner clears what is left when those plans are done (a search: after
+    each work set), and it holds at most ``limit`` graphs (the first ones). A descriptor is a value (an edited
+    one is another key); a model is keyed by its object, as its own build cache is."""
 
     def __init__(self, limit: int = 256) -> None:
         self.limit = limit
@@ -188,7 +188,7 @@ class CompileCache:
 
     def graph(self, model, plan: Plan, hw: HardwareSpec, extra_passes, make: Callable) -> tuple:
         key = (id(model), plan, hw, tuple(extra_passes))
-        got = self.graphs.get(key)
+        got = self.graphs.pop(key, None)
         if got is not None and got[0] is model:
             self.hits += 1
             return key, got[1], got[2]
@@ -198,8 +198,9 @@ class CompileCache:
         return key, logical, graph
 
     def program(self, key, chunk: int, graph: Graph, kinds: tuple) -> tuple:
-        """The SOL-class program of a graph this cache holds, and its evaluator."""
-        got = self.programs.get((key, chunk))
+        """The SOL-class program of a graph, and its evaluator: the one lowered at the graph's first compile
+        (taken out), else lowered now (and kept while the cache holds the graph)."""
+        got = self.programs.pop((key, chunk), None)
         if got is None:
             program = lower(graph, None)
             got = program, Evaluator(program, kinds, chunk)

@@ -307,7 +307,7 @@ class _Search:
             return fwd
         factor = hottest_rank_factor(tokens, moe.top_k, moe.experts, mapping.ep, sv.moe_load_ratio, sv.eplb)
         c2 = compile_plan(self.model, Plan([req], mapping, attrs.evolve(policies, ep_imbalance=2.0)), self.hw,
-                          self.profile, view=self.bind_view, cache=self.compiles)
+                          self.profile, view=self.bind_view)  # the prediction's own (the twin pays no step terms)
         hot = np.asarray(c2.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64)
         return fwd + (factor - 1.0) * (hot - fwd)
 
@@ -332,7 +332,7 @@ class _Search:
                     plan[(r, j)] = steps
         if plan:
             c3 = compile_plan(self.model, Plan([req] * 3, mapping, policies), self.hw, self.profile,
-                              view=self.bind_view, cache=self.compiles)
+                              view=self.bind_view)  # the prediction's own
             out = _sum_steps(out, plan, c3, ("prefill",) * 3, dp, sv, k)
         return out
 

@@ -97,10 +97,9 @@ def _with_sol(df, s: _Search, view, profile):
 
 def start_twin(s: _Search, view, profile) -> None:
     """With a measured view or a profile, ``s.twin``: the speed-of-light search of the same space (the same
-    programs, compiled without the view) that :func:`_assemble` replays each work set through right after the
-    prediction's — while the compile cache still holds those programs' graphs (and a work set's at most) —
-    and whose rows :func:`_with_sol` joins. Its batches are the prediction's (the engine's memory rule decides
-    which fit), at SOL times."""
+    programs, compiled without the view) that :func:`_assemble` runs every work set through, step by step right
+    after the prediction, while the compile cache holds the step's graphs; :func:`_with_sol` joins its rows.
+    Its batches are the prediction's (the engine's memory rule decides which fit), at SOL times."""
     if view is None and profile is None:
         return
     twin = _Search(s.model, s.hw, s.gpus, s.traffic, s.sla, s.space, None, None, s.reserve_gib, None, None, s.jobs,
@@ -133,34 +132,41 @@ def _planned(s: _Search, work: dict) -> list:
 def _assemble(s: _Search, work: dict) -> list[dict]:
     """Rows of the (role, mapping) -> policy choices in ``work``: aggregated replicas of each decode mapping,
     and disaggregated pairs of every prefill and decode pool evaluated under one choice so far (each pair
-    once)."""
-    s.history.append(work)
-    planned = _planned(s, work)
-    if s.progress is not None and hasattr(s.progress, "expect"):
-        s.progress.expect(len(planned))
-    if s.jobs > 1:
-        s.prefetch(planned)
-    rows, touched = [], set()
+    once). With a SOL twin (:func:`start_twin`) the twin assembles the same work step by step right after the
+    prediction — its own groups, pools and rows (``s.twin_rows``), as if it replayed the work set after it —
+    so each plan's graph is compiled once for both and held only until the twin has it."""
+    both = [s] if s.twin is None else [s, s.twin]
+    for x in both:
+        x.history.append(work)
+        planned = _planned(x, work)
+        if x.progress is not None and hasattr(x.progress, "expect"):
+            x.progress.expect(len(planned))
+        if x.jobs > 1:
+            x.prefetch(planned)
+    rows: list = [[] for _ in both]
+    touched = set()
     for (role, m), cs in work.items():
         for choice in cs:
             pol = policies_of(choice, s.space.acceptance)
-            if role == "dec" and m in s.agg_maps and (m, canonical(pol, m)) not in s.assembled:
-                s.assembled.add((m, canonical(pol, m)))
-                rows += s.agg_rows(m, pol)  # gpus // n replicas; tokens/s per GPU over the GPUs used
-            if m in (s.pp_maps if role == "pre" else s.dd_maps):
-                # pools pair when their time axes agree (each pool keeps its own residency values)
-                tk = _ckey({f: v for f, v in choice.items() if f not in MEMORY_AXES})
-                s.pools.setdefault(tk, {"pre": {}, "dec": {}})[role][(m, canonical(pol, m))] = pol
-                touched.add(tk)
+            for x, out in zip(both, rows):
+                if role == "dec" and m in x.agg_maps and (m, canonical(pol, m)) not in x.assembled:
+                    x.assembled.add((m, canonical(pol, m)))
+                    out += x.agg_rows(m, pol)  # gpus // n replicas; tokens/s per GPU over the GPUs used
+                if m in (x.pp_maps if role == "pre" else x.dd_maps):
+                    # pools pair when their time axes agree (each pool keeps its own residency values)
+                    tk = _ckey({f: v for f, v in choice.items() if f not in MEMORY_AXES})
+                    x.pools.setdefault(tk, {"pre": {}, "dec": {}})[role][(m, canonical(pol, m))] = pol
+                    touched.add(tk)
     for tk in touched:
-        pools = s.pools[tk]
-        pre = [g for g in (s.group("prefill", m, p) for (m, _), p in pools["pre"].items()) if not g.error]
-        dec = [g for g in (s.group("decode", m, p) for (m, _), p in pools["dec"].items()) if not g.error]
-        rows += s.disagg_rows(pre, dec)
-    if s.twin is not None:  # the SOL twin of the same work set, while the cache holds its graphs
-        s.twin_rows += _assemble(s.twin, work)
-    s.compiles.clear()  # a group is evaluated once: the next work set's programs are others
-    return rows
+        for x, out in zip(both, rows):
+            pools = x.pools[tk]
+            pre = [g for g in (x.group("prefill", m, p) for (m, _), p in pools["pre"].items()) if not g.error]
+            dec = [g for g in (x.group("decode", m, p) for (m, _), p in pools["dec"].items()) if not g.error]
+            out += x.disagg_rows(pre, dec)
+    s.compiles.clear()  # what the twin did not take (a group is evaluated once: the next work set's are others)
+    if s.twin is not None:
+        s.twin_rows += rows[1]
+    return rows[0]
 
 
 def _rescue(s: _Search, key: tuple, base: dict, axes) -> list[dict]:
