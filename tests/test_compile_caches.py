@@ -315,3 +315,18 @@ def test_an_edited_table_is_read_by_the_next_bind(tmp_path):
     after = _fwd(compile_plan("deepseek-v3", plan, "gb200", view=view))
     fresh = _fwd(compile_plan("deepseek-v3", plan, "gb200", view=attrs.evolve(view, measured=Store(tables))))
     assert after == fresh and after > before
+
+
+def test_a_lookup_key_is_its_query_memoized_by_value():
+    """Lookup.key() is memoized per distinct lookup: equal lookups share it, and it is the query's repr."""
+    from graphsim.views.measured.mapping import Coord, Lookup
+
+    def lk(n, coef=1.0):
+        return Lookup("gemm", "gemm", (("dtype", ("fp8",)),), (("n", n), ("k", 7168)),
+                      (("m", Coord(((Feature("tokens", "q"), coef),))),))
+
+    keys = {n: lk(n).key() for n in (1536, 2048)}
+    assert keys[1536] != keys[2048] and lk(1536).key() == keys[1536]
+    assert lk(1536, 0.5).key() != keys[1536]
+    a = lk(2048)
+    assert a.key() == repr((a.family, a.op, a.where, a.fixed, a.varying))

@@ -103,7 +103,10 @@ class Lookup:
     def key(self) -> str:
         """The table query (module instances of one kind share it). Memoized by value: a program's ~1,000
         lookups are a few dozen distinct ones, and equal lookups have one key."""
-        k = _KEYS.get(self)
+        try:
+            k = _KEYS.get(self)
+        except TypeError:  # an unhashable part (a rule's list): no memo
+            return repr((self.family, self.op, self.where, self.fixed, self.varying))
         if k is None:
             if len(_KEYS) >= 4096:
                 _KEYS.clear()
