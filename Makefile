@@ -24,6 +24,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_cli.py
 	$(BIN)/python benchmarks/bench_sweep_memory.py
 	$(BIN)/python benchmarks/bench_search.py
+	$(BIN)/python benchmarks/bench_search_speed.py
 	$(BIN)/python benchmarks/bench_serve_sim.py --requests 12000
 
 clean:

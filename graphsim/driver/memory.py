@@ -61,7 +61,7 @@ def kv_per_device(model, context, mapping: ParallelMapping, policies=None) -> fl
 
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=256)  # a search asks for every (mapping, policies) of a work set, then its SOL twin
 def _reference_splits(model, mapping: ParallelMapping, policies=None, hw=None) -> dict[str, float]:
     """tensor -> weight divisor, from the model's reference graph (all of its stages) under the policies'
     sharding options, with the token layouts the sharding pass picks (a scattered MoE block holds its shared

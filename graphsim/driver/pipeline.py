@@ -166,11 +166,61 @@ def _images_for(model, plan: Plan) -> Plan:
     return attrs.evolve(plan, requests=tuple(r.for_processor(proc) for r in plan.requests))
 
 
+class CompileCache:
+    """What :func:`compile_plan` may share between the plans of one caller (a search compiles every plan twice:
+    for its prediction and for the SOL twin, with another view or profile).
+
+    * the logical and the sharded graph per (model object, plan, descriptor, extra passes): the passes read
+      nothing else (:class:`PassContext`); the profile and the view come after them;
+    * the lowered program and its evaluator per sharded graph and chunk, for a view that keeps the SOL cost
+      classes (its binding refines no op keys): the profile enters only at evaluation (unit times, overhead).
+
+    A graph is served once — the second compile of a plan takes it (and its program) out — so the cache holds
+    only plans compiled once so far; its owner clears what is left when those plans are done (a search: after
+    each work set), and it holds at most ``limit`` graphs (the first ones). A descriptor is a value (an edited
+    one is another key); a model is keyed by its object, as its own build cache is."""
+
+    def __init__(self, limit: int = 256) -> None:
+        self.limit = limit
+        self.graphs: dict = {}  # (id(model), plan, hw, extra passes) -> (model, logical, graph)
+        self.programs: dict = {}  # (graph key, chunk) -> (program, evaluator)
+        self.hits = 0
+
+    def graph(self, model, plan: Plan, hw: HardwareSpec, extra_passes, make: Callable) -> tuple:
+        key = (id(model), plan, hw, tuple(extra_passes))
+        got = self.graphs.pop(key, None)
+        if got is not None and got[0] is model:
+            self.hits += 1
+            return key, got[1], got[2]
+        logical, graph = make()
+        if len(self.graphs) < self.limit:
+            self.graphs[key] = (model, logical, graph)
+        return key, logical, graph
+
+    def program(self, key, chunk: int, graph: Graph, kinds: tuple) -> tuple:
+        """The SOL-class program of a graph, and its evaluator: the one lowered at the graph's first compile
+        (taken out), else lowered now (and kept while the cache holds the graph)."""
+        got = self.programs.pop((key, chunk), None)
+        if got is None:
+            program = lower(graph, None)
+            got = program, Evaluator(program, kinds, chunk)
+            if key in self.graphs:
+                self.programs[(key, chunk)] = got
+        return got
+
+    def clear(self) -> None:
+        self.graphs.clear()
+        self.programs.clear()
+
+
 def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyProfile | None = None,
-                 *, extra_passes: Sequence[tuple[str, Callable]] = (), chunk: int = 65536, view=None) -> Compiled:
+                 *, extra_passes: Sequence[tuple[str, Callable]] = (), chunk: int = 65536, view=None,
+                 cache: CompileCache | None = None) -> Compiled:
     """build -> passes (policy, ``extra_passes``, sharding, runtime; each ``(graph, ctx) -> graph`` and
     verified) -> lower. ``view``: any view of :mod:`graphsim.driver.views` (``graphsim.ViewSpec``: op / hybrid
-    durations from measured tables on this same graph, fpm forwards); None or "sol" = speed of light."""
+    durations from measured tables on this same graph, fpm forwards); None or "sol" = speed of light.
+    ``cache``: a :class:`CompileCache` shared by the caller's plans (the graphs, and SOL-class programs, of
+    plans compiled before are reused; the result is the same)."""
     view = as_view(view)
     if isinstance(hw, str):
         hw = _shipped_hw(hw) if hw.isidentifier() else load_hw(hw)
@@ -183,14 +233,27 @@ def compile_plan(model, plan: Plan, hw: HardwareSpec | str, profile: EfficiencyP
     check_policies(model, plan)
     check_context(model, plan)
     check_hardware(plan, hw)
+    if cache is None:
+        logical, graph = _graphs(model, plan, hw, extra_passes)
+    else:
+        gkey, logical, graph = cache.graph(model, plan, hw, extra_passes,
+                                           lambda: _graphs(model, plan, hw, extra_passes))
+    binding = view.bind(ViewContext(model, plan, hw, profile, logical, graph))
+    if cache is not None and binding.op_key is None and binding.attach is None:  # the SOL cost classes
+        program, evaluator = cache.program(gkey, chunk, graph, plan.kinds)
+        return Compiled(model, plan, hw, profile, logical, graph, program, evaluator, None, binding.forward,
+                        binding.name)
+    program = lower(graph, binding.op_key)
+    bound = binding.attach(program) if binding.attach is not None else None
+    return Compiled(model, plan, hw, profile, logical, graph, program,
+                    Evaluator(program, plan.kinds, chunk, view=bound), bound, binding.forward, binding.name)
+
+
+def _graphs(model, plan: Plan, hw: HardwareSpec, extra_passes) -> tuple[Graph, Graph]:
+    """The plan's logical graph and the sharded graph its passes make."""
     logical = model.build(plan.kinds, policies=plan.policies, requests=plan.requests)
     ctx = PassContext(model, plan, hw)
     # one verified pipeline: the model's policy passes, the caller's, then sharding and the runtime passes
     passes = [*default_passes(model, plan.policies), *extra_passes, *plan_passes(ctx)]
     graph = PassPipeline(passes).run(logical, ctx)
-    graph = graph.evolve(meta=attrs.evolve(graph.meta, hw=hw.name, policies=str(plan.policies.identity())))
-    binding = view.bind(ViewContext(model, plan, hw, profile, logical, graph))
-    program = lower(graph, binding.op_key)
-    bound = binding.attach(program) if binding.attach is not None else None
-    return Compiled(model, plan, hw, profile, logical, graph, program,
-                    Evaluator(program, plan.kinds, chunk, view=bound), bound, binding.forward, binding.name)
+    return logical, graph.evolve(meta=attrs.evolve(graph.meta, hw=hw.name, policies=str(plan.policies.identity())))

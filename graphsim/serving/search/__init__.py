@@ -55,7 +55,7 @@ from ..launch import SGLANG_POLICY_FLAGS, VLLM_POLICY_FLAGS, launch_flags  # noq
 from .cache import _Cache
 from .evaluate import _Search  # noqa: F401 (re-exported)
 from .rank import (SearchResult, _assemble, _ckey, _combos, _lead_key, _leaders, _misses, _pairs, _public, _rank,
-                   _rescue, _spec_text, _variants, _with_sol, pareto_flags)
+                   _rescue, _spec_text, _variants, _with_sol, pareto_flags, start_twin)
 from .space import (DEFAULT_BATCHES, DEFAULT_KV_MARGIN, DEFAULT_PREFILL_BATCHES, MEMORY_AXES, MODES,  # noqa: F401
                     ROW_KEYS, SLA, SOL_COLUMNS, TWIN_KEYS, Space, Traffic, mappings, policies_of, policy_axes)
 
@@ -114,6 +114,7 @@ def search(model, hw, *, gpus: int, traffic: Traffic, sla: SLA = SLA(), space: S
     s.agg_maps = [m for m in dec_maps if m.gpus <= gpus] if "agg" in space.modes else []
     s.dd_maps = [m for m in dec_maps if m.gpus < gpus] if pre_maps else []
     s.pp_maps = pre_maps if s.dd_maps else []
+    start_twin(s, view, profile)
     # stage 1: every mapping under the base policies; where memory decides, the residency values that may
     # rescue it (memory is checked after them)
     work = {("dec", m): [base] for m in dict.fromkeys(s.agg_maps + s.dd_maps)}

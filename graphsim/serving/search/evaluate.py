@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from typing import Callable
 
 import attrs
@@ -14,7 +15,7 @@ import numpy as np
 from ...core.errors import GraphsimError, require
 from ...core.plan import ParallelMapping, Plan, Policies
 from ...core.workload import Workload
-from ...driver.pipeline import compile_plan, policy_text
+from ...driver.pipeline import CompileCache, compile_plan, policy_text
 from ...driver.views import view_name
 from ..engines import kernels
 from .cache import _Cache, _view_digests
@@ -108,6 +109,10 @@ class _Search:
         self.agg_maps, self.dd_maps, self.pp_maps = [], [], []
         self.assembled, self.pools, self.paired = set(), {}, set()
         self.compiled = self.cached = 0
+        #: graphs (and SOL-class programs) shared by this search's plans and its SOL twin's (same plans, no view)
+        self.compiles = CompileCache()
+        self.twin, self.twin_rows = None, []  # the SOL twin and its rows (graphsim.serving.search.rank.start_twin)
+        self.bind_view = _opened(view)
         # everything a cached program depends on: the model's whole state (config, weight formats, redundant
         # experts), the descriptor, profile, view, traffic and the grids
         from ...core.version import __version__
@@ -222,7 +227,8 @@ class _Search:
             require(bool(per_rank), "batches", "two-batch overlap needs >= 2 requests per DP rank")
             # one request structure for every mapping, so the model's build cache serves them all
             req = f"decode:{t.decode_context}x{max(self.space.batches) * self.gpus}" + (f"v{kmax}" if kmax else "")
-            c = compile_plan(self.model, Plan([req], mapping, policies), self.hw, self.profile, view=self.view)
+            c = compile_plan(self.model, Plan([req], mapping, policies), self.hw, self.profile, view=self.bind_view,
+                             cache=self.compiles)
             mm = MemoryModel(self.model, self.hw, mapping, policies, kind="decode", reserve_gib=self.reserve_gib,
                              compiled=c, engine=self.engine)
 
@@ -257,7 +263,8 @@ class _Search:
         else:
             isl = np.asarray(t.isl, dtype=np.float64)
             req = f"prefill:{int(isl.max())}x{max(self.space.prefill_batches) * self.gpus}"
-            c = compile_plan(self.model, Plan([req], mapping, policies), self.hw, self.profile, view=self.view)
+            c = compile_plan(self.model, Plan([req], mapping, policies), self.hw, self.profile, view=self.bind_view,
+                             cache=self.compiles)
             mm = MemoryModel(self.model, self.hw, mapping, policies, kind="prefill", reserve_gib=self.reserve_gib,
                              compiled=c, engine=self.engine)
             ctx = int(isl.max())
@@ -300,7 +307,7 @@ class _Search:
             return fwd
         factor = hottest_rank_factor(tokens, moe.top_k, moe.experts, mapping.ep, sv.moe_load_ratio, sv.eplb)
         c2 = compile_plan(self.model, Plan([req], mapping, attrs.evolve(policies, ep_imbalance=2.0)), self.hw,
-                          self.profile, view=self.view)
+                          self.profile, view=self.bind_view)  # the prediction's own (the twin pays no step terms)
         hot = np.asarray(c2.evaluate(wl, outputs=("forward",))["forward"], dtype=np.float64)
         return fwd + (factor - 1.0) * (hot - fwd)
 
@@ -324,7 +331,8 @@ class _Search:
                 elif len(steps) > 1:
                     plan[(r, j)] = steps
         if plan:
-            c3 = compile_plan(self.model, Plan([req] * 3, mapping, policies), self.hw, self.profile, view=self.view)
+            c3 = compile_plan(self.model, Plan([req] * 3, mapping, policies), self.hw, self.profile,
+                              view=self.bind_view)  # the prediction's own
             out = _sum_steps(out, plan, c3, ("prefill",) * 3, dp, sv, k)
         return out
 
@@ -346,7 +354,8 @@ class _Search:
         isl = np.asarray(t.isl, dtype=np.float64)
         reqs = [f"prefill:{int(isl.max())}x{max(self.space.batches) * self.gpus}",
                 f"decode:{t.decode_context}x{max(self.space.batches) * self.gpus}" + (f"v{kmax}" if kmax else "")]
-        c = compile_plan(self.model, Plan(reqs, mapping, policies), self.hw, self.profile, view=self.view)
+        c = compile_plan(self.model, Plan(reqs, mapping, policies), self.hw, self.profile, view=self.bind_view,
+                         cache=self.compiles)
         R, C, K = dec.batch.size, isl.size, len(MIXED_BLOCKS)
 
         def each(a):  # (R,) -> (R·K·C,): row-major over rows, then blocks, then classes
@@ -610,6 +619,16 @@ def _largest_fit(room: Callable, cap: int) -> int:
         last, inner = pow2[i - 1], np.arange(pow2[i - 1] + 1, pow2[i])
     fit = inner[np.asarray(room(inner)) >= 0] if inner.size else inner
     return int(fit[-1]) if fit.size else last
+
+
+def _opened(view):
+    """The view its programs bind: a measured view's tables opened once, so every program of the search binds
+    one snapshot of the folder (the one its identity digests were taken of), not a fresh look per program."""
+    from ...views.measured.view import ViewSpec
+
+    if isinstance(view, ViewSpec) and view.name in ("op", "hybrid") and isinstance(view.measured, (str, os.PathLike)):
+        return attrs.evolve(view, measured=view.store())
+    return view
 
 
 def _key(kind: str, mapping: ParallelMapping, policies: Policies) -> tuple:

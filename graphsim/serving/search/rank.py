@@ -83,11 +83,7 @@ def _with_sol(df, s: _Search, view, profile):
         for k, c in SOL_COLUMNS.items():
             df[c] = df[k]
         return df
-    # the same batches as the prediction (the engine's memory rule decides which fit), at SOL times
-    twin = _Search(s.model, s.hw, s.gpus, s.traffic, s.sla, s.space, None, None, s.reserve_gib, None, None, s.jobs,
-                   s.engine)
-    twin.agg_maps, twin.dd_maps, twin.pp_maps = s.agg_maps, s.dd_maps, s.pp_maps
-    rows = [r for work in s.history for r in _assemble(twin, work)]
+    twin, rows = s.twin, s.twin_rows  # every work set replayed (_assemble), as it was assembled
     s.twin_compiled = twin.compiled
     s.skipped += [x for x in twin.skipped if x not in s.skipped]
     if not rows:
@@ -97,6 +93,20 @@ def _with_sol(df, s: _Search, view, profile):
     sol = pd.DataFrame(rows)[list(TWIN_KEYS) + list(SOL_COLUMNS)].rename(columns=SOL_COLUMNS)
     sol = sol.drop_duplicates(list(TWIN_KEYS))
     return df.merge(sol, on=list(TWIN_KEYS), how="left")
+
+
+def start_twin(s: _Search, view, profile) -> None:
+    """With a measured view or a profile, ``s.twin``: the speed-of-light search of the same space (the same
+    programs, compiled without the view) that :func:`_assemble` runs every work set through, step by step right
+    after the prediction, while the compile cache holds the step's graphs; :func:`_with_sol` joins its rows.
+    Its batches are the prediction's (the engine's memory rule decides which fit), at SOL times."""
+    if view is None and profile is None:
+        return
+    twin = _Search(s.model, s.hw, s.gpus, s.traffic, s.sla, s.space, None, None, s.reserve_gib, None, None, s.jobs,
+                   s.engine)
+    twin.agg_maps, twin.dd_maps, twin.pp_maps = s.agg_maps, s.dd_maps, s.pp_maps
+    twin.compiles = s.compiles  # the same plans: their graphs are built once
+    s.twin = twin
 
 
 def _ckey(choice: dict) -> tuple:
@@ -122,31 +132,41 @@ def _planned(s: _Search, work: dict) -> list:
 def _assemble(s: _Search, work: dict) -> list[dict]:
     """Rows of the (role, mapping) -> policy choices in ``work``: aggregated replicas of each decode mapping,
     and disaggregated pairs of every prefill and decode pool evaluated under one choice so far (each pair
-    once)."""
-    s.history.append(work)
-    planned = _planned(s, work)
-    if s.progress is not None and hasattr(s.progress, "expect"):
-        s.progress.expect(len(planned))
-    if s.jobs > 1:
-        s.prefetch(planned)
-    rows, touched = [], set()
+    once). With a SOL twin (:func:`start_twin`) the twin assembles the same work step by step right after the
+    prediction — its own groups, pools and rows (``s.twin_rows``), as if it replayed the work set after it —
+    so each plan's graph is compiled once for both and held only until the twin has it."""
+    both = [s] if s.twin is None else [s, s.twin]
+    for x in both:
+        x.history.append(work)
+        planned = _planned(x, work)
+        if x.progress is not None and hasattr(x.progress, "expect"):
+            x.progress.expect(len(planned))
+        if x.jobs > 1:
+            x.prefetch(planned)
+    rows: list = [[] for _ in both]
+    touched = set()
     for (role, m), cs in work.items():
         for choice in cs:
             pol = policies_of(choice, s.space.acceptance)
-            if role == "dec" and m in s.agg_maps and (m, canonical(pol, m)) not in s.assembled:
-                s.assembled.add((m, canonical(pol, m)))
-                rows += s.agg_rows(m, pol)  # gpus // n replicas; tokens/s per GPU over the GPUs used
-            if m in (s.pp_maps if role == "pre" else s.dd_maps):
-                # pools pair when their time axes agree (each pool keeps its own residency values)
-                tk = _ckey({f: v for f, v in choice.items() if f not in MEMORY_AXES})
-                s.pools.setdefault(tk, {"pre": {}, "dec": {}})[role][(m, canonical(pol, m))] = pol
-                touched.add(tk)
+            for x, out in zip(both, rows):
+                if role == "dec" and m in x.agg_maps and (m, canonical(pol, m)) not in x.assembled:
+                    x.assembled.add((m, canonical(pol, m)))
+                    out += x.agg_rows(m, pol)  # gpus // n replicas; tokens/s per GPU over the GPUs used
+                if m in (x.pp_maps if role == "pre" else x.dd_maps):
+                    # pools pair when their time axes agree (each pool keeps its own residency values)
+                    tk = _ckey({f: v for f, v in choice.items() if f not in MEMORY_AXES})
+                    x.pools.setdefault(tk, {"pre": {}, "dec": {}})[role][(m, canonical(pol, m))] = pol
+                    touched.add(tk)
     for tk in touched:
-        pools = s.pools[tk]
-        pre = [g for g in (s.group("prefill", m, p) for (m, _), p in pools["pre"].items()) if not g.error]
-        dec = [g for g in (s.group("decode", m, p) for (m, _), p in pools["dec"].items()) if not g.error]
-        rows += s.disagg_rows(pre, dec)
-    return rows
+        for x, out in zip(both, rows):
+            pools = x.pools[tk]
+            pre = [g for g in (x.group("prefill", m, p) for (m, _), p in pools["pre"].items()) if not g.error]
+            dec = [g for g in (x.group("decode", m, p) for (m, _), p in pools["dec"].items()) if not g.error]
+            out += x.disagg_rows(pre, dec)
+    s.compiles.clear()  # what the twin did not take (a group is evaluated once: the next work set's are others)
+    if s.twin is not None:
+        s.twin_rows += rows[1]
+    return rows[0]
 
 
 def _rescue(s: _Search, key: tuple, base: dict, axes) -> list[dict]:

@@ -101,8 +101,20 @@ class Lookup:
     module: str = ""
 
     def key(self) -> str:
-        """The table query (module instances of one kind share it)."""
-        return repr((self.family, self.op, self.where, self.fixed, self.varying))
+        """The table query (module instances of one kind share it). Memoized by value: a program's ~1,000
+        lookups are a few dozen distinct ones, and equal lookups have one key."""
+        try:
+            k = _KEYS.get(self)
+        except TypeError:  # an unhashable part (a rule's list): no memo
+            return repr((self.family, self.op, self.where, self.fixed, self.varying))
+        if k is None:
+            if len(_KEYS) >= 4096:
+                _KEYS.clear()
+            k = _KEYS[self] = repr((self.family, self.op, self.where, self.fixed, self.varying))
+        return k
+
+
+_KEYS: dict = {}  # Lookup -> its key
 
 
 @attrs.frozen

@@ -99,6 +99,10 @@ class Store:
         #: and the MoE shapes some partition times with a non-gated kernel (None until asked)
         self.efficiency: dict = {}
         self.nongated: frozenset | None = None
+        #: selections by (device, backend, fill) and (framework, version) pairs by device: the files are this
+        #: store's for good (a changed folder is another Store: graphsim.views.measured.view._open)
+        self._selections: dict = {}
+        self._identities: dict = {}
 
     def _load(self, files) -> list[Partition]:
         out = []
@@ -146,6 +150,8 @@ class Store:
     def identities(self, device: str) -> set:
         """(framework, version) pairs on a device, from paths where the layout gives them."""
         dev = device.lower()
+        if dev in self._identities:
+            return set(self._identities[dev])
         out = set()
         unhinted = []
         for f in self.files:
@@ -156,6 +162,7 @@ class Store:
                 out.add((h[2], h[3]))
         out |= {(p.identity["framework"], p.identity["version"]) for p in self._load(unhinted)
                 if p.identity["device"].lower() == dev}
+        self._identities[dev] = frozenset(out)
         return out
 
     def _device_dirs(self) -> set:
@@ -167,9 +174,16 @@ class Store:
     def select(self, device: str, backend: Backend, fill: str = "older") -> "Selection":
         require(fill in FILLS, "fill", f"must be one of {', '.join(FILLS)}, got {fill!r}")
         device = device.lower()
+        key = (device, backend, fill)
+        if key not in self._selections:  # one per search, not one per program it binds
+            self._selections[key] = self._select(device, backend, fill)
+        return self._selections[key]
+
+    def _select(self, device: str, backend: Backend, fill: str) -> "Selection":
         ids = self.identities(device)
-        require(bool(ids), "measured", f"no tables for device {device!r} in {self.root}; device "
-                f"folders there: {', '.join(sorted(self._device_dirs())) or 'none'}")
+        if not ids:
+            raise GraphsimError("measured", f"no tables for device {device!r} in {self.root}; device "
+                                f"folders there: {', '.join(sorted(self._device_dirs())) or 'none'}")
         fws = sorted({fw for fw, _ in ids})
         require(backend.framework in fws, "backend", f"no {backend.framework!r} tables for {device}; frameworks "
                 f"there: {', '.join(fws)}")
@@ -191,6 +205,7 @@ class Selection:
         self.device, self.backend, self.fill = device, backend, fill
         self.store = store  #: the store it selects from (curves built on it are memoized there)
         self._has: dict = {}
+        self._candidates: dict = {}
 
     def has(self, family: str) -> bool:
         """Whether the rules admit any partition of ``family`` at all (the named version, a backfill, NCCL)."""
@@ -206,7 +221,14 @@ class Selection:
     def candidates(self, family: str, op: str, where: dict) -> list[tuple[Partition, str]]:
         """Partitions of ``family``/``op`` whose identity matches ``where`` (column -> allowed values), with
         the rule that admitted them: "" (the named version), "backfill from V" or "NCCL (V)". The
-        first rule that yields anything wins."""
+        first rule that yields anything wins (memoized: a search asks the same questions of every program)."""
+        key = (family, op, tuple(sorted((k, tuple(v)) for k, v in where.items())))
+        got = self._candidates.get(key)
+        if got is None:
+            got = self._candidates[key] = self._candidates_of(family, op, where)
+        return list(got)
+
+    def _candidates_of(self, family: str, op: str, where: dict) -> list[tuple[Partition, str]]:
         def match(p: Partition) -> bool:
             i = p.identity
             return i["family"] == family and i["op"] == op and all(i.get(k) in v for k, v in where.items())

@@ -363,16 +363,24 @@ def bind(spec: ViewSpec, graph, logical, plan, hw, model=None) -> BoundView | No
     curves: dict = {}
     failed: dict = {}
     keys, sources, fams, notes, modules = [], [], [], [], []
+    at_plan: dict = {}  # lookup key -> its curve's latency at the plan's point (one graph, one point)
+    note_of: dict = {}  # lookup key -> its table note
+
+    def latency(alt, key):
+        if key not in at_plan:
+            at_plan[key] = _at_plan(curves[key][0], alt, graph, wl)
+        return at_plan[key]
+
     for op in graph.ops:
         lk = lookup_for(op, ctx) if op.cost.terms else Miss("", "no cost")
         if isinstance(lk, tuple):  # implementations of one op: the fastest the tables cover, at the plan's point
-            for alt in lk:
-                key = alt.key()
+            alts = [(alt, alt.key()) for alt in lk]
+            for alt, key in alts:
                 if key not in curves and key not in failed:
                     got = _resolve(sel, alt, graph, plan, wl)
                     (curves if not isinstance(got, str) else failed)[key] = got
-            covered = [alt for alt in lk if alt.key() in curves]
-            lk = min(covered, key=lambda alt: _at_plan(curves[alt.key()][0], alt, graph, wl)) if covered else lk[-1]
+            covered = [(alt, key) for alt, key in alts if key in curves]
+            lk = min(covered, key=lambda ak: latency(*ak))[0] if covered else lk[-1]
         modules.append(lk.module if isinstance(lk, Lookup) else "")
         if isinstance(lk, Miss):
             keys.append("")
@@ -387,9 +395,11 @@ def bind(spec: ViewSpec, graph, logical, plan, hw, model=None) -> BoundView | No
         keys.append(key)
         fams.append(lk.family)
         if key in curves:
-            cv = curves[key][0]
+            if key not in note_of:
+                cv = curves[key][0]
+                note_of[key] = cv.partition.key + (f" ({cv.rule})" if cv.rule else "")
             sources.append("table")
-            notes.append(cv.partition.key + (f" ({cv.rule})" if cv.rule else ""))
+            notes.append(note_of[key])
         else:
             sources.append("fallback")
             notes.append(failed[key])
