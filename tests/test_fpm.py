@@ -116,7 +116,7 @@ def test_parse_grid_is_a_cartesian_product():
 
 def test_collect_forward_keeps_every_point_with_its_category(micro, tmp_path, monkeypatch):
     out = tmp_path / "s.parquet"
-    mixes = parse_grid("decode:32,64x1,2;prefill:16x2;prefill:16x1+decode:32x2;decode:5000x1")
+    mixes = parse_grid("decode:32x1,2;prefill:16x2;prefill:16x1+decode:32x2;decode:5000x1")
     df = collect_forward(micro, mixes, "gb200", out, warmup=0, reps=2)
     assert len(df) == len(mixes)  # nothing dropped
     by = dict(zip(df["requests"], df["status"]))

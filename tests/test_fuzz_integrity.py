@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from fuzz import strategies as S
 from fuzz import targets as T
 
-EXAMPLES = max(2, int(os.environ.get("GRAPHSIM_FUZZ_EXAMPLES", "12")) // 3)
+EXAMPLES = max(2, int(os.environ.get("GRAPHSIM_FUZZ_EXAMPLES", "8")) // 3)
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 GOOD = ("ok", "error")
 
