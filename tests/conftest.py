@@ -11,6 +11,9 @@ FULL = bool(os.environ.get("GRAPHSIM_FULL") or os.environ.get("GRAPHSIM_EXEC_FUL
 
 
 def pytest_collection_modifyitems(config, items):
+    # ``@pytest.mark.heavy`` (the executed-graph modules: 5-20 s per test) first, so that the parallel workers
+    # end on short tests and finish together (xdist's worksteal hands out the list in order)
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
     if FULL:
         return
     skip = pytest.mark.skip(reason="a variant of a check the suite makes: GRAPHSIM_FULL=1 runs it")

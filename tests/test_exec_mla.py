@@ -22,6 +22,7 @@ from reference.mla import array_api, dequant, fp8_tiles, forward
 #: the whole set of execution checks compiles many ~650-op programs (minutes on 2 cores); the suite runs the core
 #: equalities and the edge deletion, GRAPHSIM_FULL=1 the policy and format variants too (tests/conftest.py)
 FULL_ONLY = pytest.mark.full
+pytestmark = pytest.mark.heavy  # long tests: scheduled first (tests/conftest.py)
 
 V3 = "examples/configs/tiny-v3.json"
 V32 = "examples/configs/tiny-v32.json"

@@ -20,6 +20,7 @@ import pytest
 #: the whole set of execution checks compiles many ~650-op programs (minutes on 2 cores); the suite runs the core
 #: equalities and the edge deletion, GRAPHSIM_FULL=1 the policy and format variants too
 FULL_ONLY = pytest.mark.full  # GRAPHSIM_FULL=1 runs it (tests/conftest.py)
+pytestmark = pytest.mark.heavy  # long tests: scheduled first (tests/conftest.py)
 
 jax = pytest.importorskip("jax")
 
