@@ -23,6 +23,10 @@ class DeepSeekV4(DeepSeekV41):
     def validate_plan(self, plan) -> None:
         """V4 has no DSpark drafter (its policy support says so); nothing more to check."""
 
+    def vision(self) -> str:
+        """V4-Flash is text-only (its config has no vision tower; V4.1 added the one V4.1's builder prices)."""
+        return f"{self.name} has no vision tower"
+
     def kv_capacity(self, context: int, **_):
         return sem4.kv_capacity(self.cfg, context)
 
