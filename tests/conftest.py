@@ -9,6 +9,19 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 #: so that ``make test`` stays within its time budget on 2 cores while every behaviour keeps one check in it.
 FULL = bool(os.environ.get("GRAPHSIM_FULL") or os.environ.get("GRAPHSIM_EXEC_FULL"))
 
+# Property and fuzz tests draw the same examples on every run of the default budget, so that `make test` (and
+# CI) passes or fails by the code alone; a larger budget (GRAPHSIM_FUZZ_EXAMPLES) explores new ones each run,
+# as tests/fuzz/campaign.py does. HYPOTHESIS_PROFILE=suite|explore chooses either way.
+try:
+    from hypothesis import settings as _hyp
+
+    _hyp.register_profile("suite", derandomize=True, database=None)
+    _hyp.register_profile("explore")
+    _hyp.load_profile(os.environ.get("HYPOTHESIS_PROFILE",
+                                     "explore" if os.environ.get("GRAPHSIM_FUZZ_EXAMPLES") else "suite"))
+except ImportError:  # hypothesis is a dev dependency; the suite's property tests import it themselves
+    pass
+
 
 def pytest_collection_modifyitems(config, items):
     # ``@pytest.mark.heavy`` (the executed-graph modules: 5-20 s per test) first, so that the parallel workers
