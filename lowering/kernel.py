@@ -421,8 +421,8 @@ def run(lay: Layout, consts: dict, features, token_sets, kinds, arrays, ut, ut0,
         xp, scan=None, view=None, dtype=np.float64):
     """The kernel's outputs (point-major, like the reference): ``forward`` (P,), ``stages``, ``kinds``,
     ``classes`` (P, n; program class order), ``workspace`` (P,), ``components`` (P, K). Features are computed
-    in the arrays' precision and then cast to ``dtype``. JAX (``scan``) keeps the SOL classes in blocks;
-    NumPy, and a measured view, use one (C, P) array."""
+    in the arrays' precision and then cast to ``dtype``. JAX (``scan``) keeps the SOL classes in blocks (a
+    measured view's rows replace their classes in the products); NumPy uses one (C, P) array."""
     P = overhead.shape[0]
     feats = feature_rows(features, token_sets, kinds, arrays, xp, P).astype(dtype)
     overhead = overhead.astype(dtype)
@@ -432,28 +432,46 @@ def run(lay: Layout, consts: dict, features, token_sets, kinds, arrays, ut, ut0,
     wanted = [("kind", consts["kind_counts"])] + [(n, consts[m]) for n, m in (("stages", "stage_counts"),
                                                   ("kinds", "kind_of_op_counts")) if n in outputs]
     M = xp.concatenate([m for _, m in wanted])
-    if scan is not None and view is None:
+    if scan is not None:
         from jax import lax
 
         # features once, as an array: without the barrier XLA recomputes them inside every block's loop
         feats = lax.optimization_barrier(feats)
         blocks = class_blocks(lay, consts, feats, ut, ut0, overhead, varying, xp)
-        cls = (xp.concatenate(blocks) if blocks else xp.zeros((0, P), dtype=dtype)) if "classes" in outputs else None
-        parts = [M[:, lo:hi] @ b for (lo, hi, _, _), b in zip(lay.blocks, blocks)]
+        starts = [lo for lo, _, _, _ in lay.blocks]
+
+        def row(c):  # (static indices: slices of one block)
+            b = int(np.searchsorted(starts, c, side="right")) - 1
+            return blocks[b][c - starts[b]]
+
+        alt_rows = [[row(c) for c in (p, *a)] for p, a in lay.alts]
+        least_rows = {p: _least(r, xp) for (p, _), r in zip(lay.alts, alt_rows)}
+        # a measured view: its rows replace their classes' in the products (the SOL blocks stay whole — never
+        # concatenated: a concatenation fuses into a loop that does not vectorize — and the replaced classes'
+        # columns of the count matrices weigh zero there)
+        rep, V = _view_rows(lay, view, lambda c: least_rows[c] if c in least_rows else row(c), features, feats,
+                            token_sets, kinds, arrays, xp, dtype)
+        Mk = M
+        if rep:
+            keep = np.ones(M.shape[1], dtype=dtype)
+            keep[rep] = 0.0
+            Mk = M * keep[None, :]
+        parts = [Mk[:, lo:hi] @ b for (lo, hi, _, _), b in zip(lay.blocks, blocks)]
         prods = sum(parts[1:], parts[0]) if parts else xp.zeros((M.shape[0], P), dtype=dtype)
         if lay.alts:  # the ops with alternatives: their rows' least, as a correction of the products
-            starts = [lo for lo, _, _, _ in lay.blocks]
-
-            def row(c):  # (static indices: slices of one block)
-                b = int(np.searchsorted(starts, c, side="right")) - 1
-                return blocks[b][c - starts[b]]
-
-            alt_rows = [[row(c) for c in (p, *a)] for p, a in lay.alts]
-            least_rows = [_least(r, xp) for r in alt_rows]
             prim = np.array([p for p, _ in lay.alts])
-            prods = prods + M[:, prim] @ xp.stack([m - r[0] for m, r in zip(least_rows, alt_rows)])
-            if cls is not None:
-                cls = cls.at[prim].set(xp.stack(least_rows))
+            prods = prods + Mk[:, prim] @ xp.stack([least_rows[p] - r[0] for p, r in zip(prim, alt_rows)])
+        at = 0
+        for part in V:  # each block of the view's rows weighs its classes' columns (no concatenation)
+            prods = prods + M[:, np.asarray(rep[at: at + part.shape[0]])] @ part
+            at += part.shape[0]
+        cls = None
+        if "classes" in outputs:
+            cls = xp.concatenate(blocks) if blocks else xp.zeros((0, P), dtype=dtype)
+            if lay.alts:
+                cls = cls.at[prim].set(xp.stack([least_rows[p] for p in prim]))
+            if rep:
+                cls = cls.at[np.asarray(rep)].set(xp.concatenate(V))
     else:
         raw, cls = _class_array(lay, consts, feats, ut, ut0, overhead, varying, arrays, token_sets, kinds, view, xp,
                                 dtype, features)
@@ -518,26 +536,25 @@ def _chosen_components(lay: Layout, consts: dict, feats, rows: list, xp):
 
 def _class_array(lay, consts, feats, ut, ut0, overhead, varying, arrays, token_sets, kinds, view, xp, dtype,
                  features=()):
-    """(C, P) class durations as one array: the SOL roofline (each op at its fastest alternative), then a
-    measured view's tables. Returns the roofline before the alternatives' least too."""
-    if xp is np:
-        raw = class_durations(lay, consts, feats, ut, ut0, overhead, varying, xp)
-    else:
-        from jax import lax
-
-        # the blocks computed once each, as arrays, then concatenated: fused into the concatenation (and into
-        # the view's reads of their rows) they become one loop that branches per element and does not vectorize
-        blocks = class_blocks(lay, consts, lax.optimization_barrier(feats), ut, ut0, overhead, varying, xp)
-        raw = xp.concatenate(lax.optimization_barrier(blocks))
+    """(C, P) class durations as one array (NumPy): the SOL roofline (each op at its fastest alternative), then
+    a measured view's tables. Returns the roofline before the alternatives' least too."""
+    raw = class_durations(lay, consts, feats, ut, ut0, overhead, varying, xp)
     cls = least(lay, raw, xp)
-    if view is None:
-        return raw, cls
-    kc = np.argsort(lay.order)  # program class -> kernel class (the view indexes program classes)
-    rep, V = view.replace(lambda cs: cls[kc[cs]], _view_columns(view, features, feats, token_sets, kinds, arrays, xp,
-                                                                dtype), xp)
+    rep, V = _view_rows(lay, view, lambda c: cls[c], features, feats, token_sets, kinds, arrays, xp, dtype)
     if rep:
-        cls = cls.at[kc[rep]].set(V) if hasattr(cls, "at") else _set_rows(cls, kc[rep], V)
+        cls = _set_rows(cls, np.asarray(rep), np.concatenate(V))
     return raw, cls
+
+
+def _view_rows(lay, view, sol_row, features, feats, token_sets, kinds, arrays, xp, dtype):
+    """A measured view's replaced classes (kernel ids) and their durations as row blocks (concatenated: (n, P)),
+    from each class's SOL row ``sol_row(kernel class)``; ([], []) without a view or when it replaces nothing."""
+    if view is None:
+        return [], []
+    kc = np.argsort(lay.order)  # program class -> kernel class (the view indexes program classes)
+    rep, V = view.replace(lambda cs: xp.stack([sol_row(int(k)) for k in kc[cs]]),
+                          _view_columns(view, features, feats, token_sets, kinds, arrays, xp, dtype), xp)
+    return ([int(k) for k in kc[rep]], V) if rep else ([], [])
 
 
 def _view_columns(view, features, feats, token_sets, kinds, arrays, xp, dtype):

@@ -127,20 +127,24 @@ def _prepare(axes: tuple, t: np.ndarray, filled: np.ndarray) -> tuple[tuple, np.
         first = np.clip(np.searchsorted(lg, starts, side="right") - 1, 0, len(g) - 1)
         exact_buckets = len(g) <= 1 or (np.diff(lg) > 1.0 / per).all() if per else True
         search.append((lg, inv, first, per, bool(exact_buckets)))
+    return tuple(search), _cells(t, filled)
+
+
+def _cells(t: np.ndarray, filled: np.ndarray) -> np.ndarray:
+    """Per cell of a 1-D or 2-D grid: t at its corner 0, the log-space differences to the other corners and
+    whether each corner was filled by the extrapolation rule (a last, constant knot per axis)."""
     lt = np.log(t)
     lt_p, f_p = lt, filled.astype(np.float64)
     for a in range(lt.ndim):  # one extra (constant) knot per axis: the last knot is a corner 0 too
         lt_p = np.concatenate([lt_p, np.take(lt_p, [-1], axis=a)], axis=a)
         f_p = np.concatenate([f_p, np.take(f_p, [-1], axis=a)], axis=a)
     if lt.ndim == 1:
-        cells = np.stack([t, lt_p[1:] - lt_p[:-1], f_p[:-1], f_p[1:]], axis=1)
-    else:
-        d0 = lt_p[1:, :-1] - lt_p[:-1, :-1]
-        d1 = lt_p[:-1, 1:] - lt_p[:-1, :-1]
-        d01 = lt_p[1:, 1:] - lt_p[1:, :-1] - lt_p[:-1, 1:] + lt_p[:-1, :-1]
-        cells = np.stack([t.ravel(), d0.ravel(), d1.ravel(), d01.ravel(), f_p[:-1, :-1].ravel(), f_p[1:, :-1].ravel(),
-                          f_p[:-1, 1:].ravel(), f_p[1:, 1:].ravel()], axis=1)
-    return tuple(search), cells
+        return np.stack([t, lt_p[1:] - lt_p[:-1], f_p[:-1], f_p[1:]], axis=1)
+    d0 = lt_p[1:, :-1] - lt_p[:-1, :-1]
+    d1 = lt_p[:-1, 1:] - lt_p[:-1, :-1]
+    d01 = lt_p[1:, 1:] - lt_p[1:, :-1] - lt_p[:-1, 1:] + lt_p[:-1, :-1]
+    return np.stack([t.ravel(), d0.ravel(), d1.ravel(), d01.ravel(), f_p[:-1, :-1].ravel(), f_p[1:, :-1].ravel(),
+                     f_p[:-1, 1:].ravel(), f_p[1:, 1:].ravel()], axis=1)
 
 
 def _median(t: np.ndarray) -> float:
@@ -271,25 +275,15 @@ def _locate(curve: Curve, a: int, q, lq, xp):
     return i, (lqc - lgi) * inv, scale, (q < g[0]) | (q > g[-1])
 
 
-def eval_curve(curve: Curve, qs: list, xp=np, logs: list | None = None, keys: list | None = None,
-               cache: dict | None = None):
+def eval_curve(curve: Curve, qs: list, xp=np):
     """Latency (P,) and source flag (P,) of ``curve`` at varying coordinates ``qs`` (one (P,) array each):
     multilinear in log space, one exponential per point; a point on a measured shape returns its row
-    exactly. Callers evaluating many curves pass the coordinates' ``logs`` and, with hashable ``keys`` per
-    coordinate, a ``cache`` so curves on the same grid share the search."""
+    exactly. (A program's curves are evaluated together by graphsim.views.measured.bank, which equals this.)"""
     shape = curve.t.shape
     idx, ws, scale, outside, on_knot = [], [], 1.0, False, True
     for a, q in enumerate(qs):
-        lq = logs[a] if logs is not None else xp.log(xp.maximum(q, 1e-300))
-        rule = curve.grow[a] if a < len(curve.grow) else None
-        key = ((keys[a], curve.axes[a].tobytes(), rule and rule[0]) if keys is not None and cache is not None
-               else None)
-        if key is not None and key in cache:
-            i, w, sc, out = cache[key]
-        else:
-            i, w, sc, out = _locate(curve, a, q, lq, xp)
-            if key is not None:
-                cache[key] = (i, w, sc, out)
+        lq = xp.log(xp.maximum(q, 1e-300))
+        i, w, sc, out = _locate(curve, a, q, lq, xp)
         idx.append(i)
         ws.append(w)
         scale = scale * sc

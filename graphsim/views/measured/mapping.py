@@ -71,6 +71,14 @@ class Coord:
     def features(self) -> tuple:
         return tuple(f for f, _ in self.num + self.den)
 
+    def base(self) -> tuple:
+        """(this coordinate at scale 1, its scale): ``c x feature`` reads the feature, so the curves of every
+        scale of it (a GEMM's tokens, an all-reduce's bytes) share one knot grid (graphsim.views.measured.bank)."""
+        if len(self.num) == 1 and not self.den and self.num[0][1] > 0:
+            f, c = self.num[0]
+            return (self if c == 1.0 else Coord(((f, 1.0),))), float(c)
+        return self, 1.0
+
     def value(self, col: Callable, xp):
         num = sum(c * col(f) for f, c in self.num)
         if not self.den:

@@ -21,6 +21,7 @@ from graphsim.core.errors import GraphsimError, require
 from graphsim.driver.views import SOL as SOL_VIEW
 from graphsim.driver.views import SOURCE_NAMES, Binding, ViewContext  # noqa: F401 (SOURCE_NAMES: its old home)
 
+from .bank import Bank, apart
 from .interp import EXTRAPOLATED, INTERPOLATED, MEASURED, build_curve, eval_curve
 from .mapping import Lookup, MapContext, Miss, lookup_for
 from .store import FILLS, Backend, Store
@@ -130,6 +131,8 @@ class BoundView:
     cls_count: np.ndarray = None
     cls_lookup: tuple = ()  # per class: its lookup key ("" none)
     modules: dict = attrs.Factory(dict)  # module lookup key -> {class: members per instance}
+    bank: Bank = None  # the table classes' curves, evaluated together
+    bank_keys: tuple = ()  # their lookup keys, in the bank's order
 
     def attach(self, program) -> "BoundView":
         C = program.n_classes
@@ -154,13 +157,16 @@ class BoundView:
             shapes = {tuple(sorted(m.items())) for m in insts.values()}
             require(len(shapes) == 1, "view", f"module {key} has instances of different make-up: {sorted(shapes)[:2]}")
             modules[key] = dict(shapes.pop())
+        keys = list(dict.fromkeys(lk[c] for c in np.flatnonzero(kind == 0)))
+        bank = Bank.build([(self.curves[k][0], tuple(co for _, co in self.curves[k][1].varying)) for k in keys])
         return attrs.evolve(self, cls_kind=kind, cls_curve=tuple(curve), cls_family=tuple(fam), cls_count=count,
-                            cls_lookup=tuple(lk), modules=modules)
+                            cls_lookup=tuple(lk), modules=modules, bank=bank, bank_keys=tuple(keys))
 
     # ---- evaluation (NumPy or JAX) --------------------------------------------------------------------
     def apply(self, cls_sol, fcols, xp):
         """(P, C) SOL class durations -> (view durations (P, C), source flags (P, C))."""
-        rep, V, F, _ = self._rows(lambda cs: cls_sol[:, cs].T, _columns(self.features, fcols), xp)
+        rep, rows, F, _ = self._rows(lambda cs: cls_sol[:, cs].T, _columns(self.features, fcols), xp)
+        V = xp.concatenate(rows) if rows else None
         P, C = cls_sol.shape
         kind = np.broadcast_to(np.asarray(self.cls_kind)[None, :], (P, C))
         if not rep:
@@ -173,47 +179,39 @@ class BoundView:
         return cls_sol.at[:, rep].set(V.T), xp.asarray(kind).at[:, tab].set(F.T)
 
     def replace(self, sol_rows, col, xp):
-        """The replaced classes (program ids) and their view durations ``(k, P)``, from the SOL durations of
-        classes as rows (``sol_rows(classes)`` -> (n, P)) and the features (``col(feature)`` -> (P,)): what the
-        kernel swaps into its class rows (``[]`` and None when nothing is replaced)."""
-        rep, V, _, _ = self._rows(sol_rows, col, xp)
-        return rep, V
+        """The replaced classes (program ids) and their view durations as row blocks ``[(k_i, P), ...]`` (their
+        concatenation aligns with the classes), from the SOL durations of classes as rows (``sol_rows(classes)``
+        -> (n, P)) and the features (``col(feature)`` -> (P,)): what the kernel swaps into its class rows
+        (``[]`` and ``[]`` when nothing is replaced)."""
+        rep, rows, _, _ = self._rows(sol_rows, col, xp, flags=False)
+        return rep, rows
 
-    def _rows(self, sol_rows, col, xp):
+    def _rows(self, sol_rows, col, xp, flags: bool = True):
         """The view's classes as rows: ``rep`` the replaced classes (program ids; the table classes first, in
-        class order, then the fallback classes), ``V`` (len(rep), P) their durations, ``F`` (tables, P) the
-        table classes' source flags; and the fits. Each coordinate is computed (and its log taken) once for
-        every lookup that reads it, the lookups' rows are stacked, and the post-processing (held at or above
-        SOL beyond the tables, no time without work) runs over every table class at once, as do the hybrid
-        fallbacks of one family; a fused module's members per module."""
+        class order, then the fallback classes), their durations as row blocks (concatenated: (len(rep), P)),
+        ``F`` (tables, P) the table classes' source flags (``flags=False``: whether extrapolated); and the fits.
+        The lookups run through the curve bank (one search per feature for all the curves that read it); the
+        post-processing (held at or above SOL beyond the tables, no time without work) runs over every table
+        class at once, as do the hybrid fallbacks of one family (their fits computed once, apart: see
+        :func:`graphsim.views.measured.bank.apart`); a fused module's members per module."""
         kind = np.asarray(self.cls_kind)
         table = [int(c) for c in np.flatnonzero(kind == 0)]
         rep, rows, frows = [], [], []
         tab_t: dict = {}  # table class -> its view duration (P,) (the fits read them)
         sol_of: dict = {}  # table class -> its SOL (P,)
         if table:
-            keys = list(dict.fromkeys(self.cls_lookup[c] for c in table))
-            coords = list(dict.fromkeys(co for k in keys for _, co in self.curves[k][1].varying))
-            cpos = {co: j for j, co in enumerate(coords)}
-            Q = xp.stack([co.value(col, xp) for co in coords])  # every coordinate, (u, P)
-            LQ = xp.log(xp.maximum(Q, 1e-300))
-            located: dict = {}  # (coordinate, grid) -> where its points fall
-            got = []
-            for k in keys:  # one lookup per curve (curves on one grid at one coordinate share the search)
-                cv, lk = self.curves[k]
-                js = [cpos[co] for _, co in lk.varying]
-                got.append(eval_curve(cv, [Q[j] for j in js], xp, [LQ[j] for j in js], [co for _, co in lk.varying],
-                                      located))
-            timed = {k: j for j, k in enumerate(keys)}
-            T = xp.stack([t for t, _ in got])
-            F = xp.stack([xp.broadcast_to(f, t.shape) for t, f in got])
+            bank = self.bank
+            Q = {co: co.value(col, xp) for co in bank.coords()}  # every base coordinate, once
+            T, F = bank.evaluate(col, xp, Q, flags)  # per lookup key, (P,) each
+            timed = {k: j for j, k in enumerate(self.bank_keys)}
+            work = {k: Q[self.curves[k][1].varying[0][1].base()[0]] for k in self.bank_keys}
             single = [c for c in table if self.cls_lookup[c] not in self.modules]
             if single:  # at or above SOL where extrapolated; no time where the op has no work
-                kr = np.array([timed[self.cls_lookup[c]] for c in single])
-                t, f = _pick(T, kr, xp), _pick(F, kr, xp)
+                kr = [timed[self.cls_lookup[c]] for c in single]
+                t, f = xp.stack([T[j] for j in kr]), xp.stack([F[j] for j in kr])
                 S = sol_rows(single)
-                t = xp.where(f == EXTRAPOLATED, xp.maximum(t, S), t)
-                q0 = _pick(Q, np.array([cpos[self.curves[self.cls_lookup[c]][1].varying[0][1]] for c in single]), xp)
+                t = xp.where(_extrapolated(f, flags), xp.maximum(t, S), t)
+                q0 = xp.stack([work[self.cls_lookup[c]] for c in single])
                 t = xp.where(q0 > 0, t, 0.0)
                 for j, c in enumerate(single):
                     tab_t[c], sol_of[c] = t[j], S[j]
@@ -232,7 +230,7 @@ class BoundView:
                     Sm = sol_rows([m for m, _ in members])
                     total = sum(n * Sm[j] for j, (_, n) in enumerate(members))
                     t = T[timed[key]]
-                    whole[key] = total, xp.where(f == EXTRAPOLATED, xp.maximum(t, total), t)
+                    whole[key] = total, xp.where(_extrapolated(f, flags), xp.maximum(t, total), t)
                 total, t = whole[key]
                 sol = sol_rows([c])[0]
                 t = xp.where(total > 0, t * sol / xp.where(total > 0, total, 1.0), 0.0)
@@ -248,8 +246,12 @@ class BoundView:
         by_fam: dict = {}
         for c in np.flatnonzero(kind == FALLBACK):
             by_fam.setdefault(self.cls_family[c], []).append(int(c))
+        if by_fam and table:  # every family's fit, computed once (not in each fallback row's loop)
+            fits = apart(lambda _: {fam: _affine(*self._basis(fam, table_fam, table_t, table_sol), xp)
+                                    for fam in by_fam}, table_t[0][0], xp)
         for fam, cs in by_fam.items():
-            fits[fam] = _affine(*self._basis(fam, table_fam, table_t, table_sol), xp)
+            if fam not in fits:
+                fits[fam] = None, None
             eff = dict(self.family_eff).get(fam)
             if eff is not None and fam not in table_fam:
                 # no covered op of the family in this plan: the family's own tables on the device, at
@@ -263,10 +265,10 @@ class BoundView:
                 rows.append(a[None, :] + b[None, :] * sol_rows(cs))
                 rep += cs
         if not rows:
-            return [], None, None, fits
-        V = rows[0] if len(rows) == 1 else xp.concatenate(rows)
-        F = (frows[0] if len(frows) == 1 else xp.concatenate(frows)) if frows else xp.zeros((0, V.shape[1]), np.int64)
-        return rep, V, F, fits
+            return [], [], None, fits
+        F = (frows[0] if len(frows) == 1 else xp.concatenate(frows)) if frows else xp.zeros((0, rows[0].shape[1]),
+                                                                                            np.int64)
+        return rep, rows, F, fits
 
     @staticmethod
     def _basis(fam, table_fam, table_t, table_sol):
@@ -297,17 +299,15 @@ class BoundView:
         return out
 
 
+def _extrapolated(f, flags: bool):
+    """Whether a bank's flag rows say extrapolated (with ``flags=False`` they are that already)."""
+    return f == EXTRAPOLATED if flags else f
+
+
 def _columns(features: tuple, fcols):
     """A feature's column of ``fcols`` (P, len(features))."""
     fidx = {f: j for j, f in enumerate(features)}
     return lambda f: fcols[:, fidx[f]]
-
-
-def _pick(a, rows: np.ndarray, xp):
-    """Rows ``rows`` (static) of ``a``: ``a`` itself when they are all of its rows in order."""
-    if len(rows) == a.shape[0] and (rows == np.arange(len(rows))).all():
-        return a
-    return a[rows] if xp is np else a.at[rows].get(mode="promise_in_bounds")
 
 
 def _efficiency_at(eff: tuple, sol, xp):
