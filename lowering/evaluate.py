@@ -343,7 +343,8 @@ class Evaluator:
     @property
     def layout(self):
         if self._layout is None:
-            self._layout = K.layout(self.program, op_kinds(self.program))
+            units = self.view.units() if hasattr(self.view, "units") else ()  # a measured view's blocks
+            self._layout = K.layout(self.program, op_kinds(self.program), units)
         return self._layout
 
     def __repr__(self) -> str:

@@ -30,6 +30,7 @@ from graphsim.core.ir import COMPONENT_INDEX
 
 from .features import feature_column
 from .program import COMPONENT_GROUP, GROUPS, LATENCY, CostProgram
+from .xla import apart
 
 
 @attrs.frozen(eq=False)
@@ -185,11 +186,17 @@ def _slots(mask: np.ndarray):
     return idx, rank, count
 
 
-def layout(program: CostProgram, kinds: tuple) -> Layout:
-    """Derive the kernel's arrays from a program (``kinds``: op kinds, the columns of the kinds output)."""
+def layout(program: CostProgram, kinds: tuple, units: tuple = ()) -> Layout:
+    """Derive the kernel's arrays from a program (``kinds``: op kinds, the columns of the kinds output).
+    ``units``: lists of program classes a measured view reads together (its lookups' classes per curve group,
+    a module's members, a fallback family): each becomes a block of its own, after the others, in the order
+    given, so the view reads their SOL rows as one block (no copy) and its rows weigh one slice of columns."""
     nf, C = len(program.features), program.n_classes
     # kernel classes run block by block (see _blocks): each block's classes are contiguous
-    members = _blocks(program.coef[:nf])
+    own = [list(u) for u in units if u]
+    taken = {c for u in own for c in u}
+    rest = [c for c in range(C) if c not in taken]
+    members = [[rest[i] for i in m] for m in _blocks(program.coef[:nf][:, rest])] + own
     order = np.array([c for m in members for c in m], dtype=np.int64)
     coef = program.coef[:nf][:, order]
     kernel_class = np.argsort(order)  # program class id -> kernel class id
@@ -449,22 +456,35 @@ def run(lay: Layout, consts: dict, features, token_sets, kinds, arrays, ut, ut0,
         # a measured view: its rows replace their classes' in the products (the SOL blocks stay whole — never
         # concatenated: a concatenation fuses into a loop that does not vectorize — and the replaced classes'
         # columns of the count matrices weigh zero there)
-        rep, V = _view_rows(lay, view, lambda c: least_rows[c] if c in least_rows else row(c), features, feats,
-                            token_sets, kinds, arrays, xp, dtype)
+        whole = {(lo, hi): b for b, (lo, hi, _, _) in enumerate(lay.blocks)}
+
+        def sol_rows(ks):  # a block of its own (the layout's units): the block itself; else its classes' rows
+            b = whole.get((ks[0], ks[-1] + 1)) if len(ks) else None
+            if b is None or list(ks) != list(range(ks[0], ks[-1] + 1)):
+                return xp.stack([least_rows[c] if c in least_rows else row(c) for c in ks])
+            out = blocks[b]
+            for c in ks:  # an op with alternatives: its least (a row written in place)
+                if c in least_rows:
+                    out = out.at[c - ks[0]].set(least_rows[c])
+            return out
+
+        rep, V = _view_rows(lay, view, sol_rows, features, feats, token_sets, kinds, arrays, xp, dtype)
+        gone = set(rep)
         Mk = M
-        if rep:
+        if rep:  # the replaced classes weigh zero in the SOL products (a block wholly replaced is left out)
             keep = np.ones(M.shape[1], dtype=dtype)
             keep[rep] = 0.0
             Mk = M * keep[None, :]
-        parts = [Mk[:, lo:hi] @ b for (lo, hi, _, _), b in zip(lay.blocks, blocks)]
+        parts = [(M if not gone & set(range(lo, hi)) else Mk)[:, lo:hi] @ b
+                 for (lo, hi, _, _), b in zip(lay.blocks, blocks) if not set(range(lo, hi)) <= gone]
         prods = sum(parts[1:], parts[0]) if parts else xp.zeros((M.shape[0], P), dtype=dtype)
         if lay.alts:  # the ops with alternatives: their rows' least, as a correction of the products
             prim = np.array([p for p, _ in lay.alts])
             prods = prods + Mk[:, prim] @ xp.stack([least_rows[p] - r[0] for p, r in zip(prim, alt_rows)])
-        at = 0
-        for part in V:  # each block of the view's rows weighs its classes' columns (no concatenation)
-            prods = prods + M[:, np.asarray(rep[at: at + part.shape[0]])] @ part
-            at += part.shape[0]
+        if rep:  # the view's rows, each block computed on its own, then one product with their columns
+            Vall = apart(lambda _: xp.concatenate(V) if len(V) > 1 else V[0], V[0][0], xp)
+            cols = slice(rep[0], rep[-1] + 1) if rep == list(range(rep[0], rep[-1] + 1)) else np.asarray(rep)
+            prods = prods + M[:, cols] @ Vall
         cls = None
         if "classes" in outputs:
             cls = xp.concatenate(blocks) if blocks else xp.zeros((0, P), dtype=dtype)
@@ -540,19 +560,21 @@ def _class_array(lay, consts, feats, ut, ut0, overhead, varying, arrays, token_s
     a measured view's tables. Returns the roofline before the alternatives' least too."""
     raw = class_durations(lay, consts, feats, ut, ut0, overhead, varying, xp)
     cls = least(lay, raw, xp)
-    rep, V = _view_rows(lay, view, lambda c: cls[c], features, feats, token_sets, kinds, arrays, xp, dtype)
+    rep, V = _view_rows(lay, view, lambda ks: cls[np.asarray(ks, dtype=np.int64)], features, feats, token_sets, kinds,
+                        arrays, xp, dtype)
     if rep:
         cls = _set_rows(cls, np.asarray(rep), np.concatenate(V))
     return raw, cls
 
 
-def _view_rows(lay, view, sol_row, features, feats, token_sets, kinds, arrays, xp, dtype):
+def _view_rows(lay, view, sol_rows, features, feats, token_sets, kinds, arrays, xp, dtype):
     """A measured view's replaced classes (kernel ids) and their durations as row blocks (concatenated: (n, P)),
-    from each class's SOL row ``sol_row(kernel class)``; ([], []) without a view or when it replaces nothing."""
+    from the SOL rows of kernel classes ``sol_rows(kernel classes)`` -> (n, P); ([], []) without a view or when
+    it replaces nothing."""
     if view is None:
         return [], []
     kc = np.argsort(lay.order)  # program class -> kernel class (the view indexes program classes)
-    rep, V = view.replace(lambda cs: xp.stack([sol_row(int(k)) for k in kc[cs]]),
+    rep, V = view.replace(lambda cs: sol_rows([int(k) for k in kc[np.asarray(cs, dtype=np.int64)]]),
                           _view_columns(view, features, feats, token_sets, kinds, arrays, xp, dtype), xp)
     return ([int(k) for k in kc[rep]], V) if rep else ([], [])
 

@@ -14,7 +14,8 @@ import pytest
 
 import graphsim as gs
 from graphsim.core.ir import Feature
-from graphsim.views.measured.bank import Axis, Bank, exp
+from graphsim.lowering.xla import exp
+from graphsim.views.measured.bank import Axis, Bank
 from graphsim.views.measured.interp import EXTRAPOLATED, build_curve, eval_curve
 from graphsim.views.measured.mapping import Coord
 from graphsim.views.measured.schema import COMMON

@@ -20,6 +20,8 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from graphsim.lowering.xla import apart, exp
+
 from .interp import EXTRAPOLATED, INTERPOLATED, MEASURED, Curve, _beyond, _cells
 
 #: a coordinate's search: buckets of 2^-b of an octave (b the least with at most MAX_INSIDE knots strictly inside a
@@ -236,42 +238,6 @@ def _take(table: np.ndarray, i, xp):
     return xp.take(xp.asarray(np.ascontiguousarray(table.T)), i, axis=0, mode="clip").T
 
 
-def apart(fn, x, xp):
-    """``fn(x)``, computed on its own: kept out of the loops of the arithmetic that reads it. XLA's CPU fusion
-    otherwise puts a gather into its consumers' loop, which then runs element by element (no vector exponential:
-    2x slower here), and a few sums read by many rows into each row's loop (recomputed per row). A conditional is
-    a fusion boundary; its predicate (``x[0] != x[0] or x[0] == x[0]``: always true) is read at run time, once per
-    block of points."""
-    if xp is np:
-        return fn(x)
-    import jax
-    from jax import lax
-
-    return lax.cond((x[0] != x[0]) | (x[0] == x[0]), fn, lambda v: jax.tree.map(xp.zeros_like, fn(v)), x)
-
-
-def exp(x, xp):
-    """e^x. On XLA a float64 exponential is a scalar call per element (~5 ns on a CPU core): here it is a Cody-Waite
-    reduction x = k ln 2 + r (|r| <= ln 2 / 2), a degree-12 Taylor polynomial for e^r (truncation < 2e-17) and k
-    added to the exponent bits — vectorized, under 1 ns, within 2 ulp of NumPy's, and exactly 1 at 0 (a point on a
-    measured row keeps its time). Arguments are clipped to [-700, 700] (a table's log-slopes are far inside)."""
-    if xp is np or x.dtype != np.float64:
-        return xp.exp(x)
-    from jax import lax
-
-    x = xp.clip(x, -700.0, 700.0)
-    k = xp.round(x * 1.4426950408889634)
-    r = (x - k * 0.6931471805599453) - k * 2.3190468138462996e-17
-    p = _TAYLOR[-1]
-    for c in _TAYLOR[-2::-1]:
-        p = p * r + c
-    bits = lax.bitcast_convert_type(p, np.int64) + (k.astype(np.int64) << 52)
-    return lax.bitcast_convert_type(bits, np.float64)
-
-
-_TAYLOR = tuple(1.0 / float(np.prod(np.arange(1, n + 1))) for n in range(13))
-
-
 def _resample(cv: Curve, maps: list, facs: list):
     """A curve's value at every merged knot (its own multilinear log interpolation, floor below its first row,
     the growth beyond its last row in ``facs``), and its source flag per cell for each pattern of weights (on the
@@ -334,19 +300,22 @@ class Bank:
     def coords(self) -> list:
         return list(dict.fromkeys(co for g in self.groups for co in g.coords))
 
-    def evaluate(self, col, xp, Q: dict | None = None, flags: bool = True) -> tuple[list, list]:
-        """Per curve (in the order given) its values (P,) and source flags (P,): floats, or with ``flags=False``
-        whether it is extrapolated (bool). ``col(feature)`` -> (P,) reads the workload's features (or ``Q``: base
-        coordinate -> (P,) values, when the caller has them)."""
+    def evaluate_groups(self, col, xp, Q: dict | None = None, flags: bool = True) -> list:
+        """Per group, its curves' values and source flags as rows ``(K_g, P)`` (in ``group.rows`` order): flags as
+        floats, or with ``flags=False`` whether extrapolated (bool). ``col(feature)`` -> (P,) reads the workload's
+        features (or ``Q``: base coordinate -> (P,) values, when the caller has them)."""
         if Q is None:
             Q = {co: co.value(col, xp) for co in self.coords()}
         located: dict = {}
+        return [g.evaluate(Q, located, xp, flags) for g in self.groups]
+
+    def evaluate(self, col, xp, Q: dict | None = None, flags: bool = True) -> tuple[list, list]:
+        """Per curve (in the order given) its values (P,) and source flags (P,) (see :meth:`evaluate_groups`)."""
         vals, fls = [None] * self.n, [None] * self.n
-        for g in self.groups:
-            v, f = g.evaluate(Q, located, xp, flags)
+        for g, (v, f) in zip(self.groups, self.evaluate_groups(col, xp, Q, flags)):
             for j, k in enumerate(g.rows):
                 vals[k], fls[k] = v[j], f[j]
         return vals, fls
 
 
-__all__ = ["Bank", "Group", "Axis", "exp", "apart"]
+__all__ = ["Bank", "Group", "Axis"]

@@ -20,8 +20,9 @@ import numpy as np
 from graphsim.core.errors import GraphsimError, require
 from graphsim.driver.views import SOL as SOL_VIEW
 from graphsim.driver.views import SOURCE_NAMES, Binding, ViewContext  # noqa: F401 (SOURCE_NAMES: its old home)
+from graphsim.lowering.xla import apart
 
-from .bank import Bank, apart
+from .bank import Bank
 from .interp import EXTRAPOLATED, INTERPOLATED, MEASURED, build_curve, eval_curve
 from .mapping import Lookup, MapContext, Miss, lookup_for
 from .store import FILLS, Backend, Store
@@ -131,8 +132,10 @@ class BoundView:
     cls_count: np.ndarray = None
     cls_lookup: tuple = ()  # per class: its lookup key ("" none)
     modules: dict = attrs.Factory(dict)  # module lookup key -> {class: members per instance}
-    bank: Bank = None  # the table classes' curves, evaluated together
-    bank_keys: tuple = ()  # their lookup keys, in the bank's order
+    bank: Bank = None  # the table classes' curves (then the modules'), evaluated together
+    bank_groups: tuple = ()  # per bank group: its table classes timed alone (its first rows)
+    module_units: tuple = ()  # per fused module: (lookup key, its classes, (bank group, row))
+    fallback_units: tuple = ()  # per fallback family: (family, its classes)
 
     def attach(self, program) -> "BoundView":
         C = program.n_classes
@@ -157,10 +160,32 @@ class BoundView:
             shapes = {tuple(sorted(m.items())) for m in insts.values()}
             require(len(shapes) == 1, "view", f"module {key} has instances of different make-up: {sorted(shapes)[:2]}")
             modules[key] = dict(shapes.pop())
-        keys = list(dict.fromkeys(lk[c] for c in np.flatnonzero(kind == 0)))
+        # the bank: one curve per table class timed alone, then one per fused module; per curve group, its
+        # classes (the group's first rows) and its modules (the rows after)
+        table = [int(c) for c in np.flatnonzero(kind == 0)]
+        single = [c for c in table if lk[c] not in modules]
+        keys = [lk[c] for c in single] + list(modules)
         bank = Bank.build([(self.curves[k][0], tuple(co for _, co in self.curves[k][1].varying)) for k in keys])
+        groups, where = [], {}
+        for gi, g in enumerate(bank.groups):
+            rows = [int(i) for i in g.rows]
+            groups.append(tuple(single[i] for i in rows if i < len(single)))
+            for j, i in enumerate(rows):
+                if i >= len(single):
+                    where[keys[i]] = (gi, j)
+        module_units = tuple((key, tuple(c for c in table if lk[c] == key), where[key]) for key in modules)
+        by_fam: dict = {}
+        for c in np.flatnonzero(kind == FALLBACK):
+            by_fam.setdefault(fam[c], []).append(int(c))
         return attrs.evolve(self, cls_kind=kind, cls_curve=tuple(curve), cls_family=tuple(fam), cls_count=count,
-                            cls_lookup=tuple(lk), modules=modules, bank=bank, bank_keys=tuple(keys))
+                            cls_lookup=tuple(lk), modules=modules, bank=bank, bank_groups=tuple(groups),
+                            module_units=module_units, fallback_units=tuple((f, tuple(cs)) for f, cs in by_fam.items()))
+
+    def units(self) -> tuple:
+        """The program classes the view reads together (the kernel gives each list a block of its own): a curve
+        group's table classes, a fused module's classes, a fallback family's classes."""
+        return (tuple(cs for cs in self.bank_groups if cs) + tuple(cs for _, cs, _ in self.module_units)
+                + tuple(cs for _, cs in self.fallback_units))
 
     # ---- evaluation (NumPy or JAX) --------------------------------------------------------------------
     def apply(self, cls_sol, fcols, xp):
@@ -187,95 +212,97 @@ class BoundView:
         return rep, rows
 
     def _rows(self, sol_rows, col, xp, flags: bool = True):
-        """The view's classes as rows: ``rep`` the replaced classes (program ids; the table classes first, in
-        class order, then the fallback classes), their durations as row blocks (concatenated: (len(rep), P)),
-        ``F`` (tables, P) the table classes' source flags (``flags=False``: whether extrapolated); and the fits.
-        The lookups run through the curve bank (one search per feature for all the curves that read it); the
-        post-processing (held at or above SOL beyond the tables, no time without work) runs over every table
-        class at once, as do the hybrid fallbacks of one family (their fits computed once, apart: see
-        :func:`graphsim.views.measured.bank.apart`); a fused module's members per module."""
-        kind = np.asarray(self.cls_kind)
-        table = [int(c) for c in np.flatnonzero(kind == 0)]
+        """The view's classes as rows: ``rep`` the replaced classes (program ids: per curve group its table
+        classes, per fused module its classes, per fallback family its classes — the kernel's blocks of its own,
+        :meth:`units`), their durations as row blocks (concatenated: (len(rep), P)), ``F`` the table classes'
+        source flags (``flags=False``: whether extrapolated); and the fits. ``sol_rows(classes)`` gives a unit's
+        SOL rows (one block in the kernel). The lookups run through the curve bank (one search per feature for
+        all the curves that read it); the post-processing (held at or above SOL beyond the tables, no time without
+        work) runs per curve group; the hybrid fits are matrix products over the covered units, computed once
+        (:meth:`_fits`)."""
         rep, rows, frows = [], [], []
-        tab_t: dict = {}  # table class -> its view duration (P,) (the fits read them)
-        sol_of: dict = {}  # table class -> its SOL (P,)
-        if table:
-            bank = self.bank
-            Q = {co: co.value(col, xp) for co in bank.coords()}  # every base coordinate, once
-            T, F = bank.evaluate(col, xp, Q, flags)  # per lookup key, (P,) each
-            timed = {k: j for j, k in enumerate(self.bank_keys)}
-            work = {k: Q[self.curves[k][1].varying[0][1].base()[0]] for k in self.bank_keys}
-            single = [c for c in table if self.cls_lookup[c] not in self.modules]
-            if single:  # at or above SOL where extrapolated; no time where the op has no work
-                kr = [timed[self.cls_lookup[c]] for c in single]
-                t, f = xp.stack([T[j] for j in kr]), xp.stack([F[j] for j in kr])
-                S = sol_rows(single)
-                t = xp.where(_extrapolated(f, flags), xp.maximum(t, S), t)
-                q0 = xp.stack([work[self.cls_lookup[c]] for c in single])
-                t = xp.where(q0 > 0, t, 0.0)
-                for j, c in enumerate(single):
-                    tab_t[c], sol_of[c] = t[j], S[j]
-                rep += single
+        units = []  # (classes, their view durations (k, P), their SOL (k, P)): what the fits read
+        if self.bank is not None and self.bank.n:
+            Q = {co: co.value(col, xp) for co in self.bank.coords()}  # every base coordinate, once
+            got = self.bank.evaluate_groups(col, xp, Q, flags)  # per group (K_g, P) values and flags
+            for cs, g, (T, F) in zip(self.bank_groups, self.bank.groups, got):
+                if not cs:
+                    continue
+                k = len(cs)
+                S = sol_rows(list(cs))
+                t, f = (T, F) if k == T.shape[0] else (T[:k], F[:k])
+                t = xp.where(_extrapolated(f, flags), xp.maximum(t, S), t)  # at or above SOL beyond the tables
+                t = xp.where((Q[g.coords[0]] > 0)[None, :], t, 0.0)  # no time where the op has no work
+                units.append((cs, t, S))
+                rep += cs
                 rows.append(t)
                 frows.append(f)
-            whole: dict = {}  # module key -> (its SOL, its time held at or above it): once for all its members
-            for c in table:
-                key = self.cls_lookup[c]
-                if key not in self.modules:
-                    continue
-                # one timing for the module, split over its members by their SOL
-                f = F[timed[key]]
-                if key not in whole:
-                    members = list(self.modules[key].items())
-                    Sm = sol_rows([m for m, _ in members])
-                    total = sum(n * Sm[j] for j, (_, n) in enumerate(members))
-                    t = T[timed[key]]
-                    whole[key] = total, xp.where(_extrapolated(f, flags), xp.maximum(t, total), t)
-                total, t = whole[key]
-                sol = sol_rows([c])[0]
-                t = xp.where(total > 0, t * sol / xp.where(total > 0, total, 1.0), 0.0)
-                tab_t[c], sol_of[c] = t, sol
-                rep.append(c)
-                rows.append(t[None, :])
-                frows.append(f[None, :])
-        # the fits read the table classes in class order
-        table_t = [(tab_t[c], self.cls_count[c]) for c in table]
-        table_sol = [sol_of[c] for c in table]
-        table_fam = [self.cls_family[c] for c in table]
-        fits = {}
-        by_fam: dict = {}
-        for c in np.flatnonzero(kind == FALLBACK):
-            by_fam.setdefault(self.cls_family[c], []).append(int(c))
-        if by_fam and table:  # every family's fit, computed once (not in each fallback row's loop)
-            fits = apart(lambda _: {fam: _affine(*self._basis(fam, table_fam, table_t, table_sol), xp)
-                                    for fam in by_fam}, table_t[0][0], xp)
-        for fam, cs in by_fam.items():
-            if fam not in fits:
-                fits[fam] = None, None
+            for key, cs, (gi, j) in self.module_units:  # one timing per module, split over its classes by SOL
+                T, F = got[gi]
+                S = sol_rows(list(cs))
+                members = list(self.modules[key].items())
+                n = np.array([m for _, m in members], dtype=np.float64)
+                Sm = S if [c for c, _ in members] == list(cs) else sol_rows([c for c, _ in members])
+                total = xp.asarray(n) @ Sm
+                t = xp.where(_extrapolated(F[j], flags), xp.maximum(T[j], total), T[j])
+                t = xp.where((total > 0)[None, :], t[None, :] * S / xp.where(total > 0, total, 1.0)[None, :], 0.0)
+                units.append((cs, t, S))
+                rep += cs
+                rows.append(t)
+                frows.append(xp.broadcast_to(F[j][None, :], t.shape))
+        fits = self._fits(units, xp)
+        for fam, cs in self.fallback_units:
             eff = dict(self.family_eff).get(fam)
-            if eff is not None and fam not in table_fam:
+            covered = any(self.cls_family[c] == fam for u in units for c in u[0])
+            if eff is not None and not covered:
                 # no covered op of the family in this plan: the family's own tables on the device, at
                 # this op's work (its median measured / SOL at the same SOL time)
-                S = sol_rows(cs)
+                S = sol_rows(list(cs))
                 rows.append(S * _efficiency_at(eff, S, xp))
                 rep += cs
                 continue
             a, b = fits[fam]
-            if a is not None:
-                rows.append(a[None, :] + b[None, :] * sol_rows(cs))
-                rep += cs
+            S = sol_rows(list(cs))
+            rows.append(S if a is None else a[None, :] + b[None, :] * S)  # nothing covered in its group: SOL
+            rep += cs
         if not rows:
             return [], [], None, fits
         F = (frows[0] if len(frows) == 1 else xp.concatenate(frows)) if frows else xp.zeros((0, rows[0].shape[1]),
                                                                                             np.int64)
         return rep, rows, F, fits
 
+    def _fits(self, units: list, xp) -> dict:
+        """Per fallback family, (a, b) of t = a + b x SOL over its basis (the covered classes of its family, else
+        of its group: :meth:`_basis`) by :func:`_affine`; its sums as one matrix product per unit of covered
+        classes, computed once, apart from the fallback rows that read them."""
+        fams = [f for f, _ in self.fallback_units]
+        if not fams or not units:
+            return {f: (None, None) for f in fams}
+        covered = [self.cls_family[c] for u in units for c in u[0]]
+        basis = [self._basis(f, covered) for f in fams]
+
+        def sums(_):
+            out = None
+            for cs, t, S in units:
+                W = np.array([[self.cls_count[c] if self.cls_family[c] in b else 0.0 for c in cs] for b in basis])
+                if not W.any():
+                    continue
+                Wx = xp.asarray(W)
+                part = [Wx @ t, Wx @ S, Wx @ (S * S), Wx @ (S * t)]
+                out = part if out is None else [o + p for o, p in zip(out, part)]
+            return out
+
+        got = apart(sums, units[0][1][0], xp)
+        fits = {}
+        for j, (f, b) in enumerate(zip(fams, basis)):
+            n = sum(self.cls_count[c] for u in units for c in u[0] if self.cls_family[c] in b)
+            fits[f] = _affine(n, *(s[j] for s in got), xp) if b and got is not None else (None, None)
+        return fits
+
     @staticmethod
-    def _basis(fam, table_fam, table_t, table_sol):
-        idx = [j for j, f in enumerate(table_fam) if f == fam]
-        if not idx:
-            idx = [j for j, f in enumerate(table_fam) if group(f) == group(fam)]
-        return [table_t[j][0] for j in idx], [table_sol[j] for j in idx], [table_t[j][1] for j in idx]
+    def _basis(fam: str, covered: list) -> set:
+        """The families a fallback family's fit reads: its own covered classes, else those of its group."""
+        return {fam} if fam in covered else {f for f in covered if group(f) == group(fam)}
 
     def _fitted_from(self, fam, covered, same) -> str:
         return _fitted_from_text(fam, covered, same, dict(self.family_eff).get(fam))
@@ -332,18 +359,10 @@ def group(family: str) -> str:
     return GROUPS.get(family, "compute")
 
 
-def _affine(ts, sols, counts, xp):
-    """Least-squares t = a + b·SOL over the covered classes (weighted by op count), per point, with a >= 0
-    (a launch / latency floor) and b >= 1 (never faster than SOL); b = Σt/ΣSOL, a = 0 when the SOLs do not
-    spread. (None, None) when nothing is covered: the fallback is SOL itself."""
-    if not ts:
-        return None, None
-    w = [float(n) for n in counts]
-    S1 = sum(w)
-    Sx = sum(n * s for n, s in zip(w, sols))
-    Sy = sum(n * t for n, t in zip(w, ts))
-    Sxx = sum(n * s * s for n, s in zip(w, sols))
-    Sxy = sum(n * s * t for n, s, t in zip(w, sols, ts))
+def _affine(S1, Sy, Sx, Sxx, Sxy, xp):
+    """Least-squares t = a + b·SOL over the covered classes from their sums (weighted by op count: S1 = Σn,
+    Sy = Σn·t, Sx = Σn·SOL, Sxx = Σn·SOL², Sxy = Σn·SOL·t; per point), with a >= 0 (a launch / latency floor) and
+    b >= 1 (never faster than SOL); b = Σt/ΣSOL, a = 0 when the SOLs do not spread."""
     den = S1 * Sxx - Sx * Sx
     ok = den > 1e-30 * xp.maximum(S1 * Sxx, 1e-300)
     b = xp.where(ok, (S1 * Sxy - Sx * Sy) / xp.where(ok, den, 1.0), xp.where(Sx > 0, Sy / xp.where(Sx > 0, Sx, 1.0), 1.0))
