@@ -480,7 +480,10 @@ def run(lay: Layout, consts: dict, features, token_sets, kinds, arrays, ut, ut0,
         prods = sum(parts[1:], parts[0]) if parts else xp.zeros((M.shape[0], P), dtype=dtype)
         if lay.alts:  # the ops with alternatives: their rows' least, as a correction of the products
             prim = np.array([p for p, _ in lay.alts])
-            prods = prods + Mk[:, prim] @ xp.stack([least_rows[p] - r[0] for p, r in zip(prim, alt_rows)])
+            kept = [(p, r) for p, r in zip(prim, alt_rows) if p not in gone]  # (a replaced class weighs zero)
+            if kept:
+                d = xp.stack([least_rows[p] - r[0] for p, r in kept])
+                prods = prods + M[:, np.array([p for p, _ in kept])] @ d
         if rep:  # the view's rows, each block computed on its own, then one product with their columns
             Vall = apart(lambda _: xp.concatenate(V) if len(V) > 1 else V[0], V[0][0], xp)
             cols = slice(rep[0], rep[-1] + 1) if rep == list(range(rep[0], rep[-1] + 1)) else np.asarray(rep)

@@ -14,14 +14,15 @@ def apart(fn, x, xp):
     """``fn(x)``, computed on its own: kept out of the loops of the arithmetic that reads it. XLA's CPU fusion
     otherwise puts a gather into its consumers' loop, which then runs element by element (no vector exponential:
     2x slower here), and a few sums read by many rows into each row's loop (recomputed per row). A conditional is
-    a fusion boundary; its predicate (``x[0] != x[0] or x[0] == x[0]``: always true) is read at run time, once per
-    block of points."""
+    a fusion boundary; its predicate (``v != v or v == v``, v the first element of ``x`` as a float: always true)
+    is read at run time, once per block of points."""
     if xp is np:
         return fn(x)
     import jax
     from jax import lax
 
-    return lax.cond((x[0] != x[0]) | (x[0] == x[0]), fn, lambda v: jax.tree.map(xp.zeros_like, fn(v)), x)
+    v = x.reshape(-1)[0].astype(np.float32)  # (a float: the compiler folds an integer's v == v to true)
+    return lax.cond((v != v) | (v == v), fn, lambda y: jax.tree.map(xp.zeros_like, fn(y)), x)
 
 
 def exp(x, xp):

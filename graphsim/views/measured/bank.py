@@ -260,7 +260,8 @@ def _resample(cv: Curve, maps: list, facs: list):
     (j0, w0, on0, b0, a0, sb0, sa0), (j1, w1, on1, b1, a1, sb1, sa1) = maps
     r = cells[j0[:, None] * n1 + j1[None, :]]  # (n0, n1, 8)
     W0, W1 = w0[:, None], w1[None, :]
-    vals = r[..., 0] * np.exp(W0 * r[..., 1] + W1 * r[..., 2] + W0 * W1 * r[..., 3]) * facs[0][:, None] * facs[1][None, :]
+    vals = (r[..., 0] * np.exp(W0 * r[..., 1] + W1 * r[..., 2] + W0 * W1 * r[..., 3])
+            * facs[0][:, None] * facs[1][None, :])
     flags = []
     for p1 in (0, 1):  # pattern order 00, 10, 01, 11 (axis 0 varies fastest)
         for p0 in (0, 1):

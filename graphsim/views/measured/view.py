@@ -279,12 +279,13 @@ class BoundView:
         if not fams or not units:
             return {f: (None, None) for f in fams}
         covered = [self.cls_family[c] for u in units for c in u[0]]
-        basis = [self._basis(f, covered) for f in fams]
+        basis = [frozenset(self._basis(f, covered)) for f in fams]
+        bases = [b for b in dict.fromkeys(basis) if b]  # families of one group often share theirs: once each
 
         def sums(_):
             out = None
             for cs, t, S in units:
-                W = np.array([[self.cls_count[c] if self.cls_family[c] in b else 0.0 for c in cs] for b in basis])
+                W = np.array([[self.cls_count[c] if self.cls_family[c] in b else 0.0 for c in cs] for b in bases])
                 if not W.any():
                     continue
                 Wx = xp.asarray(W)
@@ -292,11 +293,15 @@ class BoundView:
                 out = part if out is None else [o + p for o, p in zip(out, part)]
             return out
 
-        got = apart(sums, units[0][1][0], xp)
+        got = apart(sums, units[0][1][0], xp) if bases else None
         fits = {}
-        for j, (f, b) in enumerate(zip(fams, basis)):
+        for f, b in zip(fams, basis):
+            if not b or got is None:
+                fits[f] = None, None
+                continue
+            j = bases.index(b)
             n = sum(self.cls_count[c] for u in units for c in u[0] if self.cls_family[c] in b)
-            fits[f] = _affine(n, *(s[j] for s in got), xp) if b and got is not None else (None, None)
+            fits[f] = _affine(n, *(s[j] for s in got), xp)
         return fits
 
     @staticmethod
@@ -361,8 +366,8 @@ def group(family: str) -> str:
 
 def _affine(S1, Sy, Sx, Sxx, Sxy, xp):
     """Least-squares t = a + b·SOL over the covered classes from their sums (weighted by op count: S1 = Σn,
-    Sy = Σn·t, Sx = Σn·SOL, Sxx = Σn·SOL², Sxy = Σn·SOL·t; per point), with a >= 0 (a launch / latency floor) and
-    b >= 1 (never faster than SOL); b = Σt/ΣSOL, a = 0 when the SOLs do not spread."""
+    Sy = Σn·t, Sx = Σn·SOL, Sxx = Σn·SOL², Sxy = Σn·SOL·t; per point), with a >= 0 (a launch / latency floor)
+    and b >= 1 (never faster than SOL); b = Σt/ΣSOL, a = 0 when the SOLs do not spread."""
     den = S1 * Sxx - Sx * Sx
     ok = den > 1e-30 * xp.maximum(S1 * Sxx, 1e-300)
     b = xp.where(ok, (S1 * Sxy - Sx * Sy) / xp.where(ok, den, 1.0), xp.where(Sx > 0, Sy / xp.where(Sx > 0, Sx, 1.0), 1.0))
