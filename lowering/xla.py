@@ -3,7 +3,8 @@
 * :func:`apart`: XLA's CPU fusion puts a gather into the loop of the arithmetic that reads it, which then runs
   element by element (no vector exponential), and a few sums read by many rows into each row's loop (recomputed
   per row); a conditional is a fusion boundary.
-* :func:`exp`: XLA's float64 exponential is a scalar call per element (~5 ns on a CPU core).
+* :func:`exp`, :func:`log`: XLA's float64 exponential and logarithm are scalar calls per element (~5 ns on a CPU
+  core); these are vectorized polynomials.
 """
 from __future__ import annotations
 
@@ -44,7 +45,30 @@ def exp(x, xp):
     return lax.bitcast_convert_type(bits, np.float64)
 
 
+def log(x, xp):
+    """ln x for x > 0. XLA's float64 logarithm is a scalar call too: here x = 2^e·m with m in [√½, √2) read off the
+    bits, ln m = 2 atanh(s), s = (m - 1)/(m + 1) (|s| < 0.172: 11 odd terms, truncation < 1e-17), plus e ln 2 —
+    vectorized, within 2 ulp of NumPy's for x in [1e-300, 1e300], exactly 0 at 1."""
+    if xp is np or x.dtype != np.float64:
+        return xp.log(x)
+    from jax import lax
+
+    bits = lax.bitcast_convert_type(x, np.int64)
+    e = (bits >> 52) - 1023
+    m = lax.bitcast_convert_type((bits & 0x000FFFFFFFFFFFFF) | 0x3FF0000000000000, np.float64)  # [1, 2)
+    big = m > 1.4142135623730951
+    m = xp.where(big, m * 0.5, m)
+    e = (e + big.astype(np.int64)).astype(np.float64)
+    s = (m - 1.0) / (m + 1.0)
+    s2 = s * s
+    p = _ATANH[-1]
+    for c in _ATANH[-2::-1]:
+        p = p * s2 + c
+    return (e * 0.6931471805599453 + 2.0 * s * p) + e * 2.3190468138462996e-17
+
+
+_ATANH = tuple(1.0 / (2 * n + 1) for n in range(12))
 _TAYLOR = tuple(1.0 / float(np.prod(np.arange(1, n + 1))) for n in range(13))
 
 
-__all__ = ["apart", "exp"]
+__all__ = ["apart", "exp", "log"]

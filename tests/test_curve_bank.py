@@ -14,7 +14,7 @@ import pytest
 
 import graphsim as gs
 from graphsim.core.ir import Feature
-from graphsim.lowering.xla import exp
+from graphsim.lowering.xla import exp, log
 from graphsim.views.measured.bank import Axis, Bank
 from graphsim.views.measured.interp import EXTRAPOLATED, build_curve, eval_curve
 from graphsim.views.measured.mapping import Coord
@@ -147,3 +147,24 @@ def test_the_vectorized_exponential_is_numpy_s_to_two_ulp_and_exact_at_zero():
         got = np.asarray(jax.jit(lambda x: exp(x, jnp))(jnp.asarray(x)))
     assert got[-4] == 1.0 and got[-3] == 1.0
     np.testing.assert_allclose(got, np.exp(x), rtol=4.5e-16, atol=0)
+
+
+def test_the_vectorized_logarithm_is_numpy_s_to_two_ulp_and_exact_at_one():
+    x = np.concatenate([np.exp(np.random.default_rng(0).uniform(-690, 690, 20000)),
+                        [1.0, np.nextafter(1.0, 2), np.nextafter(1.0, 0), 2.0, 0.5, np.sqrt(2.0), 1e-300, 1e300]])
+    with jax.enable_x64(True):
+        got = np.asarray(jax.jit(lambda x: log(x, jnp))(jnp.asarray(x)))
+    want = np.log(x)
+    assert got[-8] == 0.0
+    assert (np.abs(got - want) <= 2 * np.spacing(np.abs(want))).all()
+
+
+def test_a_family_efficiency_is_np_interp_without_a_search():
+    from graphsim.views.measured.view import _efficiency_at
+
+    rng = np.random.default_rng(1)
+    centres, meds = np.sort(rng.uniform(-16, -2, 11)), rng.uniform(1, 3, 11)
+    sol = np.exp(rng.uniform(-20, 0, 5000))
+    np.testing.assert_allclose(_efficiency_at((centres, meds, 9), sol, np), np.interp(np.log(sol), centres, meds),
+                               rtol=1e-14)
+    assert (_efficiency_at((centres[:1], meds[:1], 9), sol, np) == meds[0]).all()

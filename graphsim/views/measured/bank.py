@@ -20,7 +20,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from graphsim.lowering.xla import apart, exp
+from graphsim.lowering.xla import apart, exp, log
 
 from .interp import EXTRAPOLATED, INTERPOLATED, MEASURED, Curve, _beyond, _cells
 
@@ -87,8 +87,8 @@ class Axis:
             row = apart(lambda b: _take(self.buckets, b, xp), b, xp)
             i = row[0].astype(np.int32) + xp.sum((qc[None, :] >= row[1:]).astype(np.int32), axis=0)
         i = xp.clip(i, 0, n - 1).astype(np.int32)
-        s = _take(self.seg, i, xp)
-        return i, xp.log(qc / s[0]) * s[1], outside
+        s = apart(lambda i: _take(self.seg, i, xp), i, xp)
+        return i, log(qc / s[0], xp) * s[1], outside
 
 
 def _bits(x, xp):
