@@ -135,7 +135,7 @@ class Group:
     work: tuple  # (column, axis, rule, top in the curve's units) for each curve with a work rule on an axis
     tops: tuple  # per axis (K,) bool: the columns growing in proportion beyond the merged knots (no work rule)
 
-    def evaluate(self, Q: dict, located: dict, xp, flags: bool = True):
+    def evaluate(self, Q: dict, located: dict, xp, flags: bool = True, post=None):
         """(values (K, P), flags (K, P)) at the base coordinates' values ``Q``: the source flags as floats, or
         with ``flags=False`` only whether each is extrapolated (bool). ``located`` shares the searches between
         groups on the same knots."""
@@ -155,9 +155,9 @@ class Group:
         want = flags or self.filled
         r, f = apart(lambda c: (_take(self.values, c, xp), _take(self.flags, c, xp) if want else None), cell, xp)
         # the curves' rows computed once, on their own (their readers are many rows, each its own loop)
-        return apart(lambda _: self._rows(Q, loc, outside, r, f, want, flags, xp), cell, xp)
+        return apart(lambda _: self._rows(Q, loc, outside, r, f, want, flags, xp, post), cell, xp)
 
-    def _rows(self, Q, loc, outside, r, f, want, flags, xp):
+    def _rows(self, Q, loc, outside, r, f, want, flags, xp, post=None):
         K = len(self.rows)
         if len(loc) == 1:
             (i, w, _), = loc
@@ -191,7 +191,10 @@ class Group:
         if self.work:
             fac = {c: _beyond(rule, Q[self.coords[a]] * self.scales[a][c], top, xp) for c, a, rule, top in self.work}
             val = xp.stack([val[k] * fac[k] if k in fac else val[k] for k in range(K)])
-        return val, flag
+        if post is None:
+            return val, flag
+        k, fn = post  # the first k rows through fn; the others (if any) as they are, apart: (head, tail)
+        return (fn(val, flag) if k == K else (fn(val[:k], flag[:k]), val[k:])), flag
 
     @classmethod
     def build(cls, coords: tuple, members: list, rows: np.ndarray) -> "Group":
@@ -301,14 +304,17 @@ class Bank:
     def coords(self) -> list:
         return list(dict.fromkeys(co for g in self.groups for co in g.coords))
 
-    def evaluate_groups(self, col, xp, Q: dict | None = None, flags: bool = True) -> list:
+    def evaluate_groups(self, col, xp, Q: dict | None = None, flags: bool = True, posts=None) -> list:
         """Per group, its curves' values and source flags as rows ``(K_g, P)`` (in ``group.rows`` order): flags as
         floats, or with ``flags=False`` whether extrapolated (bool). ``col(feature)`` -> (P,) reads the workload's
-        features (or ``Q``: base coordinate -> (P,) values, when the caller has them)."""
+        features (or ``Q``: base coordinate -> (P,) values, when the caller has them). ``posts``: per group None
+        or (k, ``fn(values, flags)`` -> values) for its first k rows, run with the group's arithmetic (one loop);
+        the group's values are then ``fn``'s rows when k is all of them, else (``fn``'s rows, the other rows)."""
         if Q is None:
             Q = {co: co.value(col, xp) for co in self.coords()}
         located: dict = {}
-        return [g.evaluate(Q, located, xp, flags) for g in self.groups]
+        posts = posts or [None] * len(self.groups)
+        return [g.evaluate(Q, located, xp, flags, p) for g, p in zip(self.groups, posts)]
 
     def evaluate(self, col, xp, Q: dict | None = None, flags: bool = True) -> tuple[list, list]:
         """Per curve (in the order given) its values (P,) and source flags (P,) (see :meth:`evaluate_groups`)."""

@@ -224,27 +224,38 @@ class BoundView:
         units = []  # (classes, their view durations (k, P), their SOL (k, P)): what the fits read
         if self.bank is not None and self.bank.n:
             Q = {co: co.value(col, xp) for co in self.bank.coords()}  # every base coordinate, once
-            got = self.bank.evaluate_groups(col, xp, Q, flags)  # per group (K_g, P) values and flags
-            for cs, g, (T, F) in zip(self.bank_groups, self.bank.groups, got):
+            sols = [sol_rows(list(cs)) if cs else None for cs in self.bank_groups]
+
+            def post(S, q0):  # at or above SOL beyond the tables; no time where the op has no work
+                def run(t, f):
+                    return xp.where((q0 > 0)[None, :], xp.where(_extrapolated(f, flags), xp.maximum(t, S), t), 0.0)
+                return run
+
+            # the post-processing runs with each group's arithmetic (its table classes are its first rows)
+            got = self.bank.evaluate_groups(col, xp, Q, flags, [(len(cs), post(S, Q[g.coords[0]])) if cs else None
+                                                                for S, cs, g in zip(sols, self.bank_groups,
+                                                                                    self.bank.groups)])
+            tails = []  # per group: its module rows
+            for cs, g, (T, F), S in zip(self.bank_groups, self.bank.groups, got, sols):
+                k = len(cs)
+                head, tail = (T, None) if not cs or k == len(g.rows) else T
+                tails.append(T if not cs else tail)
                 if not cs:
                     continue
-                k = len(cs)
-                S = sol_rows(list(cs))
-                t, f = (T, F) if k == T.shape[0] else (T[:k], F[:k])
-                t = xp.where(_extrapolated(f, flags), xp.maximum(t, S), t)  # at or above SOL beyond the tables
-                t = xp.where((Q[g.coords[0]] > 0)[None, :], t, 0.0)  # no time where the op has no work
+                t, f = head, F[:k] if k < len(g.rows) else F
                 units.append((cs, t, S))
                 rep += cs
                 rows.append(t)
                 frows.append(f)
             for key, cs, (gi, j) in self.module_units:  # one timing per module, split over its classes by SOL
-                T, F = got[gi]
+                T, F = tails[gi], got[gi][1]
+                jt = j - len(self.bank_groups[gi])  # its row among the group's module rows
                 S = sol_rows(list(cs))
                 members = list(self.modules[key].items())
                 n = np.array([m for _, m in members], dtype=np.float64)
                 Sm = S if [c for c, _ in members] == list(cs) else sol_rows([c for c, _ in members])
                 total = xp.asarray(n) @ Sm
-                t = xp.where(_extrapolated(F[j], flags), xp.maximum(T[j], total), T[j])
+                t = xp.where(_extrapolated(F[j], flags), xp.maximum(T[jt], total), T[jt])
                 t = xp.where((total > 0)[None, :], t[None, :] * S / xp.where(total > 0, total, 1.0)[None, :], 0.0)
                 units.append((cs, t, S))
                 rep += cs
