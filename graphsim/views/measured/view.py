@@ -20,7 +20,7 @@ import numpy as np
 from graphsim.core.errors import GraphsimError, require
 from graphsim.driver.views import SOL as SOL_VIEW
 from graphsim.driver.views import SOURCE_NAMES, Binding, ViewContext  # noqa: F401 (SOURCE_NAMES: its old home)
-from graphsim.lowering.xla import apart
+from graphsim.lowering.xla import apart, log
 
 from .bank import Bank
 from .interp import EXTRAPOLATED, INTERPOLATED, MEASURED, build_curve, eval_curve
@@ -291,12 +291,12 @@ class BoundView:
             return {f: (None, None) for f in fams}
         covered = [self.cls_family[c] for u in units for c in u[0]]
         basis = [frozenset(self._basis(f, covered)) for f in fams]
-        bases = [b for b in dict.fromkeys(basis) if b]  # families of one group often share theirs: once each
+        used = sorted(set().union(*basis))  # the covered families some fit reads: sums per family, then per basis
 
         def sums(_):
             out = None
             for cs, t, S in units:
-                W = np.array([[self.cls_count[c] if self.cls_family[c] in b else 0.0 for c in cs] for b in bases])
+                W = np.array([[self.cls_count[c] if self.cls_family[c] == f else 0.0 for c in cs] for f in used])
                 if not W.any():
                     continue
                 Wx = xp.asarray(W)
@@ -304,15 +304,15 @@ class BoundView:
                 out = part if out is None else [o + p for o, p in zip(out, part)]
             return out
 
-        got = apart(sums, units[0][1][0], xp) if bases else None
+        got = apart(sums, units[0][1][0], xp) if used else None
         fits = {}
         for f, b in zip(fams, basis):
             if not b or got is None:
                 fits[f] = None, None
                 continue
-            j = bases.index(b)
+            rows = [used.index(x) for x in sorted(b)]
             n = sum(self.cls_count[c] for u in units for c in u[0] if self.cls_family[c] in b)
-            fits[f] = _affine(n, *(s[j] for s in got), xp)
+            fits[f] = _affine(n, *(sum(s[j] for j in rows) for s in got), xp)
         return fits
 
     @staticmethod
@@ -356,11 +356,11 @@ def _columns(features: tuple, fcols):
 def _efficiency_at(eff: tuple, sol, xp):
     """The family's median measured / SOL at SOL time ``sol`` (log-linear between bins, flat beyond)."""
     centres, meds, _ = eff
-    x = xp.log(xp.maximum(sol, 1e-300))
+    x = log(xp.maximum(sol, 1e-300), xp)
     out = 0.0 * sol + meds[0]
     for j in range(len(centres) - 1):  # a sum of ramps (np.interp's numbers; no search or gather per point)
         c0, c1 = float(centres[j]), float(centres[j + 1])
-        out = out + (float(meds[j + 1]) - float(meds[j])) * xp.clip((x - c0) / (c1 - c0), 0.0, 1.0)
+        out = out + (float(meds[j + 1]) - float(meds[j])) * xp.clip((x - c0) * (1.0 / (c1 - c0)), 0.0, 1.0)
     return out
 
 
