@@ -284,8 +284,9 @@ class BoundView:
 
     def _fits(self, units: list, xp) -> dict:
         """Per fallback family, (a, b) of t = a + b x SOL over its basis (the covered classes of its family, else
-        of its group: :meth:`_basis`) by :func:`_affine`; its sums as one matrix product per unit of covered
-        classes, computed once, apart from the fallback rows that read them."""
+        of its group: :meth:`_basis`) by :func:`_affine`. The sums: per covered family a fit reads, one matrix
+        product per unit of covered classes (computed once, apart from the fallback rows that read them); per
+        basis, the sum of its families'."""
         fams = [f for f, _ in self.fallback_units]
         if not fams or not units:
             return {f: (None, None) for f in fams}
