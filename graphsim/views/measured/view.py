@@ -295,15 +295,18 @@ class BoundView:
         used = sorted(set().union(*basis))  # the covered families some fit reads: sums per family, then per basis
 
         def sums(_):
-            out = None
+            acc = {f: None for f in used}
             for cs, t, S in units:
-                W = np.array([[self.cls_count[c] if self.cls_family[c] == f else 0.0 for c in cs] for f in used])
-                if not W.any():
-                    continue
-                Wx = xp.asarray(W)
-                part = [Wx @ t, Wx @ S, Wx @ (S * S), Wx @ (S * t)]
-                out = part if out is None else [o + p for o, p in zip(out, part)]
-            return out
+                for f in used:  # a class adds to its family's sums only (its rows, weighted by op count)
+                    js = [j for j, c in enumerate(cs) if self.cls_family[c] == f]
+                    if not js:
+                        continue
+                    w = xp.asarray(np.array([self.cls_count[cs[j]] for j in js]))[:, None]
+                    tj, Sj = (t, S) if len(js) == len(cs) else (t[np.array(js)], S[np.array(js)])
+                    part = [(w * tj).sum(axis=0), (w * Sj).sum(axis=0), (w * Sj * Sj).sum(axis=0),
+                            (w * Sj * tj).sum(axis=0)]
+                    acc[f] = part if acc[f] is None else [o + p for o, p in zip(acc[f], part)]
+            return [xp.stack([acc[f][q] for f in used]) for q in range(4)]
 
         got = apart(sums, units[0][1][0], xp) if used else None
         fits = {}
