@@ -301,12 +301,13 @@ class BoundView:
                     js = [j for j, c in enumerate(cs) if self.cls_family[c] == f]
                     if not js:
                         continue
-                    w = xp.asarray(np.array([self.cls_count[cs[j]] for j in js]))[:, None]
-                    tj, Sj = (t, S) if len(js) == len(cs) else (t[np.array(js)], S[np.array(js)])
-                    part = [(w * tj).sum(axis=0), (w * Sj).sum(axis=0), (w * Sj * Sj).sum(axis=0),
-                            (w * Sj * tj).sum(axis=0)]
+                    part = [0.0, 0.0, 0.0, 0.0]
+                    for j in js:  # (static rows: slices, no gather)
+                        n, tr, sr = float(self.cls_count[cs[j]]), t[j], S[j]
+                        ns = n * sr
+                        part = [part[0] + n * tr, part[1] + ns, part[2] + ns * sr, part[3] + ns * tr]
                     acc[f] = part if acc[f] is None else [o + p for o, p in zip(acc[f], part)]
-            return [xp.stack([acc[f][q] for f in used]) for q in range(4)]
+            return [[acc[f][q] for f in used] for q in range(4)]  # (rows apart: no stacking)
 
         got = apart(sums, units[0][1][0], xp) if used else None
         fits = {}
