@@ -103,7 +103,8 @@ def _bits(x, xp):
 def _axis_map(own: np.ndarray, G: np.ndarray):
     """Where each merged knot ``G`` (and the open segment after it) falls on a curve's own knots ``own`` (both in
     base units; ``own`` a subset of ``G``): (own segment, log weight in it, on one of its knots, below its first,
-    above its last) at the knots; (below, above) for the open segments."""
+    above its last) at the knots, and whether the open segment after each is above its last (below its first is
+    the knot's own answer: ``own[0]`` is a merged knot)."""
     n = len(own)
     j = np.clip(np.searchsorted(own, G, side="right") - 1, 0, n - 1)
     below, above = G < own[0], G > own[-1]
@@ -113,8 +114,7 @@ def _axis_map(own: np.ndarray, G: np.ndarray):
     mid = inside & ~on & (j < n - 1)
     jj = np.minimum(j + 1, n - 1)
     w[mid] = np.log(G[mid] / own[j[mid]]) / np.log(own[jj[mid]] / own[j[mid]])
-    seg_below, seg_above = G < own[0], G >= own[-1]
-    return j, w, on & inside, below, above, seg_below, seg_above
+    return j, w, on & inside, below, above, G >= own[-1]
 
 
 @attrs.frozen(eq=False)
@@ -249,7 +249,7 @@ def _resample(cv: Curve, maps: list, facs: list):
     cells = cv.cells
     n1 = cv.t.shape[1] if d == 2 else 1
     if d == 1:
-        j, w, on, below, above, sb, sa = maps[0]
+        j, w, on, below, above, sa = maps[0]
         r = cells[j]
         vals = r[:, 0] * np.exp(w * r[:, 1]) * facs[0]
         filled_knot = (r[:, 2] > 0) | ((w > 0) & (r[:, 3] > 0))
@@ -257,10 +257,10 @@ def _resample(cv: Curve, maps: list, facs: list):
         knot = np.where(ext, EXTRAPOLATED, np.where(on, MEASURED, INTERPOLATED))
         # inside the open segment after a knot: the own segment's weight is > 0 (unless outside its rows)
         filled_seg = (r[:, 2] > 0) | (r[:, 3] > 0)
-        seg = np.where(sb | sa | filled_seg, EXTRAPOLATED, INTERPOLATED)
+        seg = np.where(below | sa | filled_seg, EXTRAPOLATED, INTERPOLATED)
         flags = [np.maximum(knot, cv.fixed_flag), np.maximum(seg, cv.fixed_flag)]
         return vals, [f.astype(np.float64) for f in flags]
-    (j0, w0, on0, b0, a0, sb0, sa0), (j1, w1, on1, b1, a1, sb1, sa1) = maps
+    (j0, w0, on0, b0, a0, sa0), (j1, w1, on1, b1, a1, sa1) = maps
     r = cells[j0[:, None] * n1 + j1[None, :]]  # (n0, n1, 8)
     W0, W1 = w0[:, None], w1[None, :]
     vals = (r[..., 0] * np.exp(W0 * r[..., 1] + W1 * r[..., 2] + W0 * W1 * r[..., 3])
@@ -268,8 +268,8 @@ def _resample(cv: Curve, maps: list, facs: list):
     flags = []
     for p1 in (0, 1):  # pattern order 00, 10, 01, 11 (axis 0 varies fastest)
         for p0 in (0, 1):
-            out0 = (sb0 | sa0) if p0 else (b0 | a0)
-            out1 = (sb1 | sa1) if p1 else (b1 | a1)
+            out0 = (b0 | sa0) if p0 else (b0 | a0)
+            out1 = (b1 | sa1) if p1 else (b1 | a1)
             # a positive own weight on an axis: inside the segment, or on a merged knot that is not an own row
             wp0 = ~out0 & (np.ones_like(on0) if p0 else ~on0)
             wp1 = ~out1 & (np.ones_like(on1) if p1 else ~on1)
